@@ -1,0 +1,225 @@
+"""A Greenplum-style cluster seen through its coordinator.
+
+Nodes are discovered from ``gp_segment_configuration`` on the coordinator, as on
+Greenplum; nothing else names them. Everything the toolkit does to a cluster goes
+through this small interface (nodes, connections, catalog, controller functions), so
+that another MPP flavour can plug in by subclassing it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import conninfo, sql
+
+from ..errors import ClusterError, UnreachableError
+
+COORDINATOR = -1
+
+
+@dataclass(frozen=True)
+class Node:
+    content: int  # -1 for the coordinator, 0..N-1 for segments
+    host: str
+    port: int
+    datadir: str
+
+    @property
+    def name(self) -> str:
+        return "coordinator" if self.content == COORDINATOR else f"segment {self.content}"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.host}:{self.port})"
+
+
+@dataclass(frozen=True)
+class Table:
+    """A distributed table as the coordinator's catalog describes it."""
+
+    name: str  # schema-qualified, quoted where needed
+    columns: tuple[str, ...]
+    types: tuple[str, ...]
+    distribution_key: tuple[str, ...]
+    primary_key: tuple[str, ...]
+
+    @property
+    def identifier(self) -> sql.Composable:
+        return sql.SQL(".").join(sql.Identifier(p) for p in self.parts)
+
+    @property
+    def parts(self) -> tuple[str, str]:
+        schema, _, table = self.name.rpartition(".")
+        return (schema.strip('"') or "public", table.strip('"'))
+
+
+def connect_dsn(dsn: str, what: str, **kwargs: Any) -> psycopg.Connection[Any]:
+    """Open a connection, turning a refusal into a one-line UnreachableError."""
+    try:
+        return psycopg.connect(dsn, connect_timeout=10, **kwargs)
+    except psycopg.OperationalError as e:
+        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise UnreachableError(
+            f"cannot reach {what}: {reason}", fix="start the server or correct the DSN"
+        ) from None
+
+
+class Cluster:
+    """A coordinator and its segments. Cheap to create; holds no connection."""
+
+    def __init__(self, coordinator_dsn: str, nodes: Sequence[Node]) -> None:
+        self.coordinator_dsn = coordinator_dsn
+        self.nodes = tuple(sorted(nodes, key=lambda n: n.content))
+        self.coordinator = self.nodes[0]
+        self.segments = self.nodes[1:]
+        if self.coordinator.content != COORDINATOR or [s.content for s in self.segments] != list(
+            range(len(self.segments))
+        ):
+            contents = [n.content for n in self.nodes]
+            raise ClusterError(
+                f"gp_segment_configuration lists primaries with content ids {contents}",
+                fix="a cluster needs content -1 (coordinator) and 0..N-1 (segments)",
+            )
+
+    @classmethod
+    def connect(cls, dsn: str) -> Cluster:
+        """Discover a cluster from its coordinator's ``gp_segment_configuration``."""
+        with connect_dsn(dsn, f"coordinator {_where(dsn)}", autocommit=True) as conn:
+            try:
+                rows = conn.execute(
+                    "SELECT content, hostname, port, datadir FROM gp_segment_configuration "
+                    "WHERE role = 'p' ORDER BY content"
+                ).fetchall()
+            except psycopg.errors.UndefinedTable:
+                raise ClusterError(
+                    f"{_where(dsn)} has no gp_segment_configuration, so it is not a Greenplum-style coordinator",
+                    fix="point the DSN at a coordinator, or create a sandbox with `gpcdc sandbox up`",
+                ) from None
+        if not rows:
+            raise ClusterError(f"gp_segment_configuration on {_where(dsn)} lists no primaries")
+        return cls(dsn, [Node(int(c), str(h), int(p), str(d)) for c, h, p, d in rows])
+
+    @property
+    def segment_count(self) -> int:
+        return len(self.segments)
+
+    def dsn(self, node: Node, **overrides: Any) -> str:
+        params = conninfo.conninfo_to_dict(self.coordinator_dsn)
+        params.update(host=node.host, port=str(node.port), **overrides)
+        params.pop("hostaddr", None)
+        return conninfo.make_conninfo(**params)
+
+    def connect_node(self, node: Node, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection[Any]:
+        return connect_dsn(self.dsn(node), str(node), autocommit=autocommit, **kwargs)
+
+    @contextmanager
+    def coordinator_connection(self) -> Iterator[psycopg.Connection[Any]]:
+        with self.connect_node(self.coordinator) as conn:
+            yield conn
+
+    def check_logical_decoding(self) -> None:
+        """Raise ClusterError naming the fix when a node cannot run change capture."""
+        for node in self.nodes:
+            with self.connect_node(node) as conn:
+                settings = dict(
+                    conn.execute(
+                        "SELECT name, setting FROM pg_settings WHERE name IN "
+                        "('wal_level', 'max_prepared_transactions', 'max_replication_slots')"
+                    ).fetchall()
+                )
+            if settings["wal_level"] != "logical":
+                raise ClusterError(
+                    f"{node} has wal_level={settings['wal_level']}",
+                    fix="set wal_level = logical in its postgresql.conf and restart it",
+                )
+            if int(settings["max_prepared_transactions"]) == 0:
+                raise ClusterError(
+                    f"{node} has max_prepared_transactions=0, so it cannot take part in two-phase commits",
+                    fix="set max_prepared_transactions (e.g. to max_connections) in its postgresql.conf and restart it",
+                )
+            if int(settings["max_replication_slots"]) == 0:
+                raise ClusterError(
+                    f"{node} has max_replication_slots=0",
+                    fix="set max_replication_slots to at least 2 in its postgresql.conf and restart it",
+                )
+
+    def table(self, name: str) -> Table:
+        """A distributed table's columns and keys, from the coordinator's catalog."""
+        with self.coordinator_connection() as conn:
+            try:
+                oid = conn.execute("SELECT %s::regclass::oid", (name,)).fetchone()[0]  # type: ignore[index]
+            except psycopg.errors.UndefinedTable:
+                raise ClusterError(f"no table {name} on the coordinator") from None
+            except psycopg.errors.InvalidName:
+                raise ClusterError(f"{name!r} is not a valid table name") from None
+            qualified, = conn.execute("SELECT %s::regclass::text", (oid,)).fetchone()  # type: ignore[misc]
+            if "." not in qualified:
+                schema, = conn.execute(  # type: ignore[misc]
+                    "SELECT quote_ident(nspname) FROM pg_class c JOIN pg_namespace n ON n.oid = relnamespace "
+                    "WHERE c.oid = %s", (oid,)
+                ).fetchone()
+                qualified = f"{schema}.{qualified}"
+            columns = conn.execute(
+                "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+                "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+                (oid,),
+            ).fetchall()
+            distkey = conn.execute(
+                "SELECT a.attname FROM gp_distribution_policy p, unnest(p.distkey) WITH ORDINALITY k(attnum, i) "
+                "JOIN pg_attribute a ON a.attnum = k.attnum WHERE p.localoid = %s AND a.attrelid = %s ORDER BY k.i",
+                (oid, oid),
+            ).fetchall()
+            pkey = conn.execute(
+                "SELECT a.attname FROM pg_index x, unnest(x.indkey) WITH ORDINALITY k(attnum, i) "
+                "JOIN pg_attribute a ON a.attnum = k.attnum WHERE x.indrelid = %s AND x.indisprimary "
+                "AND a.attrelid = %s ORDER BY k.i",
+                (oid, oid),
+            ).fetchall()
+        if not distkey:
+            raise ClusterError(f"table {qualified} has no distribution policy on the coordinator",
+                               fix="create it through the toolkit with DISTRIBUTED BY (...)")
+        return Table(
+            name=qualified,
+            columns=tuple(c for c, _ in columns),
+            types=tuple(t for _, t in columns),
+            distribution_key=tuple(c for c, in distkey),
+            primary_key=tuple(c for c, in pkey),
+        )
+
+    def fetch_all(self, query: str | sql.Composable, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        """Run a read-only query on every segment and return all rows, segment by segment."""
+        rows: list[tuple[Any, ...]] = []
+        for node in self.segments:
+            with self.connect_node(node) as conn:
+                rows.extend(conn.execute(query, params).fetchall())
+        return rows
+
+    def rows_by_segment(self, table: str) -> dict[int, list[tuple[Any, ...]]]:
+        """Every row of a table, keyed by the segment that stores it."""
+        info = self.table(table)
+        query = sql.SQL("SELECT * FROM {}").format(info.identifier)
+        out: dict[int, list[tuple[Any, ...]]] = {}
+        for node in self.segments:
+            with self.connect_node(node) as conn:
+                out[node.content] = conn.execute(query).fetchall()
+        return out
+
+    def prepared_transactions(self) -> list[tuple[Node, str, str]]:
+        """Every prepared transaction on every node: (node, gid, database)."""
+        found = []
+        for node in self.nodes:
+            with self.connect_node(node) as conn:
+                for gid, database in conn.execute("SELECT gid, database FROM pg_prepared_xacts ORDER BY gid"):
+                    found.append((node, gid, database))
+        return found
+
+
+def _where(dsn: str) -> str:
+    try:
+        params = conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as e:
+        raise ClusterError(f"malformed DSN {dsn!r} ({e})", fix="use 'host=... port=... dbname=...' or a postgresql:// URL") from None
+    return f"{params.get('host', 'localhost')}:{params.get('port', '5432')}"

@@ -1,0 +1,359 @@
+"""Distributed transactions over a cluster's nodes.
+
+A :class:`Session` holds one connection per node (opened on first use) and runs one
+distributed transaction at a time; use one session per thread. The protocol of a
+distributed transaction, as Greenplum runs it:
+
+1. ``gp_dist.dtx_begin()`` on the coordinator: pass the transaction-start lock, take
+   a gxid, mark the transaction running;
+2. on each segment at first touch: ``BEGIN`` and the gxid marker, then the writes;
+3. commit: one segment touched: the one-phase marker and ``COMMIT``. Several:
+   ``PREPARE TRANSACTION`` on each, the coordinator's commit record, then
+   ``COMMIT PREPARED`` on each. The commit phase holds the commit lock shared;
+4. ``gp_dist.dtx_end()`` on the coordinator releases the transaction's locks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..errors import DistributedTransactionError, GpcdcError
+from . import _markers as markers
+from ._cluster import COORDINATOR, Cluster, Node, Table
+from ._ddl import DdlError, parse_create_table
+from ._routing import segment_for
+
+log = logging.getLogger(__name__)
+
+
+def gid(gxid: int) -> str:
+    """The GID under which a segment prepares its part of a distributed transaction."""
+    return f"gpcdc_{gxid}"
+
+
+def _emit(marker: markers.Marker) -> sql.Composed:
+    prefix, content = markers.encode(marker)
+    return sql.SQL("SELECT pg_logical_emit_message(true, {}, {})").format(sql.Literal(prefix), sql.Literal(content))
+
+
+class Session:
+    """One connection per node, for running distributed transactions one at a time."""
+
+    def __init__(self, cluster: Cluster, *, legacy_markers: bool = False) -> None:
+        self.cluster = cluster
+        self.legacy_markers = legacy_markers
+        self._connections: dict[int, psycopg.Connection[Any]] = {}
+        self._tables: dict[str, Table] = {}
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for conn in self._connections.values():
+            conn.close()
+        self._connections.clear()
+
+    def connection(self, content: int) -> psycopg.Connection[Any]:
+        conn = self._connections.get(content)
+        if conn is None or conn.closed:
+            node = self.cluster.coordinator if content == COORDINATOR else self.cluster.segments[content]
+            conn = self._connections[content] = self.cluster.connect_node(node)
+        return conn
+
+    def table(self, name: str) -> Table:
+        if name not in self._tables:
+            self._tables[name] = self.cluster.table(name)
+        return self._tables[name]
+
+    def transaction(self) -> DistributedTransaction:
+        """Start a distributed transaction; commit it with ``with`` or :meth:`commit`."""
+        gxid = self.connection(COORDINATOR).execute("SELECT gp_dist.dtx_begin()").fetchone()[0]  # type: ignore[index]
+        return DistributedTransaction(self, int(gxid))
+
+    def ddl(self, statement: str) -> int:
+        """Run a DDL statement on the coordinator and every segment as one distributed
+        transaction, with a DDL record on the coordinator. Returns the gxid.
+
+        ``CREATE TABLE`` takes Greenplum's ``DISTRIBUTED BY (columns)`` clause.
+        """
+        try:
+            create = parse_create_table(statement)
+        except DdlError as e:
+            raise GpcdcError(str(e)) from None
+        dispatched = create.statement if create else statement
+        with self.transaction() as tx:
+            for segment in range(self.cluster.segment_count):
+                tx.execute(segment, dispatched)
+            tx.coordinator_work = [sql.SQL(dispatched), _emit(markers.DdlRecord(tx.gxid, statement))]
+            if create:
+                tx.coordinator_work.append(
+                    sql.SQL(
+                        "INSERT INTO gp_dist.gp_distribution_policy "
+                        "SELECT {t}::regclass, array_agg(attnum ORDER BY array_position({k}, attname::text)) "
+                        "FROM pg_attribute WHERE attrelid = {t}::regclass AND attname = ANY({k})"
+                    ).format(t=sql.Literal(create.table), k=sql.Literal(list(create.distribution_key)))
+                )
+            tx.coordinator_work.append(
+                sql.SQL("DELETE FROM gp_dist.gp_distribution_policy WHERE localoid NOT IN (SELECT oid FROM pg_class)")
+            )
+        self._tables.clear()
+        if create:
+            self._check_distribution_key(create.table, create.distribution_key)
+        return tx.gxid
+
+    def _check_distribution_key(self, table: str, key: Sequence[str]) -> None:
+        info = self.table(table)
+        if len(info.distribution_key) != len(key):
+            missing = sorted(set(key) - set(info.distribution_key))
+            self.ddl(f"DROP TABLE {table}")
+            raise GpcdcError(f"DISTRIBUTED BY names column(s) {', '.join(missing)} that {table} does not have",
+                             fix="name existing columns; the table was dropped again")
+        if info.primary_key and not set(key) <= set(info.primary_key):
+            self.ddl(f"DROP TABLE {table}")
+            raise GpcdcError(
+                f"the primary key ({', '.join(info.primary_key)}) of {table} does not contain its "
+                f"distribution key ({', '.join(key)})",
+                fix="include the distribution key in the primary key, as Greenplum requires; the table was dropped again",
+            )
+
+
+class DistributedTransaction:
+    """Writes routed to segments by distribution key, committed atomically."""
+
+    def __init__(self, session: Session, gxid: int) -> None:
+        self.session = session
+        self.gxid = gxid
+        self.touched: list[int] = []  # segments, in first-touch order
+        self.coordinator_work: list[sql.Composable] = []  # run in the commit record's transaction
+        self.state = "active"
+
+    # -- context manager: commit on success, roll back on error ---------------------
+    def __enter__(self) -> DistributedTransaction:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self.state != "active":
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.rollback()
+
+    # -- writes ---------------------------------------------------------------------
+    def _segment(self, segment: int) -> psycopg.Connection[Any]:
+        if self.state != "active":
+            raise DistributedTransactionError(f"distributed transaction {self.gxid} is {self.state}")
+        conn = self.session.connection(segment)
+        if segment not in self.touched:
+            start: list[sql.Composable] = [sql.SQL("BEGIN")]
+            if not self.session.legacy_markers:
+                start.append(_emit(markers.GxidMarker(self.gxid)))
+            conn.execute(sql.SQL("; ").join(start))
+            self.touched.append(segment)
+        return conn
+
+    def execute(self, segment: int, query: str | sql.Composable, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        """Run a statement on one segment inside this transaction; returns its rows."""
+        cur = self._segment(segment).execute(query if isinstance(query, sql.Composable) else sql.SQL(query), params)  # type: ignore[arg-type]
+        return cur.fetchall() if cur.description else []
+
+    def route(self, table: Table, row: Mapping[str, Any]) -> int:
+        try:
+            values = [row[c] for c in table.distribution_key]
+        except KeyError as e:
+            raise DistributedTransactionError(f"a row for {table.name} lacks distribution-key column {e.args[0]}") from None
+        return segment_for(values, self.session.cluster.segment_count)
+
+    def insert(self, table_name: str, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Insert rows (mappings of column to value); returns the number inserted."""
+        table = self.session.table(table_name)
+        by_segment: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
+        for row in rows:
+            by_segment[self.route(table, row)].append(row)
+        count = 0
+        for segment, seg_rows in by_segment.items():
+            columns = list(seg_rows[0])
+            query = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+                table.identifier,
+                sql.SQL(", ").join(map(sql.Identifier, columns)),
+                sql.SQL(", ").join(sql.Placeholder() * len(columns)),
+            )
+            with self._segment(segment).cursor() as cur:
+                cur.executemany(query, [[r[c] for c in columns] for r in seg_rows])
+            count += len(seg_rows)
+        return count
+
+    def _where(self, table: Table, key: Mapping[str, Any]) -> tuple[sql.Composable, list[Any]]:
+        missing = [c for c in table.distribution_key if c not in key]
+        if missing:
+            raise DistributedTransactionError(
+                f"a key for {table.name} must include its distribution key; missing {', '.join(missing)}"
+            )
+        clause = sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in key)
+        return clause, list(key.values())
+
+    def update(self, table_name: str, key: Mapping[str, Any], values: Mapping[str, Any]) -> int:
+        """Update the rows matching ``key`` (which includes the distribution key).
+
+        When ``values`` changes the distribution key so that the row belongs on another
+        segment, the row moves: deleted on its segment, inserted on the new one.
+        """
+        table = self.session.table(table_name)
+        where, params = self._where(table, key)
+        old_segment = self.route(table, key)
+        new_key = {c: values.get(c, key[c]) for c in table.distribution_key}
+        if self.route(table, new_key) == old_segment:
+            query = sql.SQL("UPDATE {} SET {} WHERE {}").format(
+                table.identifier,
+                sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in values),
+                where,
+            )
+            return self._segment(old_segment).execute(query, [*values.values(), *params]).rowcount
+        deleted = self.execute(
+            old_segment,
+            sql.SQL("DELETE FROM {} WHERE {} RETURNING *").format(table.identifier, where),
+            params,
+        )
+        moved = [{**dict(zip(table.columns, row)), **values} for row in deleted]
+        return self.insert(table_name, moved)
+
+    def delete(self, table_name: str, key: Mapping[str, Any]) -> int:
+        table = self.session.table(table_name)
+        where, params = self._where(table, key)
+        query = sql.SQL("DELETE FROM {} WHERE {}").format(table.identifier, where)
+        return self._segment(self.route(table, key)).execute(query, params).rowcount
+
+    # -- outcome ----------------------------------------------------------------------
+    @property
+    def one_phase(self) -> bool:
+        return len(self.touched) == 1 and not self.coordinator_work
+
+    def commit(self) -> None:
+        if self.state != "active":
+            raise DistributedTransactionError(f"distributed transaction {self.gxid} is {self.state}")
+        coordinator = self.session.connection(COORDINATOR)
+        try:
+            if not self.touched and not self.coordinator_work:
+                self.state = "committed"
+                return
+            if self.one_phase:
+                self._commit_one_phase()
+            else:
+                self._commit_two_phase()
+            self.state = "committed"
+        finally:
+            if self.state != "committed":
+                self.state = "aborted"
+            self._end(coordinator)
+
+    def _commit_one_phase(self) -> None:
+        (segment,) = self.touched
+        conn = self.session.connection(segment)
+        try:
+            self.session.connection(COORDINATOR).execute(
+                "SELECT gp_dist.dtx_commit_phase(%s, %s, false, %s)", (self.gxid, self.touched, self.session.legacy_markers)
+            )
+            finish: list[sql.Composable] = []
+            if not self.session.legacy_markers:
+                finish.append(_emit(markers.OnePhaseMarker(self.gxid)))
+            finish.append(sql.SQL("COMMIT"))
+            conn.execute(sql.SQL("; ").join(finish))
+        except psycopg.Error as e:
+            self._abandon([segment], prepared=[])
+            raise DistributedTransactionError(f"one-phase commit of gxid {self.gxid} on segment {segment} failed: {e}".strip()) from e
+
+    def _commit_two_phase(self) -> None:
+        prepared: list[int] = []
+        try:
+            for segment in self.touched:
+                self.session.connection(segment).execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid(self.gxid))))
+                prepared.append(segment)
+            self._write_commit_record()
+        except (psycopg.Error, GpcdcError) as e:
+            self._abandon([s for s in self.touched if s not in prepared], prepared)
+            raise DistributedTransactionError(
+                f"gxid {self.gxid} aborted before its commit record (prepared on segments {prepared} of {self.touched}): {e}".strip()
+            ) from e
+        # The commit record is durable: the transaction is committed and every segment
+        # must commit its part. A failure here leaves an in-doubt prepared transaction.
+        failed = []
+        for segment in self.touched:
+            try:
+                self.session.connection(segment).execute(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(gid(self.gxid))))
+            except psycopg.Error as e:
+                failed.append((segment, str(e).strip()))
+        if failed:
+            raise DistributedTransactionError(
+                f"gxid {self.gxid} is committed but COMMIT PREPARED '{gid(self.gxid)}' failed on "
+                + ", ".join(f"segment {s} ({why})" for s, why in failed),
+                fix=f"run COMMIT PREPARED '{gid(self.gxid)}' on those segments",
+            )
+
+    def _write_commit_record(self) -> None:
+        coordinator = self.session.connection(COORDINATOR)
+        record = sql.SQL("SELECT gp_dist.dtx_commit_phase({}, {}, true, {})").format(
+            sql.Literal(self.gxid), sql.Literal(sorted(self.touched)), sql.Literal(self.session.legacy_markers)
+        )
+        if not self.coordinator_work:
+            coordinator.execute(record)
+            return
+        with coordinator.transaction():
+            for statement in self.coordinator_work:
+                coordinator.execute(statement)
+            coordinator.execute(record)
+
+    def prepare_and_abort(self) -> None:
+        """Prepare every part, then roll all of them back (the abort-after-PREPARE path)."""
+        prepared = []
+        try:
+            for segment in self.touched:
+                self.session.connection(segment).execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid(self.gxid))))
+                prepared.append(segment)
+        finally:
+            self._abandon([s for s in self.touched if s not in prepared], prepared)
+            self.state = "aborted"
+            self._end(self.session.connection(COORDINATOR))
+
+    def rollback(self) -> None:
+        if self.state != "active":
+            return
+        try:
+            self._abandon(self.touched, prepared=[])
+        finally:
+            self.state = "aborted"
+            self._end(self.session.connection(COORDINATOR))
+
+    def _abandon(self, active: Sequence[int], prepared: Sequence[int]) -> None:
+        """Roll back open parts and prepared parts; a broken connection is dropped."""
+        for segment in active:
+            self._try(segment, sql.SQL("ROLLBACK"))
+        for segment in prepared:
+            self._try(segment, sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid(self.gxid))))
+
+    def _try(self, segment: int, statement: sql.Composable) -> None:
+        conn = self.session.connection(segment)
+        try:
+            conn.execute(statement)
+        except psycopg.Error as e:
+            log.warning("gxid %s: %s on segment %s failed: %s", self.gxid, statement.as_string(None), segment, e)
+            conn.close()
+
+    def _end(self, coordinator: psycopg.Connection[Any]) -> None:
+        try:
+            coordinator.execute("SELECT gp_dist.dtx_end(%s)", (self.gxid,))
+        except psycopg.Error:
+            coordinator.close()  # its session locks go with it
+            raise
+
+
+__all__ = ["Session", "DistributedTransaction", "gid", "Node"]

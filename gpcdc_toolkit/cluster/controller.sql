@@ -1,0 +1,110 @@
+-- The coordinator side of a sandbox cluster: Greenplum's catalog relations that the
+-- toolkit reads, a gxid allocator, and the controller functions. Installed once, by
+-- `gpcdc sandbox up`, in the schema gp_dist, which is on the database's search_path.
+--
+-- Advisory locks (two-key form; key 1 names the lock, key 2 the instance):
+--   1196454761 ('GPsi'), 0      transaction-start lock: shared for an instant at every
+--                               distributed-transaction start, exclusive by the controller
+--   1196454484 ('GPrT'), gxid   held for the life of a running distributed transaction
+--   1196450636 ('GPcL'), 0      commit lock: shared across a commit phase (record to the
+--                               last segment commit), exclusive for a consistent cut
+
+CREATE SCHEMA gp_dist;
+
+CREATE TABLE gp_dist.gp_segment_configuration (
+    dbid smallint PRIMARY KEY,
+    content smallint NOT NULL,
+    role "char" NOT NULL,
+    preferred_role "char" NOT NULL,
+    mode "char" NOT NULL,
+    status "char" NOT NULL,
+    port integer NOT NULL,
+    hostname text NOT NULL,
+    address text NOT NULL,
+    datadir text NOT NULL
+);
+
+-- distkey holds attribute numbers, as Greenplum's does, so renames keep it right.
+CREATE TABLE gp_dist.gp_distribution_policy (
+    localoid oid PRIMARY KEY,
+    distkey smallint[] NOT NULL
+);
+
+CREATE SEQUENCE gp_dist.gxid_seq;
+
+-- Every distributed transaction starts here: pass the start lock, take a gxid, and
+-- mark the transaction running until gp_dist.dtx_end.
+CREATE FUNCTION gp_dist.dtx_begin() RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    gxid bigint;
+BEGIN
+    PERFORM pg_advisory_lock_shared(1196454761, 0);
+    PERFORM pg_advisory_unlock_shared(1196454761, 0);
+    gxid := nextval('gp_dist.gxid_seq');
+    PERFORM pg_advisory_lock(1196454484, (gxid % 2147483647)::int);
+    RETURN gxid;
+END $$;
+
+-- Enter the commit phase: take the commit lock shared; for a two-phase commit also
+-- write the distributed commit record (in this statement's own local transaction).
+CREATE FUNCTION gp_dist.dtx_commit_phase(gxid bigint, segments int[], write_record boolean,
+                                         legacy boolean) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_lock_shared(1196450636, 0);
+    IF write_record THEN
+        PERFORM pg_logical_emit_message(true, 'gpcdc.commit',
+            CASE WHEN legacy THEN json_build_object('gxid', gxid)::text
+                 ELSE json_build_object('gxid', gxid, 'segments', to_json(segments))::text END);
+    END IF;
+END $$;
+
+-- Leave the distributed transaction: release whatever of its locks it holds.
+CREATE FUNCTION gp_dist.dtx_end(gxid bigint) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
+               AND classid = 1196450636 AND objsubid = 2) THEN
+        PERFORM pg_advisory_unlock_shared(1196450636, 0);
+    END IF;
+    PERFORM pg_advisory_unlock(1196454484, (gxid % 2147483647)::int);
+END $$;
+
+CREATE FUNCTION gp_dist.running_gxids() RETURNS SETOF bigint LANGUAGE sql STABLE AS $$
+    SELECT objid::bigint FROM pg_locks
+    WHERE locktype = 'advisory' AND classid = 1196454484 AND objsubid = 2 AND granted
+$$;
+
+CREATE FUNCTION gp_dist.gp_acquire_transaction_start_lock() RETURNS void LANGUAGE sql AS $$
+    SELECT pg_advisory_lock(1196454761, 0)
+$$;
+
+CREATE FUNCTION gp_dist.gp_release_transaction_start_lock() RETURNS boolean LANGUAGE sql AS $$
+    SELECT pg_advisory_unlock(1196454761, 0)
+$$;
+
+-- Wait until no distributed transaction runs but except_gxid (0: none excepted).
+CREATE FUNCTION gp_dist.gp_wait_running_transaction_end(except_gxid bigint DEFAULT 0,
+                                                        timeout_seconds float8 DEFAULT 60)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    deadline timestamptz := clock_timestamp() + make_interval(secs => timeout_seconds);
+    still_running bigint[];
+BEGIN
+    LOOP
+        SELECT array_agg(g ORDER BY g) INTO still_running
+        FROM gp_dist.running_gxids() AS g WHERE g <> except_gxid % 2147483647;
+        EXIT WHEN still_running IS NULL;
+        IF clock_timestamp() > deadline THEN
+            RAISE EXCEPTION 'distributed transactions still running after % s: gxids %',
+                timeout_seconds, still_running;
+        END IF;
+        PERFORM pg_sleep(0.005);
+    END LOOP;
+END $$;
+
+CREATE FUNCTION gp_dist.gp_acquire_commit_lock() RETURNS void LANGUAGE sql AS $$
+    SELECT pg_advisory_lock(1196450636, 0)
+$$;
+
+CREATE FUNCTION gp_dist.gp_release_commit_lock() RETURNS boolean LANGUAGE sql AS $$
+    SELECT pg_advisory_unlock(1196450636, 0)
+$$;
