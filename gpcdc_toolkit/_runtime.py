@@ -20,7 +20,9 @@ def free_port() -> int:
 
 
 def port_in_use(port: int) -> bool:
+    """Whether something listens on the port (connections lingering in TIME_WAIT do not count)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError as e:

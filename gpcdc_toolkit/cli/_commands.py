@@ -1,0 +1,227 @@
+"""The ``gpcdc`` commands, one small class each."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ..broker import EmbeddedBroker, check_reachable
+from ..config import SETTINGS, Config, flag
+from ..connect import kafka_client_settings, open_cluster
+from ..errors import ConfigError
+from ..sandbox import Sandbox, list_sandboxes
+from ..workload import WorkloadSpec, reset_tables, run_workload, verify
+
+
+class Command:
+    """A subcommand: ``name`` and ``help`` for the parser, ``add_arguments``, ``run``."""
+
+    name = ""
+    help = ""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        pass
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        raise NotImplementedError
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+class SandboxUp(Command):
+    name, help = "up", "create and start a sandbox cluster (or start an existing one)"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--name", default="source", help="sandbox name (default: source)")
+        parser.add_argument("--segments", type=int, default=3, help="number of segments (default: 3)")
+        parser.add_argument("--base-port", type=int, help="first port; nodes take consecutive ports (default: free ports)")
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        sandbox = Sandbox(args.name, config.work_dir).up(segments=args.segments, base_port=args.base_port)
+        _print(f"sandbox {sandbox.name!r} is up: {sandbox.dsn}")
+        return 0
+
+
+class SandboxDown(Command):
+    name, help = "down", "stop a sandbox cluster"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--name", default="source", help="sandbox name (default: source)")
+        parser.add_argument("--remove", action="store_true", help="also delete its data")
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        Sandbox(args.name, config.work_dir).down(remove=args.remove)
+        _print(f"sandbox {args.name!r} is {'removed' if args.remove else 'stopped'}")
+        return 0
+
+
+class SandboxStatus(Command):
+    name, help = "status", "show the nodes of one sandbox, or of all"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--name", help="sandbox name (default: every sandbox)")
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        sandboxes = [Sandbox(args.name, config.work_dir)] if args.name else list_sandboxes(config.work_dir)
+        if not sandboxes:
+            _print(f"no sandboxes in {config.work_dir}")
+        down = 0
+        for sandbox in sandboxes:
+            status = sandbox.status()
+            _print(f"sandbox {sandbox.name}:")
+            for node, pid in status:
+                down += pid is None
+                state = f"running (pid {pid})" if pid else "stopped"
+                _print(f"  {node.name:<12} port {node.port:<5} {state:<22} {node.datadir}")
+        return 0 if down == 0 else 3
+
+
+class BrokerUp(Command):
+    name, help = "up", "start the embedded Kafka-compatible broker"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--port", type=int, help="port (default: a free one)")
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        broker = EmbeddedBroker(config.work_dir).up(port=args.port)
+        _print(f"broker is up: bootstrap.servers={broker.bootstrap_servers} (pid {broker.pid})")
+        return 0
+
+
+class BrokerDown(Command):
+    name, help = "down", "stop the embedded broker"
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        EmbeddedBroker(config.work_dir).down()
+        _print("broker is stopped")
+        return 0
+
+
+class BrokerStatus(Command):
+    name, help = "status", "tell whether the configured Kafka answers"
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        servers = kafka_client_settings(config)["bootstrap.servers"]
+        check_reachable(servers)
+        _print(f"Kafka answers at {servers}")
+        return 0
+
+
+def _add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    d = WorkloadSpec()
+    parser.add_argument("--threads", type=int, default=d.threads)
+    parser.add_argument("--duration", type=float, default=d.duration, help="seconds (default: %(default)s)")
+    parser.add_argument("--transactions", type=int, help="stop after this many transactions instead")
+    parser.add_argument("--rate", type=float, help="target distributed transactions per second (default: as fast as possible)")
+    parser.add_argument("--rows", type=int, default=d.rows_per_transaction, help="rows per transaction")
+    parser.add_argument("--multi-segment-share", type=float, default=d.multi_segment_share)
+    parser.add_argument("--hot-keys", type=int, default=d.hot_keys, help="shared accounts updated concurrently")
+    parser.add_argument("--hot-share", type=float, default=d.hot_share)
+    parser.add_argument("--update-share", type=float, default=d.update_share)
+    parser.add_argument("--delete-share", type=float, default=d.delete_share)
+    parser.add_argument("--move-share", type=float, default=d.move_share, help="updates of the distribution key")
+    parser.add_argument("--abort-share", type=float, default=d.abort_share)
+    parser.add_argument("--abort-after-prepare-share", type=float, default=d.abort_after_prepare_share)
+    parser.add_argument("--large-transaction-rows", type=int, default=0, help="run one transaction this large first")
+    parser.add_argument("--legacy-markers", action="store_true", help="write WAL markers as stock Greenplum does")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ground-truth", type=Path, help="append one JSON line per transaction to this file")
+
+
+def _workload_spec(args: argparse.Namespace) -> WorkloadSpec:
+    try:
+        return WorkloadSpec(
+            threads=args.threads, duration=None if args.transactions else args.duration,
+            transactions=args.transactions, rate=args.rate, rows_per_transaction=args.rows,
+            multi_segment_share=args.multi_segment_share, hot_keys=args.hot_keys, hot_share=args.hot_share,
+            update_share=args.update_share, delete_share=args.delete_share, move_share=args.move_share,
+            abort_share=args.abort_share, abort_after_prepare_share=args.abort_after_prepare_share,
+            large_transaction_rows=args.large_transaction_rows, legacy_markers=args.legacy_markers, seed=args.seed,
+        )
+    except ValueError as e:
+        raise ConfigError(f"invalid workload: {e}") from None
+
+
+def _progress_line(result: object) -> None:
+    if sys.stderr.isatty():
+        print(f"\r{result.committed} committed, {result.rate:.0f} dtx/s", end="", file=sys.stderr, flush=True)  # type: ignore[attr-defined]
+
+
+class Workload(Command):
+    name, help = "workload", "run concurrent distributed transactions against a cluster"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--cluster", choices=("source", "target"), default="source")
+        _add_workload_arguments(parser)
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        spec = _workload_spec(args)
+        result = run_workload(open_cluster(config, args.cluster), spec, ground_truth=args.ground_truth,
+                              progress=_progress_line)
+        if sys.stderr.isatty():
+            print(file=sys.stderr)
+        _print(result.summary())
+        return 0
+
+
+class Demo(Command):
+    name, help = "demo", "the main job on the embedded default: sandbox, broker, workload, summary"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--segments", type=int, default=3)
+        parser.add_argument("--keep", action="store_true", help="leave the sandbox and broker running")
+        _add_workload_arguments(parser)
+        parser.set_defaults(hot_keys=10, duration=5.0)
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        if config.source.dsn:
+            raise ConfigError("the demo runs on a sandbox, but source.dsn is set", fix="unset it, or run `gpcdc workload`")
+        spec = _workload_spec(args)
+        started = time.monotonic()
+        sandbox = Sandbox(config.source.sandbox or "source", config.work_dir)
+        broker = EmbeddedBroker(config.work_dir)
+        try:
+            sandbox.up(segments=args.segments)
+            _print(f"sandbox {sandbox.name!r}: coordinator + {args.segments} segments ({sandbox.dsn})")
+            if not config.kafka.bootstrap_servers:
+                broker.up()
+            servers = kafka_client_settings(config)["bootstrap.servers"]
+            check_reachable(servers)
+            _print(f"Kafka: {servers}")
+            cluster = sandbox.cluster()
+            cluster.check_logical_decoding()
+            reset_tables(cluster)  # the ground-truth check needs empty tables
+            truth = config.work_dir / "demo-ground-truth.jsonl"
+            truth.unlink(missing_ok=True)
+            result = run_workload(cluster, spec, ground_truth=truth, progress=_progress_line)
+            if sys.stderr.isatty():
+                print(file=sys.stderr)
+            _print(f"workload: {result.summary()}")
+            for table, (rows, differ) in verify(cluster, truth, spec.hot_keys).items():
+                _print(f"check {table}: {rows} rows expected from the ground-truth log, {differ} differ")
+                if differ:
+                    return 1
+            _print(f"done in {time.monotonic() - started:.1f} s")
+        finally:
+            if not args.keep:
+                broker.down()
+                if sandbox.exists:
+                    sandbox.down()
+        return 0
+
+
+GROUPS: dict[str, tuple[str, list[Command]]] = {
+    "sandbox": ("sandbox clusters of PostgreSQL 15 servers", [SandboxUp(), SandboxDown(), SandboxStatus()]),
+    "broker": ("the embedded Kafka-compatible broker", [BrokerUp(), BrokerDown(), BrokerStatus()]),
+}
+COMMANDS: list[Command] = [Workload(), Demo()]
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="configuration file (default: $GPCDC_CONFIG or ./gpcdc.toml)")
+    for name, (_default, help_text) in SETTINGS.items():
+        parser.add_argument(flag(name), dest="setting:" + name, metavar="VALUE", help=help_text)
