@@ -8,6 +8,7 @@ toolkit talks plain Kafka protocol, so a real cluster replaces it with one setti
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -31,7 +32,9 @@ def check_reachable(bootstrap_servers: str, timeout: float = 5.0) -> None:
     """Raise BrokerError unless a Kafka broker answers a metadata request."""
     from confluent_kafka.admin import AdminClient
 
-    client = AdminClient({"bootstrap.servers": bootstrap_servers, "socket.connection.setup.timeout.ms": int(timeout * 1000)})
+    # log_level 0: the refused connections are reported once, below, not per retry
+    client = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0,
+                          "socket.connection.setup.timeout.ms": int(timeout * 1000)})
     try:
         client.list_topics(timeout=timeout)
     except Exception as e:  # confluent_kafka raises KafkaException with a KafkaError inside
@@ -88,9 +91,12 @@ class EmbeddedBroker:
                 self._state_file.unlink(missing_ok=True)
                 raise BrokerError(f"the embedded broker exited with status {proc.returncode} (see {self.path / 'broker.log'})")
             try:
-                check_reachable(f"127.0.0.1:{port}", timeout=1.0)
+                # A plain connect first: a client would log every refused attempt.
+                socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+                check_reachable(f"127.0.0.1:{port}", timeout=5.0)
                 return self
-            except BrokerError:
+            except (OSError, BrokerError):
+                time.sleep(0.05)  # polling the process's port; nothing to wait on instead
                 if time.monotonic() > deadline:
                     stop_pid(proc.pid)
                     self._state_file.unlink(missing_ok=True)

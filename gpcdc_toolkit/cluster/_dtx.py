@@ -91,40 +91,34 @@ class Session:
         except DdlError as e:
             raise GpcdcError(str(e)) from None
         dispatched = create.statement if create else statement
-        with self.transaction() as tx:
+        tx = self.transaction()
+        try:
             for segment in range(self.cluster.segment_count):
                 tx.execute(segment, dispatched)
-            tx.coordinator_work = [sql.SQL(dispatched), _emit(markers.DdlRecord(tx.gxid, statement))]
-            if create:
-                tx.coordinator_work.append(
-                    sql.SQL(
-                        "INSERT INTO gp_dist.gp_distribution_policy "
-                        "SELECT {t}::regclass, array_agg(attnum ORDER BY array_position({k}, attname::text)) "
-                        "FROM pg_attribute WHERE attrelid = {t}::regclass AND attname = ANY({k})"
-                    ).format(t=sql.Literal(create.table), k=sql.Literal(list(create.distribution_key)))
-                )
-            tx.coordinator_work.append(
-                sql.SQL("DELETE FROM gp_dist.gp_distribution_policy WHERE localoid NOT IN (SELECT oid FROM pg_class)")
-            )
-        self._tables.clear()
+        except BaseException:
+            tx.rollback()
+            raise
+        tx.coordinator_work = [sql.SQL(dispatched), _emit(markers.DdlRecord(tx.gxid, statement))]
         if create:
-            self._check_distribution_key(create.table, create.distribution_key)
-        return tx.gxid
-
-    def _check_distribution_key(self, table: str, key: Sequence[str]) -> None:
-        info = self.table(table)
-        if len(info.distribution_key) != len(key):
-            missing = sorted(set(key) - set(info.distribution_key))
-            self.ddl(f"DROP TABLE {table}")
-            raise GpcdcError(f"DISTRIBUTED BY names column(s) {', '.join(missing)} that {table} does not have",
-                             fix="name existing columns; the table was dropped again")
-        if info.primary_key and not set(key) <= set(info.primary_key):
-            self.ddl(f"DROP TABLE {table}")
-            raise GpcdcError(
-                f"the primary key ({', '.join(info.primary_key)}) of {table} does not contain its "
-                f"distribution key ({', '.join(key)})",
-                fix="include the distribution key in the primary key, as Greenplum requires; the table was dropped again",
+            tx.coordinator_work.append(
+                sql.SQL("SELECT gp_dist.set_distribution_policy({}, {})").format(
+                    sql.Literal(create.table), sql.Literal(list(create.distribution_key))
+                )
             )
+        tx.coordinator_work.append(
+            sql.SQL("DELETE FROM gp_dist.gp_distribution_policy WHERE localoid NOT IN (SELECT oid FROM pg_class)")
+        )
+        try:
+            tx.commit()
+        except DistributedTransactionError as e:
+            refused = e.__cause__
+            if isinstance(refused, psycopg.errors.RaiseException):
+                # The catalog refused the statement; nothing was committed anywhere.
+                raise GpcdcError(refused.diag.message_primary or str(refused), fix=refused.diag.message_hint) from None
+            raise
+        finally:
+            self._tables.clear()
+        return tx.gxid
 
 
 class DistributedTransaction:

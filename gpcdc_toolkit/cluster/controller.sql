@@ -108,3 +108,31 @@ $$;
 CREATE FUNCTION gp_dist.gp_release_commit_lock() RETURNS boolean LANGUAGE sql AS $$
     SELECT pg_advisory_unlock(1196450636, 0)
 $$;
+
+-- Record a new table's distribution key, refusing what Greenplum refuses.
+CREATE FUNCTION gp_dist.set_distribution_policy(rel regclass, columns text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    missing text[];
+    pkey text[];
+BEGIN
+    SELECT array_agg(c) INTO missing FROM unnest(columns) AS c
+    WHERE NOT EXISTS (SELECT FROM pg_attribute
+                      WHERE attrelid = rel AND attname = c AND attnum > 0 AND NOT attisdropped);
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION 'DISTRIBUTED BY names column(s) % that % does not have',
+            array_to_string(missing, ', '), rel USING HINT = 'name existing columns';
+    END IF;
+    SELECT array_agg(a.attname::text ORDER BY k.i) INTO pkey
+    FROM pg_index x, unnest(x.indkey) WITH ORDINALITY AS k(attnum, i)
+    JOIN pg_attribute a ON a.attrelid = rel AND a.attnum = k.attnum
+    WHERE x.indrelid = rel AND x.indisprimary;
+    IF pkey IS NOT NULL AND NOT columns <@ pkey THEN
+        RAISE EXCEPTION 'the primary key (%) of % does not contain its distribution key (%)',
+            array_to_string(pkey, ', '), rel, array_to_string(columns, ', ')
+            USING HINT = 'include the distribution key in the primary key, as Greenplum requires';
+    END IF;
+    INSERT INTO gp_dist.gp_distribution_policy
+    SELECT rel, array_agg(attnum ORDER BY array_position(columns, attname::text))
+    FROM pg_attribute WHERE attrelid = rel AND attname = ANY(columns);
+END $$;

@@ -35,7 +35,9 @@ DATABASE = "postgres"
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,30}$")
 
 # The sandbox trades durability for speed (fsync off): it is for tests and demos, and
-# survives killed clients, not a killed machine.
+# survives killed clients, not a killed machine. synchronous_commit stays on, because
+# logical decoding only sends WAL that is flushed: asynchronous commits would reach
+# change capture up to a WAL-writer cycle late.
 SERVER_SETTINGS = {
     "listen_addresses": "'127.0.0.1'",
     "unix_socket_directories": "''",
@@ -45,7 +47,6 @@ SERVER_SETTINGS = {
     "max_replication_slots": "16",
     "max_wal_senders": "16",
     "fsync": "off",
-    "synchronous_commit": "off",
     "full_page_writes": "off",
     "shared_buffers": "64MB",
     "logical_decoding_work_mem": "64MB",

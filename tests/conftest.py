@@ -1,0 +1,77 @@
+"""Fixtures that start real servers and always stop them.
+
+Every server a test starts lives under one work directory made for the test run; the
+session's finalizer stops whatever is still running there (by pid file), even when
+tests fail, and removes the directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpcdc_toolkit.broker import EmbeddedBroker
+from gpcdc_toolkit.cluster import Cluster
+from gpcdc_toolkit.sandbox import Sandbox, list_sandboxes
+
+
+def _stop_everything(work_dir: Path) -> None:
+    for sandbox in list_sandboxes(work_dir):
+        try:
+            sandbox.down()
+        except Exception as e:  # keep stopping the rest
+            print(f"could not stop sandbox {sandbox.name}: {e}")
+    EmbeddedBroker(work_dir).down()
+
+
+@pytest.fixture(scope="session")
+def work_dir() -> Iterator[Path]:
+    # Not pytest's tmp_path: under root it is mode 0700, which the servers' OS user cannot enter.
+    path = Path(tempfile.mkdtemp(prefix="gpcdc-test-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        _stop_everything(path)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def source_sandbox(work_dir: Path) -> Iterator[Sandbox]:
+    sandbox = Sandbox("source", work_dir).up(segments=3)
+    try:
+        yield sandbox
+    finally:
+        sandbox.down()
+
+
+@pytest.fixture(scope="session")
+def source(source_sandbox: Sandbox) -> Cluster:
+    return source_sandbox.cluster()
+
+
+@pytest.fixture(scope="session")
+def broker(work_dir: Path) -> Iterator[EmbeddedBroker]:
+    broker = EmbeddedBroker(work_dir).up()
+    try:
+        yield broker
+    finally:
+        broker.down()
+
+
+@pytest.fixture
+def table_name(request: pytest.FixtureRequest) -> str:
+    """A table name unique to the test, so tests sharing a sandbox do not collide."""
+    return "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name).lower()[:50]
+
+
+@pytest.fixture
+def environ_without_gpcdc(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in list(os.environ):
+        if key.startswith("GPCDC_"):
+            monkeypatch.delenv(key)

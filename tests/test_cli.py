@@ -1,0 +1,55 @@
+"""The gpcdc command line, run as a user runs it."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def gpcdc(work_dir: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPCDC_")}
+    return subprocess.run([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(work_dir), *args],
+                          capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+
+
+def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("gpcdc: error: ")
+    return lines[0]
+
+
+def test_sandbox_lifecycle(work_dir):
+    up = gpcdc(work_dir, "sandbox", "up", "--name", "cli", "--segments", "2")
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "sandbox 'cli' is up" in up.stdout
+        status = gpcdc(work_dir, "sandbox", "status", "--name", "cli")
+        assert status.returncode == 0 and status.stdout.count("running (pid") == 3
+    finally:
+        down = gpcdc(work_dir, "sandbox", "down", "--name", "cli", "--remove")
+    assert down.returncode == 0, down.stderr
+    assert not (work_dir / "sandboxes" / "cli").exists()
+
+
+def test_demo_runs_end_to_end(work_dir):
+    work_dir = work_dir / "demo"  # its own sandboxes and broker
+    done = gpcdc(work_dir, "demo", "--duration", "2", "--segments", "2")
+    assert done.returncode == 0, done.stderr
+    assert "0 differ" in done.stdout and "dtx/s" in done.stdout
+    assert not list((work_dir / "sandboxes" / "source").glob("*/postmaster.pid")), "demo left servers running"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["sandbox", "status", "--name", "ghost"], "no sandbox named 'ghost'"),
+    (["--source-dsn", "host=127.0.0.1 port=1 user=x", "workload", "--duration", "1"], "cannot reach coordinator 127.0.0.1:1"),
+    (["workload", "--update-share", "1.5"], "invalid workload: update_share must be between 0 and 1"),
+    (["--source-dsn", "h=1", "--source-sandbox", "s", "workload"], "both a DSN"),
+    (["--config", "/nonexistent.toml", "workload"], "cannot read config file /nonexistent.toml"),
+    (["--kafka-bootstrap-servers", "127.0.0.1:1", "broker", "status"], "no Kafka broker answers at 127.0.0.1:1"),
+])
+def test_errors_are_one_line_with_a_non_zero_exit(work_dir, args, message):
+    assert message in one_line_error(gpcdc(work_dir, *args, timeout=60))
