@@ -222,10 +222,12 @@ def test_wait_for_running_transactions(source, table):
 
 def test_commit_lock_holds_commit_phases_back(source, table):
     with source.coordinator_connection() as controller, Session(source) as session:
-        controller.execute("SELECT gp_acquire_commit_lock()")
-        session.connection(-1).execute("SET lock_timeout = '300ms'")
         tx = session.transaction()
         tx.insert(table, [{"id": k, "v": "c"} for k in keys_on(0, 1) + keys_on(1, 1)])
+        controller.execute("SELECT gp_acquire_commit_lock()")
+        session.connection(-1).execute("SET lock_timeout = '300ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            session.transaction()  # a start in the middle of a cut waits for it too
         with pytest.raises(DistributedTransactionError, match="aborted before its commit record"):
             tx.commit()
         controller.execute("SELECT gp_release_commit_lock()")

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
 
+from ..bootstrap import METHODS, Pipeline, bootstrap, drop_slots
 from ..broker import EmbeddedBroker, check_reachable
+from ..capture import CaptureGroup, capture_status, run_worker
 from ..config import SETTINGS, Config, flag
 from ..connect import kafka_client_settings, open_cluster
 from ..errors import ConfigError
+from ..protocol import format_lsn
+from ..protocol._topics import DISPATCHERS
 from ..sandbox import Sandbox, list_sandboxes
 from ..workload import WorkloadSpec, reset_tables, run_workload, verify
 
@@ -214,11 +220,125 @@ class Demo(Command):
         return 0
 
 
+class BootstrapCreate(Command):
+    name, help = "create", "create slots on every node at a consistent point, and export the initial snapshot"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--method", choices=METHODS, default="snapshot",
+                            help="peaceful: hold new transactions back while slots are made; "
+                                 "snapshot: filter by a distributed snapshot (default)")
+        parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for transactions or locks")
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+        reused = []
+        start = bootstrap(open_cluster(config, "source"), pipeline, args.method, timeout=args.timeout,
+                          on_reuse=reused.append)
+        verb = "reused the existing" if reused else "created"
+        _print(f"{verb} slot {pipeline.slot} on {len(start.nodes)} nodes ({start.method} method); "
+               f"start point: {pipeline.start_point_file}")
+        for node in start.nodes:
+            _print(f"  node {node.content:>2}: consistent at {format_lsn(node.consistent_lsn)}, "
+                   f"snapshot at {format_lsn(node.snapshot_lsn)}")
+        if start.lock_window_ms is not None:
+            _print(f"  new distributed transactions waited at most {start.lock_window_ms:.0f} ms")
+        if start.snapshot is not None:
+            _print(f"  distributed snapshot: xmax {start.snapshot.xmax}, "
+                   f"{len(start.snapshot.in_progress)} in progress; cut took {start.extra.get('cut_ms')} ms")
+        return 0
+
+
+class BootstrapDrop(Command):
+    name, help = "drop", "drop the pipeline's slots and publications, and forget its start point"
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+        if CaptureGroup(config).stop():
+            _print("stopped the capture workers")
+        dropped = drop_slots(open_cluster(config, "source"), pipeline.slot, publication=pipeline.publication)
+        shutil.rmtree(pipeline.directory, ignore_errors=True)
+        _print(f"dropped slot {pipeline.slot} on {len(dropped)} nodes; removed {pipeline.directory}")
+        return 0
+
+
+def _add_capture_tuning(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dispatcher", choices=DISPATCHERS, default="segment",
+                        help="partition the changes topic by segment (default) or by key")
+    parser.add_argument("--max-buffered", type=int, default=1000,
+                        help="events of one transaction held back before it is streamed (bounds memory)")
+    parser.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between watermarks")
+
+
+class CaptureRun(Command):
+    name, help = "run", "run capture workers in the foreground (all nodes, or one with --node)"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--node", type=int, help="content id of the one node to capture")
+        _add_capture_tuning(parser)
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        if args.node is not None:
+            run_worker(config, args.node, dispatcher=args.dispatcher, max_buffered=args.max_buffered,
+                       heartbeat_interval=args.heartbeat_interval)
+            return 0
+        group = CaptureGroup(config, dispatcher=args.dispatcher, max_buffered=args.max_buffered,
+                             heartbeat_interval=args.heartbeat_interval)
+        check_reachable(kafka_client_settings(config)["bootstrap.servers"])
+        procs = [subprocess.Popen(group.worker_argv(node.content)) for node in group.pipeline.start_point().nodes]
+        _print(f"capturing {len(procs)} nodes; Ctrl-C stops")
+        try:
+            codes = [p.wait() for p in procs]
+        except KeyboardInterrupt:
+            for p in procs:
+                p.terminate()
+            codes = [p.wait() for p in procs]
+        return max(codes, default=0)
+
+
+class CaptureStart(Command):
+    name, help = "start", "start capture workers in the background"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        _add_capture_tuning(parser)
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        check_reachable(kafka_client_settings(config)["bootstrap.servers"])
+        group = CaptureGroup(config, dispatcher=args.dispatcher, max_buffered=args.max_buffered,
+                             heartbeat_interval=args.heartbeat_interval)
+        started = group.start()
+        _print(f"started {len(started)} capture workers" + (f": pids {sorted(started.values())}" if started else ""))
+        return 0
+
+
+class CaptureStop(Command):
+    name, help = "stop", "stop the background capture workers"
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        stopped = CaptureGroup(config).stop()
+        _print(f"stopped {len(stopped)} capture workers")
+        return 0
+
+
+class Status(Command):
+    name, help = "status", "per node: slot position against the WAL, acknowledged commits, events, worker"
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        rows = capture_status(open_cluster(config, "source"), CaptureGroup(config))
+        _print(f"{'node':>4} {'worker':<14} {'behind':>12} {'seconds':>8} {'events':>10} {'MB':>8} "
+               f"{'acked LSN':>12} {'last acked commit':<24}")
+        for r in rows:
+            _print(f"{r.node:>4} {r.worker:<14} {r.bytes_behind:>12} {r.seconds_behind:>8} {r.events:>10} "
+                   f"{r.megabytes:>8.1f} {r.acked_lsn:>12} {r.last_commit:<24}")
+        return 0 if all(r.alive for r in rows) else 3
+
+
 GROUPS: dict[str, tuple[str, list[Command]]] = {
     "sandbox": ("sandbox clusters of PostgreSQL 15 servers", [SandboxUp(), SandboxDown(), SandboxStatus()]),
     "broker": ("the embedded Kafka-compatible broker", [BrokerUp(), BrokerDown(), BrokerStatus()]),
+    "bootstrap": ("replication slots at a distributed-transaction-consistent point", [BootstrapCreate(), BootstrapDrop()]),
+    "capture": ("capture workers: every node into Kafka", [CaptureRun(), CaptureStart(), CaptureStop()]),
 }
-COMMANDS: list[Command] = [Workload(), Demo()]
+COMMANDS: list[Command] = [Workload(), Status(), Demo()]
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:

@@ -40,8 +40,12 @@ DECLARE
 BEGIN
     PERFORM pg_advisory_lock_shared(1196454761, 0);
     PERFORM pg_advisory_unlock_shared(1196454761, 0);
+    -- A consistent cut (commit lock exclusive) must never see a gxid that is taken
+    -- but not yet marked running: the two steps happen under the commit lock.
+    PERFORM pg_advisory_lock_shared(1196450636, 0);
     gxid := nextval('gp_dist.gxid_seq');
     PERFORM pg_advisory_lock(1196454484, (gxid % 2147483647)::int);
+    PERFORM pg_advisory_unlock_shared(1196450636, 0);
     RETURN gxid;
 END $$;
 
@@ -100,6 +104,11 @@ BEGIN
         PERFORM pg_sleep(0.005);
     END LOOP;
 END $$;
+
+-- The first gxid not yet assigned (for a distributed snapshot's xmax).
+CREATE FUNCTION gp_dist.next_gxid() RETURNS bigint LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM gp_dist.gxid_seq
+$$;
 
 CREATE FUNCTION gp_dist.gp_acquire_commit_lock() RETURNS void LANGUAGE sql AS $$
     SELECT pg_advisory_lock(1196450636, 0)

@@ -29,8 +29,7 @@ DDL = (
     "DISTRIBUTED BY (account_id)",
 )
 FIRST_OWN_ID = 1_000_000  # ids below are hot keys
-THREAD_STRIDE = 1_000_000_000  # each thread allocates ids in its own range
-LARGE_FIRST_ID = 900_000_000_000
+THREAD_STRIDE = 1_000_000_000  # each thread allocates ids in its own range of a run
 
 
 @dataclass(frozen=True)
@@ -96,11 +95,11 @@ class Plan:
 class ThreadPlanner:
     """Plans one thread's transactions; remembers the accounts that thread owns."""
 
-    def __init__(self, spec: WorkloadSpec, thread: int, segments: int) -> None:
+    def __init__(self, spec: WorkloadSpec, thread: int, segments: int, first_id: int = FIRST_OWN_ID) -> None:
         self.spec = spec
         self.segments = segments
         self.rng = random.Random(spec.seed * 1_000_003 + thread)
-        self._next_id = FIRST_OWN_ID + thread * THREAD_STRIDE
+        self._next_id = first_id + thread * THREAD_STRIDE
         self.live = _KeySet()  # own accounts, committed
         self.hot_by_segment: dict[int, list[int]] = {}
         for key in range(1, spec.hot_keys + 1):
@@ -205,8 +204,16 @@ class _KeySet:
         return self._items[rng.randrange(len(self._items))]
 
 
-def large_plan(rows: int) -> Plan:
-    return Plan((Op("insert_range", EVENTS, {"account_id": LARGE_FIRST_ID}, {"count": rows}),), "commit")
+def large_plan(first_id: int, rows: int) -> Plan:
+    return Plan((Op("insert_range", EVENTS, {"account_id": first_id}, {"count": rows}),), "commit")
+
+
+def first_free_id(highest_existing: int | None) -> int:
+    """Where a run's own ids start: past every id a previous run used."""
+    if highest_existing is None or highest_existing < FIRST_OWN_ID:
+        return FIRST_OWN_ID
+    runs = (highest_existing - FIRST_OWN_ID) // THREAD_STRIDE + 1
+    return FIRST_OWN_ID + runs * THREAD_STRIDE
 
 
 def large_rows(first_id: int, count: int) -> Iterable[dict[str, Any]]:

@@ -15,7 +15,10 @@ import psycopg
 
 from ..cluster import Cluster, DistributedTransaction, Session
 from ..errors import DistributedTransactionError
-from ._plan import ACCOUNTS, DDL, EVENTS, Plan, ThreadPlanner, WorkloadSpec, expected_state, large_plan, large_rows
+from ._plan import (
+    ACCOUNTS, DDL, EVENTS, THREAD_STRIDE, Plan, ThreadPlanner, WorkloadSpec, expected_state, first_free_id,
+    large_plan, large_rows,
+)
 
 _CHUNK = 10_000  # rows per INSERT batch of the large transaction
 
@@ -133,6 +136,11 @@ def run_workload(
 ) -> WorkloadResult:
     """Run the workload to its duration or count and return what it did."""
     setup_tables(cluster, spec.hot_keys, legacy_markers=spec.legacy_markers)
+    highest = max((r[0] for r in cluster.fetch_all(
+        f"SELECT max(id) FROM {ACCOUNTS} UNION ALL SELECT max(account_id) FROM {EVENTS}") if r[0] is not None), default=None)
+    # The large transaction takes the first stride; thread t the stride after it.
+    first_id = first_free_id(highest)
+    threads_first_id = first_id + THREAD_STRIDE if spec.large_transaction_rows else first_id
     result = WorkloadResult()
     log = GroundTruthLog(ground_truth)
     lock = threading.Lock()
@@ -191,7 +199,7 @@ def run_workload(
             planner.committed(plan)
 
     def worker(thread: int) -> None:
-        planner = ThreadPlanner(spec, thread, cluster.segment_count)
+        planner = ThreadPlanner(spec, thread, cluster.segment_count, threads_first_id)
         next_start = time.monotonic()
         try:
             with Session(cluster, legacy_markers=spec.legacy_markers) as session:
@@ -208,7 +216,7 @@ def run_workload(
     try:
         if spec.large_transaction_rows:
             with Session(cluster, legacy_markers=spec.legacy_markers) as session:
-                run_one(session, None, large_plan(spec.large_transaction_rows), -1)
+                run_one(session, None, large_plan(first_id, spec.large_transaction_rows), -1)
         threads = [threading.Thread(target=worker, args=(i,), name=f"workload-{i}") for i in range(spec.threads)]
         for t in threads:
             t.start()

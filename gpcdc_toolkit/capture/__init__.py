@@ -1,0 +1,8 @@
+"""Capture workers: each node's logical decoding stream into Kafka, with no loss."""
+
+from ._processes import CaptureGroup, config_flags, run_worker
+from ._status import NodeStatus, capture_status
+from ._worker import CaptureWorker, WorkerSettings, WorkerStats, ensure_topics, producer_config
+
+__all__ = ["NodeStatus", "capture_status", "CaptureGroup", "config_flags", "run_worker", "CaptureWorker", "WorkerSettings", "WorkerStats",
+           "ensure_topics", "producer_config"]

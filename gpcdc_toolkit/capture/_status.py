@@ -1,0 +1,53 @@
+"""What ``gpcdc status`` shows: per node, how far capture is behind the WAL."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import dataclass
+
+from ..cluster import Cluster
+from ..protocol import format_lsn, parse_lsn
+from ._processes import CaptureGroup
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    node: int
+    worker: str  # "pid 123" or "stopped"
+    alive: bool
+    bytes_behind: int  # current WAL position minus the slot's confirmed flush position
+    seconds_behind: float  # since the oldest commit not yet acknowledged, when behind
+    events: int
+    megabytes: float
+    acked_lsn: str
+    last_commit: str
+
+
+def capture_status(cluster: Cluster, group: CaptureGroup) -> list[NodeStatus]:
+    rows = []
+    slot = group.pipeline.slot
+    for node in cluster.nodes:
+        with cluster.connect_node(node) as conn:
+            current, confirmed = conn.execute(
+                "SELECT pg_current_wal_lsn()::text, (SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
+                "WHERE slot_name = %s)", (slot,)).fetchone()  # type: ignore[misc]
+        behind = parse_lsn(current) - parse_lsn(confirmed) if confirmed else 0
+        pid = group.pid(node.content)
+        status = group.status(node.content) or {}
+        last_ms = status.get("last_commit_ts_ms")
+        resolved_ms = status.get("resolved_ts_ms") or 0
+        seconds = round(max(0.0, time.time() - resolved_ms / 1000), 1) if behind and resolved_ms else 0.0
+        rows.append(NodeStatus(
+            node=node.content,
+            worker=f"pid {pid}" if pid else "stopped",
+            alive=pid is not None,
+            bytes_behind=behind,
+            seconds_behind=seconds,
+            events=int(status.get("events", 0)),
+            megabytes=status.get("bytes", 0) / 1e6,
+            acked_lsn=format_lsn(parse_lsn(confirmed)) if confirmed else "no slot",
+            last_commit=dt.datetime.fromtimestamp(last_ms / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+            if last_ms else "-",
+        ))
+    return rows
