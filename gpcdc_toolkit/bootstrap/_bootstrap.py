@@ -124,13 +124,22 @@ def _ensure_publications(cluster: Cluster, publication: str) -> None:
 
 
 def _orphaned_prepared(cluster: Cluster) -> list[str]:
-    """Prepared transactions that no running distributed transaction owns."""
+    """Prepared transactions that no running distributed transaction owns.
+
+    Read prepared, then running, then prepared again: a transaction that prepares or
+    finishes meanwhile is not mistaken for an orphan; a real orphan stays put.
+    """
+    first = {(node.content, gid): node for node, gid, _ in cluster.prepared_transactions()}
+    if not first:
+        return []
     with cluster.coordinator_connection() as conn:
         running = {r[0] for r in conn.execute("SELECT gp_dist.running_gxids()")}
+    still = {(node.content, gid) for node, gid, _ in cluster.prepared_transactions()}
     orphans = []
-    for node, gid, _database in cluster.prepared_transactions():
+    for (content, gid), node in sorted(first.items(), key=lambda kv: kv[0]):
         m = re.fullmatch(r"gpcdc_(\d+)", gid)
-        if not m or int(m[1]) % 2147483647 not in running:
+        owned = m is not None and int(m[1]) % 2147483647 in running
+        if (content, gid) in still and not owned:
             orphans.append(f"{gid!r} on {node}")
     return orphans
 
@@ -328,6 +337,9 @@ def _peaceful(cluster: Cluster, pipeline: Pipeline, slots: list[_Slot], timeout:
                 raise BootstrapError(f"peaceful bootstrap: {e.diag.message_primary}",
                                      fix="wait for those transactions to end, raise --timeout, or use --method snapshot") from None
             _create_all(cluster, pipeline, slots, export=True, timeout=timeout)
+            # Nothing ran or started since the wait: every gxid below xmax is wholly
+            # before the slots, every later one wholly after.
+            xmax = controller.execute("SELECT gp_dist.next_gxid()").fetchone()[0]  # type: ignore[index]
             controller.execute("SELECT gp_release_transaction_start_lock()")
             window_ms = (time.monotonic() - locked_at) * 1000
         finally:
@@ -338,6 +350,7 @@ def _peaceful(cluster: Cluster, pipeline: Pipeline, slots: list[_Slot], timeout:
         s.close()
     return StartPoint(
         method="peaceful", created_at=_now(), lock_window_ms=round(window_ms, 1), publication=pipeline.publication,
+        snapshot=DistributedSnapshot(int(xmax), frozenset({snapshotting.gxid})),
         nodes=tuple(NodeStart(s.node.content, s.name, s.consistent_lsn, s.consistent_lsn, s.snapshot_name) for s in slots),
     )
 

@@ -16,6 +16,7 @@ distributed transaction, as Greenplum runs it:
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
@@ -31,6 +32,8 @@ from ._ddl import DdlError, parse_create_table
 from ._routing import segment_for
 
 log = logging.getLogger(__name__)
+
+_DDL_LOCK_WAIT = "500ms"
 
 
 def gid(gxid: int) -> str:
@@ -80,7 +83,7 @@ class Session:
         gxid = self.connection(COORDINATOR).execute("SELECT gp_dist.dtx_begin()").fetchone()[0]  # type: ignore[index]
         return DistributedTransaction(self, int(gxid))
 
-    def ddl(self, statement: str) -> int:
+    def ddl(self, statement: str, *, timeout: float = 60.0) -> int:
         """Run a DDL statement on the coordinator and every segment as one distributed
         transaction, with a DDL record on the coordinator. Returns the gxid.
 
@@ -91,13 +94,30 @@ class Session:
         except DdlError as e:
             raise GpcdcError(str(e)) from None
         dispatched = create.statement if create else statement
-        tx = self.transaction()
-        try:
-            for segment in range(self.cluster.segment_count):
-                tx.execute(segment, dispatched)
-        except BaseException:
-            tx.rollback()
-            raise
+        deadline = time.monotonic() + timeout
+        backoff = 0.05
+        while True:
+            tx = self.transaction()
+            try:
+                for segment in range(self.cluster.segment_count):
+                    # Each segment grants its table lock on its own, so a DDL waiting on
+                    # one segment while holding another could close a cycle with a
+                    # transaction spanning both, which no server would see. Waiting
+                    # briefly and starting over breaks any such cycle.
+                    tx.execute(segment, sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(_DDL_LOCK_WAIT)))
+                    tx.execute(segment, dispatched)
+                break
+            except psycopg.errors.LockNotAvailable:
+                tx.rollback()
+                if time.monotonic() > deadline:
+                    raise DistributedTransactionError(
+                        f"DDL could not lock its table on every segment within {timeout:g} s: {statement[:80]}",
+                        fix="retry when the tables are less busy, or raise the timeout") from None
+                time.sleep(backoff)  # backoff before retrying the DDL
+                backoff = min(backoff * 2, 1.0)
+            except BaseException:
+                tx.rollback()
+                raise
         tx.coordinator_work = [sql.SQL(dispatched), _emit(markers.DdlRecord(tx.gxid, statement))]
         if create:
             tx.coordinator_work.append(

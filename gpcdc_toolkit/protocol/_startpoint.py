@@ -38,7 +38,9 @@ class StartPoint:
     method: str  # "peaceful" or "snapshot"
     created_at: str  # ISO 8601
     nodes: tuple[NodeStart, ...]
-    snapshot: DistributedSnapshot | None = None  # method "snapshot" only
+    # Which gxids are before the start. The snapshot method filters by it; for the
+    # peaceful method it only describes the start (its slots decode nothing earlier).
+    snapshot: DistributedSnapshot | None = None
     lock_window_ms: float | None = None  # method "peaceful": how long new transactions waited
     publication: str = "gpcdc"
     extra: dict[str, Any] = field(default_factory=dict)
@@ -60,7 +62,7 @@ class StartPoint:
         when it committed before the node's WAL position at the cut, which is exact
         because no commit phase ran during the cut.
         """
-        if self.method == "peaceful" or self.snapshot is None:
+        if self.method != "snapshot" or self.snapshot is None:
             return True
         if gxid is not None:
             return not self.snapshot.sees(gxid)

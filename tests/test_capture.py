@@ -1,0 +1,291 @@
+"""Slot bootstrap and capture into Kafka, on a real sandbox, broker and workers."""
+
+import random
+import threading
+import uuid
+
+import psycopg
+import pytest
+
+from gpcdc_toolkit import BrokerError
+from gpcdc_toolkit.bootstrap import BootstrapError, InitialSnapshot, Pipeline, bootstrap, create_slots_naively, drop_slots
+from gpcdc_toolkit.capture import CaptureGroup, capture_status
+from gpcdc_toolkit.cluster import Session, segment_for
+from gpcdc_toolkit.cluster import _markers as markers
+from gpcdc_toolkit.config import load_config
+from gpcdc_toolkit.protocol import parse
+from gpcdc_toolkit.protocol import _pgoutput as pg
+from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, read_ground_truth, reset_tables, run_workload
+
+from ._stream import apply_rows, check_against_truth, read_captured, wait_until_acknowledged
+
+
+@pytest.fixture
+def config(work_dir, broker, source_sandbox, source):
+    config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
+                          "kafka.topic_prefix": f"t{uuid.uuid4().hex[:8]}", "source.sandbox": "source"}, environ={})
+    yield config
+    CaptureGroup(config).stop()
+    pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+    drop_slots(source, pipeline.slot, publication=pipeline.publication)
+
+
+def pipeline_of(config):
+    return Pipeline(config.work_dir, config.kafka.topic_prefix)
+
+
+def slot_gxids(cluster, node, pipeline):
+    """The gxids whose markers a node's slot decodes (peeked, not consumed)."""
+    with cluster.connect_node(node) as conn:
+        rows = conn.execute(
+            "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', '1', "
+            "'publication_names', %s, 'messages', 'true')", (pipeline.slot, pipeline.publication)).fetchall()
+    found = set()
+    for (data,) in rows:
+        message = parse(bytes(data))
+        if isinstance(message, pg.Message):
+            marker = markers.decode(message.prefix, message.content)
+            if marker is not None:
+                found.add(marker.gxid)
+    return found
+
+
+def keys_on(segment, count, start):
+    keys, k = [], start
+    while len(keys) < count:
+        if segment_for([k], 3) == segment:
+            keys.append(k)
+        k += 1
+    return keys
+
+
+def test_naive_slots_split_a_distributed_transaction(source, config):
+    reset_tables(source)
+    run_workload(source, WorkloadSpec(threads=1, transactions=1))  # creates the tables
+    pipeline = pipeline_of(config)
+    split = {}
+
+    def between(node):
+        # Right after segment 0's slot exists, a transaction over segments 0 and 1
+        # commits: segment 1's slot, created next, starts after it.
+        if node.content == 0:
+            with Session(source) as session, session.transaction() as tx:
+                tx.insert(ACCOUNTS, [{"id": k, "balance": 1, "note": "split"}
+                                     for k in keys_on(0, 1, 10**12) + keys_on(1, 1, 10**12)])
+            split["gxid"] = tx.gxid
+
+    create_slots_naively(source, pipeline, between=between)
+    gxid = split["gxid"]
+    assert gxid in slot_gxids(source, source.segments[0], pipeline)
+    assert gxid not in slot_gxids(source, source.segments[1], pipeline), "the naive method should split it"
+
+
+def test_peaceful_waits_for_running_transactions_and_holds_new_ones(source, config):
+    reset_tables(source)
+    run_workload(source, WorkloadSpec(threads=1, transactions=1))
+    pipeline = pipeline_of(config)
+    with Session(source) as early, Session(source) as late, source.coordinator_connection() as probe:
+        running = early.transaction()
+        running.insert(ACCOUNTS, [{"id": k, "balance": 1, "note": "early"} for k in keys_on(0, 1, 2 * 10**12) + keys_on(1, 1, 2 * 10**12)])
+        result = {}
+        thread = threading.Thread(target=lambda: result.setdefault("start", bootstrap(source, pipeline, "peaceful", timeout=30)))
+        thread.start()
+        # The bootstrap holds the start lock once it waits for `running`.
+        while not probe.execute("SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' "
+                                "AND classid = 1196454761 AND mode = 'ExclusiveLock' AND granted)").fetchone()[0]:
+            assert thread.is_alive(), "bootstrap ended early"
+        blocked = {}
+
+        def start_late():
+            with late.transaction() as tx:
+                tx.insert(ACCOUNTS, [{"id": k, "balance": 2, "note": "late"} for k in keys_on(1, 1, 3 * 10**12) + keys_on(2, 1, 3 * 10**12)])
+            blocked["gxid"] = tx.gxid
+
+        late_thread = threading.Thread(target=start_late)
+        late_thread.start()
+        running.commit()
+        thread.join(60)
+        late_thread.join(60)
+    start = result["start"]
+    assert start.method == "peaceful" and start.lock_window_ms > 0
+    assert start.snapshot.sees(running.gxid) and not start.snapshot.sees(blocked["gxid"])
+    for segment in (0, 1, 2):
+        gxids = slot_gxids(source, source.segments[segment], pipeline)
+        assert running.gxid not in gxids
+        assert (blocked["gxid"] in gxids) == (segment in (1, 2))
+    snapshot = InitialSnapshot(pipeline.snapshot_dir)
+    notes = {row[2] for row in snapshot.rows(f"public.{ACCOUNTS}")}
+    assert "early" in notes and "late" not in notes
+
+
+@pytest.mark.parametrize("method", ["peaceful", "snapshot"])
+def test_bootstrap_under_load_captures_every_later_transaction_whole(source, config, work_dir, method):
+    reset_tables(source)
+    truth = work_dir / f"truth-{method}.jsonl"
+    truth.unlink(missing_ok=True)
+    spec = WorkloadSpec(threads=3, duration=4.0, hot_keys=4, rate=300, move_share=0.05, abort_after_prepare_share=0.05)
+    load = threading.Thread(target=run_workload, args=(source, spec), kwargs={"ground_truth": truth})
+    load.start()
+    try:
+        while not truth.exists() or truth.stat().st_size < 30_000:
+            assert load.is_alive()  # the workload runs before the bootstrap starts
+        start = bootstrap(source, pipeline_of(config), method, timeout=30)
+        group = CaptureGroup(config, heartbeat_interval=0.3)
+        group.start()
+        with Session(source) as session:
+            session.ddl("ALTER TABLE wl_events ADD COLUMN extra text")
+    finally:
+        load.join()
+    wait_until_acknowledged(source, pipeline_of(config).slot)
+    captured = read_captured(config)
+    after, before = check_against_truth(captured, list(read_ground_truth(truth)), start.snapshot.sees)
+    assert after > 50 and before > 20, (after, before)
+    assert any("ADD COLUMN extra" in d["statement"] for d in captured.ddl)
+    # The initial snapshot plus the stream equals the source, segment by segment.
+    snapshot = InitialSnapshot(pipeline_of(config).snapshot_dir)
+    for table, key in ((ACCOUNTS, ["id"]), (EVENTS, ["account_id", "seq"])):
+        columns = snapshot.columns(f"public.{table}")
+        for segment, current in source.rows_by_segment(table).items():
+            state = {}
+            for row in snapshot.rows(f"public.{table}", segment):
+                record = dict(zip(columns, row))
+                state[tuple(record[k] for k in key)] = record
+            apply_rows(state, [r for r in captured.rows
+                               if r["source"]["segment"] == segment and r["source"]["table"] == table], key)
+            expected = {tuple(r[:len(key)]): r[len(key):len(columns)] for r in current}
+            got = {k: tuple(v[c] for c in columns[len(key):]) for k, v in state.items()}
+            assert got == expected, f"{table} on segment {segment} differs"
+
+
+def test_sigkill_at_random_moments_loses_nothing(source, config, work_dir):
+    reset_tables(source)
+    run_workload(source, WorkloadSpec(threads=1, transactions=1))
+    pipeline = pipeline_of(config)
+    start = bootstrap(source, pipeline, "snapshot")
+    group = CaptureGroup(config, heartbeat_interval=0.2)
+    group.start()
+    truth = work_dir / "truth-kill.jsonl"
+    truth.unlink(missing_ok=True)
+    spec = WorkloadSpec(threads=3, duration=6.0, rate=250, hot_keys=3, large_transaction_rows=20_000)
+    load = threading.Thread(target=run_workload, args=(source, spec), kwargs={"ground_truth": truth})
+    load.start()
+    rng = random.Random(7)
+    kills = 0
+    stop = threading.Event()
+    try:
+        while load.is_alive() or kills < 5:
+            stop.wait(rng.uniform(0.2, 0.9))  # a random moment
+            content = rng.choice([-1, 0, 1, 2])
+            group.kill(content)
+            group.start_node(content, pipeline.directory / f"node{content}.log")
+            kills += 1
+    finally:
+        load.join()
+    wait_until_acknowledged(source, pipeline.slot, timeout=90)
+    captured = read_captured(config)
+    after, _ = check_against_truth(captured, list(read_ground_truth(truth)), start.snapshot.sees)
+    assert kills >= 5 and after > 300
+    # Duplicates are recognisable: once removed, each transaction has exactly its rows.
+    counts = {}
+    for row in captured.rows:
+        k = (row["source"]["segment"], row["source"]["commit_lsn"])
+        counts[k] = counts.get(k, 0) + 1
+    assert all(counts.get(k, 0) == end["event_count"] for k, end in captured.ends.items())
+    assert sum(counts.values()) == len(captured.rows)
+
+
+def test_large_transaction_with_bounded_worker_memory(source, config):
+    reset_tables(source)
+    run_workload(source, WorkloadSpec(threads=1, transactions=1))
+    pipeline = pipeline_of(config)
+    bootstrap(source, pipeline, "snapshot")
+    group = CaptureGroup(config, max_buffered=1000)
+    group.start()
+    rows = 300_000
+    with Session(source) as session, session.transaction() as tx:
+        for first in range(0, rows, 50_000):
+            tx.execute(0, f"INSERT INTO {EVENTS} SELECT g, 0, repeat('p', 200) FROM generate_series(%s::bigint, %s::bigint) g "
+                          "WHERE true", (5 * 10**12 + first, 5 * 10**12 + first + 49_999))
+    wait_until_acknowledged(source, pipeline.slot, timeout=120)
+    with open(f"/proc/{group.pid(0)}/status") as f:
+        peak_kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
+    captured = read_captured(config)
+    large = [e for e in captured.ends.values() if e["gxid"] == tx.gxid]
+    assert large and large[0]["event_count"] == rows
+    payload_mb = rows * 200 / 1e6
+    print(f"worker peak RSS {peak_kb / 1024:.0f} MiB for a {payload_mb:.0f} MB transaction")
+    # Holding the transaction would need its 60 MB of values several times over as
+    # Python objects; the worker streams it with the producer queue as its bound.
+    assert peak_kb / 1024 < 200, f"worker peak RSS {peak_kb / 1024:.0f} MiB for a {payload_mb:.0f} MB transaction"
+
+
+def test_idle_segments_advance_their_watermarks(source, config):
+    pipeline = pipeline_of(config)
+    bootstrap(source, pipeline, "snapshot")
+    group = CaptureGroup(config, heartbeat_interval=0.2)
+    group.start()
+    stop = threading.Event()
+    while True:
+        try:
+            captured = read_captured(config)
+        except BrokerError:  # the workers have not created the topics yet
+            captured = None
+        if captured and all(len(captured.watermarks[c]) >= 3 for c in (-1, 0, 1, 2)):
+            break
+        stop.wait(0.2)  # polling Kafka for the watermarks themselves
+    for content in (-1, 0, 1, 2):
+        marks = captured.watermarks[content]
+        assert [m["resolved_ts_ms"] for m in marks] == sorted(m["resolved_ts_ms"] for m in marks)
+        assert marks[-1]["resolved_ts_ms"] > marks[0]["resolved_ts_ms"], f"node {content} watermark did not advance"
+        assert marks[-1]["resolved"] >= marks[0]["resolved"]
+    rows = capture_status(source, group)
+    assert [r.node for r in rows] == [-1, 0, 1, 2] and all(r.alive for r in rows)
+
+
+def test_existing_slots_are_reused_or_refused(source, config):
+    pipeline = pipeline_of(config)
+    first = bootstrap(source, pipeline, "snapshot")
+    reused = []
+    assert bootstrap(source, pipeline, "snapshot", on_reuse=reused.append) == first and reused
+    pipeline.start_point_file.unlink()
+    with pytest.raises(BootstrapError, match="exists on coordinator, segment 0, segment 1, segment 2, but no start point"):
+        bootstrap(source, pipeline, "peaceful")
+
+
+def test_orphaned_prepared_transaction_is_reported(source, config):
+    pipeline = pipeline_of(config)
+    with source.connect_node(source.segments[1]) as conn:
+        conn.execute("BEGIN")
+        conn.execute("PREPARE TRANSACTION 'gpcdc_999999'")
+        try:
+            with pytest.raises(BootstrapError, match=r"orphaned prepared transactions .*'gpcdc_999999' on segment 1.*ROLLBACK PREPARED"):
+                bootstrap(source, pipeline, "snapshot")
+        finally:
+            conn.execute("ROLLBACK PREPARED 'gpcdc_999999'")
+    assert not any(slot_exists(source, node, pipeline.slot) for node in source.nodes)
+
+
+def slot_exists(cluster, node, slot):
+    with cluster.connect_node(node) as conn:
+        return conn.execute("SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = %s)", (slot,)).fetchone()[0]
+
+
+def test_slot_creation_that_cannot_finish_names_what_blocks_it(source, config):
+    pipeline = pipeline_of(config)
+    with source.connect_node(source.segments[2], autocommit=False) as blocker:
+        blocker.execute("SELECT txid_current()")  # a local transaction holding an xid, left open
+        pid = blocker.info.backend_pid
+        with pytest.raises(BootstrapError, match=rf"segment 2 .* did not finish within 1 s.*backend {pid} holding xid"):
+            bootstrap(source, pipeline, "snapshot", timeout=1)
+        blocker.rollback()
+    assert not any(slot_exists(source, node, pipeline.slot) for node in source.nodes)
+
+
+def test_capture_needs_a_start_point_and_a_broker(source, config, work_dir):
+    from .test_cli import gpcdc, one_line_error
+
+    flags = ["--source-sandbox", "source", "--kafka-topic-prefix", config.kafka.topic_prefix]
+    assert "no start point" in one_line_error(gpcdc(work_dir, *flags, "--kafka-bootstrap-servers",
+                                                    config.kafka.bootstrap_servers, "capture", "start"))
+    assert "no Kafka broker answers at 127.0.0.1:1" in one_line_error(
+        gpcdc(work_dir, *flags, "--kafka-bootstrap-servers", "127.0.0.1:1", "capture", "start"))

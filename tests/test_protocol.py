@@ -1,0 +1,201 @@
+"""The event protocol without servers: pgoutput decoding, assembly, start points."""
+
+import orjson
+import pytest
+
+from gpcdc_toolkit.protocol import (
+    UNCHANGED_TOAST, Dispatcher, DistributedSnapshot, NodeStart, PgoutputError, ProtocolError, StartPoint,
+    TransactionAssembler, format_lsn, parse, parse_lsn,
+)
+from gpcdc_toolkit.protocol import _pgoutput as pg
+
+from . import _pgwire as w
+
+COLUMNS = [("id", 20, True), ("name", 25, False), ("ok", 16, False), ("score", 701, False), ("amount", 1700, False)]
+
+
+def test_decode_each_message_kind():
+    assert parse(w.begin(100, 7)) == pg.Begin(100, 1_700_000_000_000_000, 7)
+    assert parse(w.commit(100, 120)) == pg.Commit(100, 120, 1_700_000_000_000_000)
+    rel = parse(w.relation(16384, "public", "t", COLUMNS))
+    assert rel.qualified_name == "public.t" and [c.is_key for c in rel.columns] == [True, False, False, False, False]
+    assert parse(w.insert(16384, ["1", "a\tb", None, "<toast>", "1.50"])).new == ("1", "a\tb", None, UNCHANGED_TOAST, "1.50")
+    up = parse(w.update(16384, ["2", "x", "t", "1", "2"], old=["1", None, None, None, None]))
+    assert up.old_is_key and up.old[0] == "1" and up.new[0] == "2"
+    assert parse(w.update(16384, ["2", "x", "t", "1", "2"])).old is None
+    assert parse(w.delete(16384, ["1", None, None, None, None])).old_is_key
+    m = parse(w.message("gpcdc.gxid", "42", lsn=5))
+    assert m == pg.Message(True, 5, "gpcdc.gxid", b"42")
+    assert parse(w.truncate([1, 2], cascade=True)) == pg.Truncate((1, 2), True, False)
+
+
+@pytest.mark.parametrize("payload,message", [
+    (b"", "empty"),
+    (b"Z123", "unknown pgoutput message type 'Z'"),
+    (b"B\x00\x01", "truncated or malformed pgoutput 'B'"),
+    (b"I\x00\x00\x00\x01X", "INSERT without a new tuple"),
+])
+def test_malformed_payloads_are_named(payload, message):
+    with pytest.raises(PgoutputError, match=message):
+        parse(payload)
+
+
+def test_values_convert_to_json_types():
+    assert pg.convert(20, "12") == 12 and pg.convert(16, "f") is False and pg.convert(701, "1.5") == 1.5
+    assert pg.convert(701, "NaN") == "NaN" and pg.convert(1700, "1.50") == "1.50" and pg.convert(25, None) is None
+
+
+def feed(assembler, *payloads):
+    out = []
+    for p in payloads:
+        out += assembler.feed(p)
+    return [(o.kind, o.key, orjson.loads(o.value)) for o in out]
+
+
+def one_phase_txn(xid=7, gxid=42, lsn=1000, rows=2):
+    return [w.begin(lsn, xid), w.message("gpcdc.gxid", str(gxid))] + [
+        w.insert(1, [str(i), f"n{i}", "t", "0.5", "3.10"]) for i in range(rows)
+    ] + [w.message("gpcdc.one_phase", str(gxid)), w.commit(lsn, lsn + 40)]
+
+
+def test_a_segment_transaction_becomes_begin_rows_end():
+    a = TransactionAssembler(2, source_name="gpcdc", database="db", clock=lambda: 1.5)
+    events = feed(a, w.relation(1, "public", "t", COLUMNS), *one_phase_txn())
+    kinds = [k for k, _, _ in events]
+    assert kinds == ["begin", "row", "row", "end"]
+    _, key, row = events[1]
+    assert key == b'{"id":0}'
+    assert row["op"] == "c" and row["before"] is None
+    assert row["after"] == {"id": 0, "name": "n0", "ok": True, "score": 0.5, "amount": "3.10"}
+    assert row["source"]["segment"] == 2 and row["source"]["table"] == "t"
+    assert (row["source"]["gxid"], row["source"]["one_phase"], row["source"]["seq"]) == (42, True, 1)
+    assert row["source"]["commit_lsn"] == 1000 and row["ts_ms"] == 1500
+    assert row["transaction"] == {"id": "2:7", "total_order": 1, "data_collection_order": 1}
+    end = events[-1][2]
+    assert end["status"] == "END" and end["event_count"] == 2 and end["one_phase"] is True
+    assert end["data_collections"] == [{"data_collection": "public.t", "event_count": 2}]
+    assert end["end_lsn"] == 1040 and a.completed_end_lsn == 1040
+
+
+def test_two_phase_part_and_updates_and_deletes():
+    a = TransactionAssembler(0, source_name="gpcdc", database="db")
+    events = feed(a, w.relation(1, "public", "t", COLUMNS), w.begin(500, 9), w.message("gpcdc.gxid", "43"),
+                  w.update(1, ["5", "x", "f", "1", "1"], old=["4", None, None, None, None]),
+                  w.delete(1, ["6", None, None, None, None]), w.commit(500, 520))
+    rows = [e for k, _, e in events if k == "row"]
+    assert [r["op"] for r in rows] == ["u", "d"]
+    assert rows[0]["before"]["id"] == 4 and rows[0]["after"]["id"] == 5 and events[1][1] == b'{"id":5}'
+    assert rows[1]["after"] is None and rows[1]["before"]["id"] == 6
+    assert all(r["source"]["one_phase"] is False for r in rows)
+    assert events[-1][2]["one_phase"] is False
+
+
+def test_legacy_parts_have_no_gxid_and_an_unknown_one_phase_flag():
+    a = TransactionAssembler(0, source_name="gpcdc", database="db")
+    events = feed(a, w.relation(1, "public", "t", COLUMNS), w.begin(500, 9),
+                  w.insert(1, ["1", "a", "t", "1", "1"]), w.commit(500, 520))
+    assert events[-1][2]["gxid"] is None and events[-1][2]["one_phase"] is None
+    assert events[1][2]["source"]["one_phase"] is None
+
+
+def test_large_transactions_stream_with_bounded_buffer():
+    a = TransactionAssembler(1, source_name="gpcdc", database="db", max_buffered=10)
+    a.feed(w.relation(1, "public", "t", COLUMNS))
+    held_back_max = 0
+    out_total = []
+    for payload in one_phase_txn(rows=35):
+        out = a.feed(payload)
+        out_total += out
+        txn = a._txn
+        if txn is not None and txn.pending is not None:
+            held_back_max = max(held_back_max, len(txn.pending))
+    assert held_back_max < 10
+    kinds = [o.kind for o in out_total]
+    assert kinds[0] == "begin" and kinds[-1] == "end" and kinds.count("row") == 35
+    rows = [orjson.loads(o.value) for o in out_total if o.kind == "row"]
+    assert all(r["source"]["one_phase"] is None for r in rows), "streamed rows cannot know the flag yet"
+    assert orjson.loads(out_total[-1].value)["one_phase"] is True
+    assert [r["source"]["seq"] for r in rows] == list(range(1, 36))
+
+
+def test_coordinator_records():
+    a = TransactionAssembler(-1, source_name="gpcdc", database="db")
+    events = feed(a, w.begin(900, 3), w.message("gpcdc.ddl", '{"gxid":50,"statement":"CREATE TABLE x"}'),
+                  w.message("gpcdc.commit", '{"gxid":50,"segments":[0,1]}'), w.commit(900, 950),
+                  w.begin(960, 4), w.message("gpcdc.commit", '{"gxid":51}'), w.commit(960, 990))
+    assert [(k, e["gxid"]) for k, _, e in events] == [("ddl", 50), ("commit", 50), ("commit", 51)]
+    assert events[1][2]["segments"] == [0, 1] and events[2][2]["segments"] is None
+    assert events[0][2]["statement"] == "CREATE TABLE x" and events[0][2]["commit_lsn"] == 900
+    resolved = orjson.loads(a.resolved(990).value)
+    assert resolved["resolved"] == 990 and resolved["segment"] == -1 and resolved["type"] == "resolved"
+
+
+def test_protocol_violations():
+    a = TransactionAssembler(0, source_name="gpcdc", database="db")
+    with pytest.raises(ProtocolError, match="before its RELATION"):
+        feed(a, w.begin(1, 1), w.insert(99, ["1"]))
+    b = TransactionAssembler(0, source_name="gpcdc", database="db")
+    with pytest.raises(ProtocolError, match="not a gxid"):
+        feed(b, w.begin(1, 1), w.message("gpcdc.gxid", "x1"))
+    c = TransactionAssembler(0, source_name="gpcdc", database="db")
+    with pytest.raises(ProtocolError, match="commits at 5, but its BEGIN announced 1"):
+        feed(c, w.begin(1, 1), w.commit(5, 6))
+    d = TransactionAssembler(0, source_name="gpcdc", database="db")
+    with pytest.raises(ProtocolError, match="watermark inside"):
+        feed(d, w.begin(1, 1))
+        d.resolved(1)
+
+
+def test_foreign_and_non_transactional_messages_are_ignored():
+    a = TransactionAssembler(0, source_name="gpcdc", database="db")
+    events = feed(a, w.begin(1, 1), w.message("other", "x"), w.message("gpcdc.gxid", "5", transactional=False),
+                  w.commit(1, 2))
+    assert events == []
+
+
+def start_point(method="snapshot"):
+    return StartPoint(method=method, created_at="t", snapshot=DistributedSnapshot(100, frozenset({90, 95})),
+                      nodes=(NodeStart(-1, "s", 10, 10, None), NodeStart(0, "s", 10, 500, "snap")))
+
+
+def test_distributed_snapshot_visibility():
+    snap = start_point().snapshot
+    assert snap.sees(89) and not snap.sees(90) and not snap.sees(100) and not snap.sees(150)
+
+
+def test_snapshot_filter_drops_what_the_snapshot_sees():
+    start = start_point()
+    assert not start.captures(0, 400, gxid=89)
+    assert start.captures(0, 400, gxid=95)  # running at the cut: committed after it
+    assert start.captures(0, 400, gxid=100)
+    assert not start.captures(0, 500, gxid=None) and start.captures(0, 501, gxid=None)  # by the node's cut LSN
+    assert start_point("peaceful").captures(0, 1, gxid=1)
+
+
+def test_assembler_applies_the_filter():
+    a = TransactionAssembler(0, source_name="gpcdc", database="db", start=start_point())
+    a.feed(w.relation(1, "public", "t", COLUMNS))
+    before = feed(a, *one_phase_txn(xid=1, gxid=89, lsn=300))
+    after = feed(a, *one_phase_txn(xid=2, gxid=95, lsn=400))
+    assert before == [] and [k for k, _, _ in after] == ["begin", "row", "row", "end"]
+    assert a.dropped_transactions == 1 and a.completed_end_lsn == 440
+
+
+def test_start_point_round_trips_through_json():
+    start = start_point()
+    assert StartPoint.from_json(orjson.loads(orjson.dumps(start.to_json()))) == start
+
+
+def test_lsn_text():
+    assert parse_lsn("16/B374D848") == 0x16B374D848 and format_lsn(0x16B374D848) == "16/B374D848"
+    with pytest.raises(ValueError):
+        parse_lsn("nope")
+
+
+def test_dispatchers():
+    assert Dispatcher("segment", 3).partitions_for("row", 2) == [2]
+    assert Dispatcher("segment", 3).partitions_for("resolved", 1) == [1]
+    assert Dispatcher("key", 4).partitions_for("row", 1) is None
+    assert Dispatcher("key", 4).partitions_for("end", 1) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="unknown dispatcher"):
+        Dispatcher("random", 3)
