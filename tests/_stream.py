@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpcdc_toolkit.cluster import Cluster
 from gpcdc_toolkit.config import Config
 from gpcdc_toolkit.connect import kafka_client_settings
 from gpcdc_toolkit.ingest import read_values
-from gpcdc_toolkit.protocol import Topics, parse_lsn
+from gpcdc_toolkit.protocol import Topics
 
 
 @dataclass
@@ -56,28 +54,6 @@ def read_captured(config: Config) -> Captured:
         else:
             out.watermarks[-1].append(v)
     return out
-
-
-def wait_until_acknowledged(cluster: Cluster, slot: str, timeout: float = 60.0) -> None:
-    """Wait until every node's slot is acknowledged past the WAL flushed now, i.e. until
-    capture has everything committed so far in Kafka."""
-    targets = {}
-    for node in cluster.nodes:
-        with cluster.connect_node(node) as conn:
-            targets[node.content] = parse_lsn(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
-    deadline = time.monotonic() + timeout
-    pending = dict(targets)
-    while pending:
-        for content in list(pending):
-            node = cluster.nodes[content + 1]
-            with cluster.connect_node(node) as conn:
-                row = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                                   (slot,)).fetchone()
-            if row and parse_lsn(row[0]) >= pending[content]:
-                del pending[content]
-        if pending and time.monotonic() > deadline:
-            raise AssertionError(f"capture did not acknowledge {pending} within {timeout} s")
-        time.sleep(0.1)  # polling the slots' positions, the condition itself
 
 
 def check_against_truth(captured: Captured, truth: list[dict[str, Any]], sees) -> tuple[int, int]:

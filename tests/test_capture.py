@@ -9,7 +9,7 @@ import pytest
 
 from gpcdc_toolkit import BrokerError
 from gpcdc_toolkit.bootstrap import BootstrapError, InitialSnapshot, Pipeline, bootstrap, create_slots_naively, drop_slots
-from gpcdc_toolkit.capture import CaptureGroup, capture_status
+from gpcdc_toolkit.capture import CaptureGroup, capture_status, wait_until_acknowledged
 from gpcdc_toolkit.cluster import Session, segment_for
 from gpcdc_toolkit.cluster import _markers as markers
 from gpcdc_toolkit.config import load_config
@@ -17,7 +17,7 @@ from gpcdc_toolkit.protocol import parse
 from gpcdc_toolkit.protocol import _pgoutput as pg
 from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, read_ground_truth, reset_tables, run_workload
 
-from ._stream import apply_rows, check_against_truth, read_captured, wait_until_acknowledged
+from ._stream import apply_rows, check_against_truth, read_captured
 
 
 @pytest.fixture
@@ -177,7 +177,7 @@ def test_sigkill_at_random_moments_loses_nothing(source, config, work_dir):
             stop.wait(rng.uniform(0.2, 0.9))  # a random moment
             content = rng.choice([-1, 0, 1, 2])
             group.kill(content)
-            group.start_node(content, pipeline.directory / f"node{content}.log")
+            group.start_node(content, group.log_file(content))
             kills += 1
     finally:
         load.join()

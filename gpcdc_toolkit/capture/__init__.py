@@ -1,8 +1,8 @@
 """Capture workers: each node's logical decoding stream into Kafka, with no loss."""
 
 from ._processes import CaptureGroup, config_flags, run_worker
-from ._status import NodeStatus, capture_status
+from ._status import NodeStatus, capture_status, wait_until_acknowledged
 from ._worker import CaptureWorker, WorkerSettings, WorkerStats, ensure_topics, producer_config
 
-__all__ = ["NodeStatus", "capture_status", "CaptureGroup", "config_flags", "run_worker", "CaptureWorker", "WorkerSettings", "WorkerStats",
+__all__ = ["NodeStatus", "capture_status", "wait_until_acknowledged", "CaptureGroup", "config_flags", "run_worker", "CaptureWorker", "WorkerSettings", "WorkerStats",
            "ensure_topics", "producer_config"]

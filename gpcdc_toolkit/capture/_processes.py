@@ -78,16 +78,35 @@ class CaptureGroup:
                 "--node", str(content), "--dispatcher", self.dispatcher, "--max-buffered", str(self.max_buffered),
                 "--heartbeat-interval", str(self.heartbeat_interval)]
 
-    def start(self) -> dict[int, int]:
-        """Start a background worker for every node that has none; returns the pids."""
+    def start(self, timeout: float = 60.0) -> dict[int, int]:
+        """Start a background worker for every node that has none, and return their pids
+        once each streams; a worker that exits instead is reported with its last words."""
         start = self.pipeline.start_point()  # fails clearly before anything starts
         started: dict[int, int] = {}
-        log_dir = self.pipeline.directory
         for node in start.nodes:
             if self.pid(node.content):
                 continue
-            started[node.content] = self.start_node(node.content, log_dir / f"node{node.content}.log")
+            self.status_file(node.content).unlink(missing_ok=True)
+            started[node.content] = self.start_node(node.content, self.log_file(node.content))
+        deadline = time.monotonic() + timeout
+        waiting = set(started)
+        while waiting:
+            for content in list(waiting):
+                if (self.status(content) or {}).get("state") == "streaming":
+                    waiting.discard(content)
+                elif not pid_alive(started[content]):
+                    self.stop()
+                    lines = self.log_file(content).read_text().strip().splitlines() or ["(no output)"]
+                    raise GpcdcError(f"the capture worker of node {content} exited: {lines[-1]}",
+                                     fix=f"see {self.log_file(content)}")
+            if waiting and time.monotonic() > deadline:
+                raise GpcdcError(f"capture workers of nodes {sorted(waiting)} did not start streaming within {timeout:g} s",
+                                 fix=f"see their logs in {self.pipeline.directory}")
+            time.sleep(0.05)  # polling the workers' status files
         return started
+
+    def log_file(self, content: int) -> Path:
+        return self.pipeline.directory / f"node{content}.log"
 
     def start_node(self, content: int, log_path: Path) -> int:
         with log_path.open("ab") as log:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 from ..cluster import Cluster
+from ..errors import GpcdcError
 from ..protocol import format_lsn, parse_lsn
 from ._processes import CaptureGroup
 
@@ -51,3 +53,25 @@ def capture_status(cluster: Cluster, group: CaptureGroup) -> list[NodeStatus]:
             if last_ms else "-",
         ))
     return rows
+
+
+def wait_until_acknowledged(cluster: Cluster, slot: str, timeout: float = 60.0) -> None:
+    """Wait until every node's slot is acknowledged past the WAL flushed now, that is,
+    until capture has in Kafka everything committed before the call."""
+    with ExitStack() as stack:
+        conns = {node.content: stack.enter_context(cluster.connect_node(node)) for node in cluster.nodes}
+        pending = {content: parse_lsn(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])  # type: ignore[index]
+                   for content, conn in conns.items()}
+        deadline = time.monotonic() + timeout
+        while True:
+            for content in list(pending):
+                row = conns[content].execute(
+                    "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+                if row and parse_lsn(row[0]) >= pending[content]:
+                    del pending[content]
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                raise GpcdcError(f"capture did not acknowledge nodes {sorted(pending)} within {timeout:g} s",
+                                 fix="check `gpcdc status` and the workers' logs")
+            time.sleep(0.1)  # polling the slots' positions, the condition itself

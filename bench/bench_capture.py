@@ -1,0 +1,171 @@
+"""Capture throughput, latency and memory, against pg_recvlogical in the same run.
+
+1. Throughput: N rows are written on one segment; then pg_recvlogical (pgoutput, to
+   /dev/null) and a capture worker (pgoutput -> protocol events -> Kafka, slot
+   acknowledged after delivery) each read the same WAL from slots created at the same
+   point. Printed: rows/s of each and their ratio.
+2. Latency: a workload at a fixed rate while capture runs; per local transaction,
+   commit time on the server to the Kafka timestamp of its END event; p50 / p99.
+3. Memory: one large transaction (--large-mb of row data) captured by a worker
+   process; its peak resident memory (VmHWM).
+
+    .venv/bin/python bench/bench_capture.py [--rows 1000000] [--large-mb 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from gpcdc_toolkit.bootstrap import Pipeline, bootstrap
+from gpcdc_toolkit.broker import EmbeddedBroker
+from gpcdc_toolkit.capture import CaptureGroup, CaptureWorker, WorkerSettings, wait_until_acknowledged
+from gpcdc_toolkit.cluster import Cluster, Session
+from gpcdc_toolkit.config import load_config
+from gpcdc_toolkit.ingest import read_values
+from gpcdc_toolkit.protocol import Topics, parse_lsn
+from gpcdc_toolkit.sandbox import Sandbox, find_pg_bin
+from gpcdc_toolkit.workload import WorkloadSpec, run_workload
+
+
+def flush_lsn(cluster: Cluster, content: int) -> int:
+    with cluster.connect_node(cluster.nodes[content + 1]) as conn:
+        return parse_lsn(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
+
+
+def confirmed(cluster: Cluster, content: int, slot: str) -> int:
+    with cluster.connect_node(cluster.nodes[content + 1]) as conn:
+        return parse_lsn(conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                                      (slot,)).fetchone()[0])
+
+
+def write_rows(cluster: Cluster, rows: int, payload: int, per_txn: int) -> None:
+    with Session(cluster) as session:
+        for first in range(0, rows, per_txn):
+            with session.transaction() as tx:
+                tx.execute(0, "INSERT INTO bench_rows SELECT g, repeat('x', %s) FROM generate_series(%s::bigint, %s::bigint) g",
+                           (payload, first, min(rows, first + per_txn) - 1))
+
+
+def throughput(cluster: Cluster, config, rows: int) -> None:
+    pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+    start = bootstrap(cluster, pipeline, "snapshot")
+    segment = cluster.segments[0]
+    with cluster.connect_node(segment) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot('recv', 'pgoutput')")
+    write_rows(cluster, rows, 40, 1000)
+    end = flush_lsn(cluster, 0)
+
+    t0 = time.perf_counter()
+    subprocess.run([str(find_pg_bin() / "pg_recvlogical"), "-d", cluster.dsn(segment), "--slot", "recv", "--start",
+                    "-o", "proto_version=1", "-o", f"publication_names={start.publication}", "-o", "messages=true",
+                    "-E", f"{end >> 32:X}/{end & 0xFFFFFFFF:X}", "-f", "/dev/null", "--no-loop"], check=True)
+    recv_s = time.perf_counter() - t0
+
+    from gpcdc_toolkit.connect import kafka_client_settings
+
+    settings = WorkerSettings(prefix=config.kafka.topic_prefix, kafka=kafka_client_settings(config))
+    worker = CaptureWorker(cluster, segment, start, settings, database="postgres", partitions=cluster.segment_count)
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,))
+    t0 = time.perf_counter()
+    thread.start()
+    while confirmed(cluster, 0, pipeline.slot) < end:
+        time.sleep(0.02)  # polling the slot's acknowledged position
+    capture_s = time.perf_counter() - t0
+    stop.set()
+    thread.join()
+    print(f"throughput ({rows} rows, 1000 per transaction, one segment):")
+    print(f"  pg_recvlogical -> /dev/null : {rows / recv_s:>10,.0f} rows/s")
+    print(f"  capture -> Kafka, acked     : {rows / capture_s:>10,.0f} rows/s")
+    print(f"  ratio                       : {recv_s / capture_s:>10.2f}", flush=True)
+
+
+def latency(cluster: Cluster, config, rate: float, seconds: float) -> None:
+    bootstrap(cluster, Pipeline(config.work_dir, config.kafka.topic_prefix), "snapshot")
+    group = CaptureGroup(config, heartbeat_interval=1.0)
+    group.start()
+    try:
+        result = run_workload(cluster, WorkloadSpec(threads=4, duration=seconds, rate=rate, hot_keys=10))
+        wait_until_acknowledged(cluster, group.pipeline.slot)
+    finally:
+        group.stop()
+    from gpcdc_toolkit.connect import kafka_client_settings
+
+    kafka = kafka_client_settings(config)
+    delays = []
+    from gpcdc_toolkit.ingest import read_to_end
+    import orjson
+
+    for message in read_to_end(kafka, Topics(config.kafka.topic_prefix).changes):
+        value = orjson.loads(message.value())
+        if value.get("status") == "END":
+            delays.append(message.timestamp()[1] - value["commit_ts_ms"])
+    delays.sort()
+    print(f"latency (workload {result.rate:.0f} dtx/s for {seconds:g} s, {len(delays)} local transactions):")
+    print(f"  commit -> produced to Kafka : p50 {statistics.median(delays):.0f} ms, "
+          f"p99 {delays[int(len(delays) * 0.99)]:.0f} ms, max {delays[-1]:.0f} ms", flush=True)
+
+
+def memory(cluster: Cluster, config, large_mb: int) -> None:
+    group = CaptureGroup(config, max_buffered=1000)
+    group.start()
+    try:
+        rows = large_mb * 1000  # 1000-byte payloads
+        t0 = time.perf_counter()
+        with Session(cluster) as session, session.transaction() as tx:
+            for first in range(0, rows, 100_000):
+                tx.execute(0, "INSERT INTO bench_rows SELECT g, repeat('y', 1000) FROM generate_series(%s::bigint, %s::bigint) g",
+                           (10**12 + first, 10**12 + min(rows, first + 100_000) - 1))
+        end = flush_lsn(cluster, 0)
+        while confirmed(cluster, 0, group.pipeline.slot) < end:
+            time.sleep(0.1)  # polling the slot's acknowledged position
+        elapsed = time.perf_counter() - t0
+        with open(f"/proc/{group.pid(0)}/status") as f:
+            peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+    finally:
+        group.stop()
+    print(f"memory: one transaction of {rows:,} rows ({large_mb} MB of values) captured in {elapsed:.0f} s;"
+          f" worker peak RSS {peak:.0f} MiB", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--rate", type=float, default=200.0, help="workload dtx/s for the latency run")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--large-mb", type=int, default=1024)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="gpcdc-bench-"))
+    work.chmod(0o755)
+    sandbox = Sandbox("bench", work)
+    broker = EmbeddedBroker(work)
+    try:
+        sandbox.up(segments=1)
+        broker.up()
+        cluster = sandbox.cluster()
+        with Session(cluster) as session:
+            session.ddl("CREATE TABLE bench_rows (id bigint PRIMARY KEY, v text) DISTRIBUTED BY (id)")
+        flags = {"work_dir": str(work), "kafka.bootstrap_servers": broker.bootstrap_servers, "source.sandbox": "bench"}
+        throughput(cluster, load_config({**flags, "kafka.topic_prefix": "tput"}, environ={}), args.rows)
+        latency(cluster, load_config({**flags, "kafka.topic_prefix": "lat"}, environ={}), args.rate, args.seconds)
+        if args.large_mb:
+            memory(cluster, load_config({**flags, "kafka.topic_prefix": "tput"}, environ={}), args.large_mb)
+    finally:
+        for prefix in ("tput", "lat"):
+            CaptureGroup(load_config({"work_dir": str(work), "kafka.topic_prefix": prefix}, environ={})).stop()
+        broker.down()
+        sandbox.down(remove=True)
+        if not os.environ.get("GPCDC_BENCH_KEEP"):
+            shutil.rmtree(work)
+
+
+if __name__ == "__main__":
+    main()
