@@ -9,7 +9,7 @@ import pytest
 
 from gpcdc_toolkit import BrokerError
 from gpcdc_toolkit.bootstrap import BootstrapError, InitialSnapshot, Pipeline, bootstrap, create_slots_naively, drop_slots
-from gpcdc_toolkit.capture import CaptureGroup, capture_status, wait_until_acknowledged
+from gpcdc_toolkit.capture import CaptureGroup, capture_status, check_against_truth, read_captured, wait_until_acknowledged
 from gpcdc_toolkit.cluster import Session, segment_for
 from gpcdc_toolkit.cluster import _markers as markers
 from gpcdc_toolkit.config import load_config
@@ -17,7 +17,7 @@ from gpcdc_toolkit.protocol import parse
 from gpcdc_toolkit.protocol import _pgoutput as pg
 from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, read_ground_truth, reset_tables, run_workload
 
-from ._stream import apply_rows, check_against_truth, read_captured
+from ._stream import apply_rows
 
 
 @pytest.fixture
@@ -138,8 +138,9 @@ def test_bootstrap_under_load_captures_every_later_transaction_whole(source, con
         load.join()
     wait_until_acknowledged(source, pipeline_of(config).slot)
     captured = read_captured(config)
-    after, before = check_against_truth(captured, list(read_ground_truth(truth)), start.snapshot.sees)
-    assert after > 50 and before > 20, (after, before)
+    check = check_against_truth(captured, read_ground_truth(truth), start.snapshot.sees)
+    assert check.ok, check.problems[:5]
+    assert check.after > 50 and check.before > 20, (check.after, check.before)
     assert any("ADD COLUMN extra" in d["statement"] for d in captured.ddl)
     # The initial snapshot plus the stream equals the source, segment by segment.
     snapshot = InitialSnapshot(pipeline_of(config).snapshot_dir)
@@ -183,8 +184,9 @@ def test_sigkill_at_random_moments_loses_nothing(source, config, work_dir):
         load.join()
     wait_until_acknowledged(source, pipeline.slot, timeout=90)
     captured = read_captured(config)
-    after, _ = check_against_truth(captured, list(read_ground_truth(truth)), start.snapshot.sees)
-    assert kills >= 5 and after > 300
+    check = check_against_truth(captured, read_ground_truth(truth), start.snapshot.sees)
+    assert check.ok, check.problems[:5]
+    assert kills >= 5 and check.after > 300
     # Duplicates are recognisable: once removed, each transaction has exactly its rows.
     counts = {}
     for row in captured.rows:

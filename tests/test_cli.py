@@ -39,7 +39,7 @@ def test_demo_runs_end_to_end(work_dir):
     work_dir = work_dir / "demo"  # its own sandboxes and broker
     done = gpcdc(work_dir, "demo", "--duration", "2", "--segments", "2")
     assert done.returncode == 0, done.stderr
-    assert "0 differ" in done.stdout and "dtx/s" in done.stdout
+    assert "0 differ" in done.stdout and "dtx/s" in done.stdout and ", 0 problems" in done.stdout
     assert not list((work_dir / "sandboxes" / "source").glob("*/postmaster.pid")), "demo left servers running"
 
 

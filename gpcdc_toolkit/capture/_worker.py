@@ -296,6 +296,18 @@ def ensure_topics(kafka: dict[str, str], topics: Topics, partitions: int) -> Non
                 raise
 
 
+def delete_topics(kafka: dict[str, str], topics: Topics) -> list[str]:
+    """Delete the pipeline's topics where they exist; returns those deleted."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(kafka)
+    existing = admin.list_topics(timeout=10).topics
+    names = [t for t in (topics.changes, topics.dtx) if t in existing]
+    for future in (admin.delete_topics(names).values() if names else ()):
+        future.result(15)
+    return names
+
+
 def _retryable(error: GpcdcError) -> bool:
     from ..errors import BrokerError, UnreachableError
 

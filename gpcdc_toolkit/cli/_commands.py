@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from ..bootstrap import METHODS, Pipeline, bootstrap, drop_slots
+from ..bootstrap import METHODS, InitialSnapshot, Pipeline, bootstrap, drop_slots
 from ..broker import EmbeddedBroker, check_reachable
-from ..capture import CaptureGroup, capture_status, run_worker
+from ..capture import (
+    CaptureGroup, capture_status, check_against_truth, delete_topics, read_captured, run_worker,
+    wait_until_acknowledged,
+)
 from ..config import SETTINGS, Config, flag
 from ..connect import kafka_client_settings, open_cluster
 from ..errors import ConfigError
-from ..protocol import format_lsn
+from ..protocol import Topics, format_lsn
 from ..protocol._topics import DISPATCHERS
 from ..sandbox import Sandbox, list_sandboxes
-from ..workload import WorkloadSpec, reset_tables, run_workload, verify
+from ..workload import WorkloadSpec, read_ground_truth, reset_tables, run_workload, verify
 
 
 class Command:
@@ -175,11 +179,12 @@ class Workload(Command):
 
 
 class Demo(Command):
-    name, help = "demo", "the main job on the embedded default: sandbox, broker, workload, summary"
+    name, help = "demo", "the main job on the embedded default: sandbox, broker, bootstrap, capture, checks"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--segments", type=int, default=3)
-        parser.add_argument("--keep", action="store_true", help="leave the sandbox and broker running")
+        parser.add_argument("--method", choices=METHODS, default="snapshot", help="bootstrap method")
+        parser.add_argument("--keep", action="store_true", help="leave the sandbox, broker and capture running")
         _add_workload_arguments(parser)
         parser.set_defaults(hot_keys=10, duration=5.0)
 
@@ -190,6 +195,8 @@ class Demo(Command):
         started = time.monotonic()
         sandbox = Sandbox(config.source.sandbox or "source", config.work_dir)
         broker = EmbeddedBroker(config.work_dir)
+        group = CaptureGroup(config, heartbeat_interval=0.5)
+        pipeline = group.pipeline
         try:
             sandbox.up(segments=args.segments)
             _print(f"sandbox {sandbox.name!r}: coordinator + {args.segments} segments ({sandbox.dsn})")
@@ -200,20 +207,48 @@ class Demo(Command):
             _print(f"Kafka: {servers}")
             cluster = sandbox.cluster()
             cluster.check_logical_decoding()
-            reset_tables(cluster)  # the ground-truth check needs empty tables
+            # A fresh start, so that the checks below compare like with like.
+            group.stop()
+            drop_slots(cluster, pipeline.slot, publication=pipeline.publication)
+            shutil.rmtree(pipeline.directory, ignore_errors=True)
+            delete_topics(kafka_client_settings(config), Topics(pipeline.prefix))
+            reset_tables(cluster)
+
             truth = config.work_dir / "demo-ground-truth.jsonl"
             truth.unlink(missing_ok=True)
+            before = run_workload(cluster, dataclasses.replace(spec, duration=1.0, transactions=None),
+                                  ground_truth=truth)
+            _print(f"workload before the bootstrap: {before.summary()}")
+            start = bootstrap(cluster, pipeline, args.method)
+            snapshot = InitialSnapshot(pipeline.snapshot_dir)
+            rows = sum(sum(snapshot.row_counts(t).values()) for t in snapshot.tables)
+            _print(f"bootstrap ({start.method}): slot {pipeline.slot} on {len(start.nodes)} nodes; "
+                   f"initial snapshot of {rows} rows in {len(snapshot.tables)} tables")
+            group.start()
+            _print(f"capture: {len(start.nodes)} workers streaming into {Topics(pipeline.prefix).changes} "
+                   f"and {Topics(pipeline.prefix).dtx}")
             result = run_workload(cluster, spec, ground_truth=truth, progress=_progress_line)
             if sys.stderr.isatty():
                 print(file=sys.stderr)
-            _print(f"workload: {result.summary()}")
-            for table, (rows, differ) in verify(cluster, truth, spec.hot_keys).items():
-                _print(f"check {table}: {rows} rows expected from the ground-truth log, {differ} differ")
+            _print(f"workload under capture: {result.summary()}")
+            wait_until_acknowledged(cluster, pipeline.slot)
+            for table, (expected, differ) in verify(cluster, truth, spec.hot_keys).items():
+                _print(f"check {table}: {expected} rows expected from the ground-truth log, {differ} differ")
                 if differ:
                     return 1
+            captured = read_captured(config)
+            check = check_against_truth(captured, read_ground_truth(truth), start.snapshot.sees)  # type: ignore[union-attr]
+            _print(f"check Kafka: {check.after} distributed transactions after the start point captured "
+                   f"whole on every segment they touched, {check.before} before it left to the initial snapshot, "
+                   f"{len(captured.rows)} row events, {len(check.problems)} problems")
+            for problem in check.problems[:10]:
+                _print(f"  {problem}")
+            if not check.ok:
+                return 1
             _print(f"done in {time.monotonic() - started:.1f} s")
         finally:
             if not args.keep:
+                group.stop()
                 broker.down()
                 if sandbox.exists:
                     sandbox.down()
@@ -251,6 +286,9 @@ class BootstrapCreate(Command):
 class BootstrapDrop(Command):
     name, help = "drop", "drop the pipeline's slots and publications, and forget its start point"
 
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--delete-topics", action="store_true", help="also delete the pipeline's Kafka topics")
+
     def run(self, args: argparse.Namespace, config: Config) -> int:
         pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
         if CaptureGroup(config).stop():
@@ -258,6 +296,9 @@ class BootstrapDrop(Command):
         dropped = drop_slots(open_cluster(config, "source"), pipeline.slot, publication=pipeline.publication)
         shutil.rmtree(pipeline.directory, ignore_errors=True)
         _print(f"dropped slot {pipeline.slot} on {len(dropped)} nodes; removed {pipeline.directory}")
+        if args.delete_topics:
+            deleted = delete_topics(kafka_client_settings(config), Topics(pipeline.prefix))
+            _print(f"deleted topics {', '.join(deleted) or '(none existed)'}")
         return 0
 
 
