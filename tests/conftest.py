@@ -75,3 +75,16 @@ def environ_without_gpcdc(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith("GPCDC_"):
             monkeypatch.delenv(key)
+
+
+@pytest.fixture(scope="session")
+def spark(work_dir: Path) -> Iterator[object]:
+    from gpcdc_toolkit.config import load_config
+    from gpcdc_toolkit.ingest.spark import spark_session
+
+    session = spark_session(load_config({"work_dir": str(work_dir), "spark.master": "local[2]"}, environ={}))
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()

@@ -1,0 +1,98 @@
+"""Protocol messages as flat, typed rows (pure): the schema of the Spark source.
+
+One schema covers every kind of message, so that a topic (which mixes row events,
+transaction boundaries and watermarks) reads as one DataFrame; the columns that do
+not apply to a kind are null. A value that is not a protocol message keeps its raw
+text in ``_corrupt_record``, as Spark's own file sources do, with its partition and
+offset, and nulls elsewhere.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import orjson
+
+# (name, Spark SQL type). Stable: columns are only ever added at the end.
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("topic", "string"),
+    ("partition", "int"),
+    ("offset", "bigint"),
+    ("timestamp", "timestamp"),  # the Kafka message's timestamp
+    ("kind", "string"),  # row, begin, end, resolved, commit, ddl; null when corrupt
+    ("segment", "int"),  # -1: the coordinator
+    ("gxid", "bigint"),
+    ("xid", "bigint"),
+    ("commit_lsn", "bigint"),
+    ("commit_ts", "timestamp"),
+    ("op", "string"),  # c, u, d, t
+    ("table_schema", "string"),
+    ("table_name", "string"),
+    ("seq", "int"),
+    ("one_phase", "boolean"),
+    ("key", "string"),  # the row's key, as JSON
+    ("before", "map<string,string>"),
+    ("after", "map<string,string>"),
+    ("event_count", "int"),
+    ("end_lsn", "bigint"),
+    ("segments", "array<int>"),
+    ("statement", "string"),
+    ("resolved_lsn", "bigint"),
+    ("resolved_ts", "timestamp"),
+    ("_corrupt_record", "string"),
+)
+SCHEMA_DDL = ", ".join(f"`{name}` {kind}" for name, kind in COLUMNS)
+WIDTH = len(COLUMNS)
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def _ts(ms: int | None) -> dt.datetime | None:
+    return None if ms is None else _EPOCH + dt.timedelta(milliseconds=ms)
+
+
+def _text(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    return orjson.dumps(value).decode()
+
+
+def _image(image: dict[str, Any] | None) -> dict[str, str | None] | None:
+    return None if image is None else {k: _text(v) for k, v in image.items()}
+
+
+def to_row(topic: str, partition: int, offset: int, timestamp_ms: int | None,
+           key: bytes | None, value: bytes | None) -> tuple[Any, ...]:
+    """One Kafka message as a tuple in :data:`COLUMNS` order."""
+    head = (topic, partition, offset, _ts(timestamp_ms))
+    try:
+        v = orjson.loads(value) if value is not None else None
+        if not isinstance(v, dict):
+            raise ValueError("not a JSON object")
+        if "op" in v:
+            s = v["source"]
+            return head + ("row", s["segment"], s["gxid"], s["txId"], s["commit_lsn"], _ts(s["ts_ms"]), v["op"],
+                           s["schema"], s["table"], s["seq"], s["one_phase"],
+                           key.decode() if key is not None else None, _image(v["before"]), _image(v["after"]),
+                           None, None, None, None, None, None, None)
+        if "status" in v:
+            return head + (v["status"].lower(), v["segment"], v["gxid"], v["xid"], v["commit_lsn"],
+                           _ts(v["commit_ts_ms"]), None, None, None, None, v.get("one_phase"), None, None, None,
+                           v["event_count"], v.get("end_lsn"), None, None, None, None, None)
+        if "resolved" in v:
+            return head + ("resolved", v["segment"], None, None, None, None, None, None, None, None, None, None,
+                           None, None, None, None, None, None, v["resolved"], _ts(v.get("resolved_ts_ms")), None)
+        kind = v["type"]
+        if kind in ("commit", "ddl"):
+            return head + (kind, v["segment"], v["gxid"], v["xid"], v["commit_lsn"], _ts(v["commit_ts_ms"]),
+                           None, None, None, None, None, None, None, None, None, None,
+                           v.get("segments"), v.get("statement"), None, None, None)
+        raise ValueError(f"unknown message type {kind!r}")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raw = value.decode("utf-8", errors="replace") if value is not None else None
+        return head + (None,) * (WIDTH - 5) + (raw,)
