@@ -24,7 +24,7 @@ def test_row_event():
              "op": "u", "ts_ms": 1, "transaction": {}}, key=b'{"id":2}')
     assert (r["kind"], r["segment"], r["gxid"], r["xid"], r["op"], r["table_name"], r["seq"]) == ("row", 1, 9, 4, "u", "t", 3)
     assert r["after"] == {"id": "2", "ok": "true", "x": "1.5", "n": None} and r["before"] == {"id": "1"}
-    assert r["commit_ts"] == dt.datetime(2023, 11, 14, 22, 13, 20, 500000, tzinfo=dt.timezone.utc)
+    assert r["commit_ts"] == 1_700_000_000_500  # epoch ms until it becomes an Arrow timestamp
     assert r["key"] == '{"id":2}' and r["_corrupt_record"] is None and r["offset"] == 7
 
 
@@ -61,3 +61,21 @@ def test_offset_options():
     assert _offsets_option({}, "endingOffsets", "latest") == "latest"
     with pytest.raises(SourceOptionError, match="not earliest, latest or a JSON object"):
         _offsets_option({"startingoffsets": "first"}, "startingOffsets", "earliest")
+
+
+def test_rows_become_one_arrow_batch_with_nulls_in_place():
+    from gpcdc_toolkit.ingest._rows import arrow_schema, to_arrow
+
+    first = {"before": None, "after": {"a": 1}, "op": "c",
+             "source": {"segment": 0, "gxid": 1, "txId": 1, "commit_lsn": 1, "ts_ms": 1_700_000_000_000,
+                        "schema": "s", "table": "t", "seq": 1, "one_phase": True}}
+    second = {**first, "op": "u", "before": {"a": 2}, "after": {"a": 3, "b": None}}
+    rows = [to_row("t", 0, 1, 5, None, orjson.dumps(first)), to_row("t", 0, 2, 6, None, b"bad"),
+            to_row("t", 0, 3, 7, None, orjson.dumps(second))]
+    batch = to_arrow(rows, arrow_schema())
+    assert batch.num_rows == 3 and batch.schema.names == NAMES
+    assert batch.column("after").to_pylist() == [[("a", "1")], None, [("a", "3"), ("b", None)]]
+    assert batch.column("before").to_pylist() == [None, None, [("a", "2")]]
+    assert batch.column("_corrupt_record").to_pylist() == [None, "bad", None]
+    stamps = batch.column("commit_ts").to_pylist()
+    assert stamps[1] is None and stamps[0] == dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=dt.timezone.utc)

@@ -9,7 +9,7 @@ offset, and nulls elsewhere.
 
 from __future__ import annotations
 
-import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -45,11 +45,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 SCHEMA_DDL = ", ".join(f"`{name}` {kind}" for name, kind in COLUMNS)
 WIDTH = len(COLUMNS)
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-
-
-def _ts(ms: int | None) -> dt.datetime | None:
-    return None if ms is None else _EPOCH + dt.timedelta(milliseconds=ms)
+TIMESTAMPS = frozenset(i for i, (_, kind) in enumerate(COLUMNS) if kind == "timestamp")
 
 
 def _text(value: Any) -> str | None:
@@ -68,31 +64,77 @@ def _image(image: dict[str, Any] | None) -> dict[str, str | None] | None:
 
 def to_row(topic: str, partition: int, offset: int, timestamp_ms: int | None,
            key: bytes | None, value: bytes | None) -> tuple[Any, ...]:
-    """One Kafka message as a tuple in :data:`COLUMNS` order."""
-    head = (topic, partition, offset, _ts(timestamp_ms))
+    """One Kafka message as a tuple in :data:`COLUMNS` order (timestamps in epoch ms)."""
+    head = (topic, partition, offset, timestamp_ms)
     try:
         v = orjson.loads(value) if value is not None else None
         if not isinstance(v, dict):
             raise ValueError("not a JSON object")
         if "op" in v:
             s = v["source"]
-            return head + ("row", s["segment"], s["gxid"], s["txId"], s["commit_lsn"], _ts(s["ts_ms"]), v["op"],
+            return head + ("row", s["segment"], s["gxid"], s["txId"], s["commit_lsn"], s["ts_ms"], v["op"],
                            s["schema"], s["table"], s["seq"], s["one_phase"],
                            key.decode() if key is not None else None, _image(v["before"]), _image(v["after"]),
                            None, None, None, None, None, None, None)
         if "status" in v:
             return head + (v["status"].lower(), v["segment"], v["gxid"], v["xid"], v["commit_lsn"],
-                           _ts(v["commit_ts_ms"]), None, None, None, None, v.get("one_phase"), None, None, None,
+                           v["commit_ts_ms"], None, None, None, None, v.get("one_phase"), None, None, None,
                            v["event_count"], v.get("end_lsn"), None, None, None, None, None)
         if "resolved" in v:
             return head + ("resolved", v["segment"], None, None, None, None, None, None, None, None, None, None,
-                           None, None, None, None, None, None, v["resolved"], _ts(v.get("resolved_ts_ms")), None)
+                           None, None, None, None, None, None, v["resolved"], v.get("resolved_ts_ms"), None)
         kind = v["type"]
         if kind in ("commit", "ddl"):
-            return head + (kind, v["segment"], v["gxid"], v["xid"], v["commit_lsn"], _ts(v["commit_ts_ms"]),
+            return head + (kind, v["segment"], v["gxid"], v["xid"], v["commit_lsn"], v["commit_ts_ms"],
                            None, None, None, None, None, None, None, None, None, None,
                            v.get("segments"), v.get("statement"), None, None, None)
         raise ValueError(f"unknown message type {kind!r}")
     except (ValueError, KeyError, TypeError, AttributeError):
         raw = value.decode("utf-8", errors="replace") if value is not None else None
         return head + (None,) * (WIDTH - 5) + (raw,)
+
+
+def arrow_schema() -> Any:
+    import pyarrow as pa
+
+    types = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "boolean": pa.bool_(),
+             "timestamp": pa.timestamp("us", tz="UTC"), "map<string,string>": pa.map_(pa.string(), pa.string()),
+             "array<int>": pa.list_(pa.int32())}
+    return pa.schema([(name, types[kind]) for name, kind in COLUMNS])
+
+
+def to_arrow(rows: Sequence[tuple[Any, ...]], schema: Any) -> Any:
+    """Rows from :func:`to_row` as one Arrow record batch of ``schema``."""
+    import pyarrow as pa
+
+    n = len(rows)
+    columns = list(zip(*rows)) if rows else [()] * WIDTH
+    arrays = []
+    for i, (values, field) in enumerate(zip(columns, schema)):
+        if values.count(None) == n:
+            arrays.append(pa.nulls(n, field.type))
+        elif i in TIMESTAMPS:
+            millis = pa.array(values, type=pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
+            arrays.append(millis.cast(field.type))
+        elif isinstance(field.type, pa.MapType):
+            arrays.append(_map_array(values, field.type))
+        else:
+            arrays.append(pa.array(values, type=field.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _map_array(values: Sequence[dict[str, str | None] | None], map_type: Any) -> Any:
+    import pyarrow as pa
+
+    offsets = [0]
+    missing = []
+    keys: list[str] = []
+    items: list[str | None] = []
+    for image in values:
+        missing.append(image is None)
+        if image is not None:
+            keys.extend(image)
+            items.extend(image.values())
+        offsets.append(len(keys))
+    return pa.MapArray.from_arrays(pa.array(offsets, type=pa.int32()), pa.array(keys, type=pa.string()),
+                                   pa.array(items, type=pa.string()), type=map_type, mask=pa.array(missing))
