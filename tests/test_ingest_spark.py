@@ -127,7 +127,22 @@ def test_streaming_available_now_processes_everything_once_across_runs(spark, to
     assert sorted(ids) == list(range(120)), "each message exactly once across the two runs"
 
 
-def test_capture_output_reads_as_captured(spark, source, broker, work_dir):
+def run_explore_notebook(config, tmp_path, row_events):
+    import papermill
+
+    from .test_notebooks import NOTEBOOKS, cell_errors
+
+    out = tmp_path / "explore.ipynb"
+    papermill.execute_notebook(
+        str(NOTEBOOKS / "explore_changes.ipynb"), str(out), kernel_name="python3", progress_bar=False,
+        parameters={"work_dir": str(config.work_dir), "kafka_bootstrap_servers": config.kafka.bootstrap_servers,
+                    "topic_prefix": config.kafka.topic_prefix, "spark_master": "local[1]"})
+    assert cell_errors(out) == []
+    text = out.read_text()
+    assert "Row events per second, by segment" in text and "distributed commit records" in text
+
+
+def test_capture_output_reads_as_captured(spark, source, broker, work_dir, tmp_path):
     config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
                           "kafka.topic_prefix": f"c{uuid.uuid4().hex[:8]}", "source.sandbox": "source"}, environ={})
     pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
@@ -149,6 +164,7 @@ def test_capture_output_reads_as_captured(spark, source, broker, work_dir):
         assert {r.gxid: tuple(r.segments) for r in records} == captured.records
         marks = read_watermarks(spark, config)
         assert {r.segment for r in marks.select("segment").distinct().collect()} == {-1, 0, 1, 2}
+        run_explore_notebook(config, tmp_path, len(captured.rows))
     finally:
         group.stop()
         drop_slots(source, pipeline.slot, publication=pipeline.publication)
