@@ -4,6 +4,7 @@ import random
 import threading
 import uuid
 
+import orjson
 import psycopg
 import pytest
 
@@ -291,3 +292,81 @@ def test_capture_needs_a_start_point_and_a_broker(source, config, work_dir):
                                                     config.kafka.bootstrap_servers, "capture", "start"))
     assert "no Kafka broker answers at 127.0.0.1:1" in one_line_error(
         gpcdc(work_dir, *flags, "--kafka-bootstrap-servers", "127.0.0.1:1", "capture", "start"))
+
+
+def test_nothing_is_acknowledged_while_kafka_is_away(source, work_dir, source_sandbox):
+    from gpcdc_toolkit.broker import EmbeddedBroker
+    from gpcdc_toolkit.capture import ensure_topics
+    from gpcdc_toolkit.protocol import Topics, parse_lsn
+
+    broker = EmbeddedBroker(work_dir / f"outage-{uuid.uuid4().hex[:6]}").up()
+    config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
+                          "kafka.topic_prefix": f"o{uuid.uuid4().hex[:8]}", "source.sandbox": "source"}, environ={})
+    pipeline = pipeline_of(config)
+    group = CaptureGroup(config, heartbeat_interval=0.2)
+    truth = work_dir / "truth-outage.jsonl"
+    truth.unlink(missing_ok=True)
+    try:
+        reset_tables(source)
+        run_workload(source, WorkloadSpec(threads=1, transactions=1))
+        start = bootstrap(source, pipeline, "snapshot")
+        group.start()
+        port = int(broker.bootstrap_servers.rsplit(":", 1)[1])
+        broker.down()
+        run_workload(source, WorkloadSpec(threads=2, transactions=100, hot_keys=2), ground_truth=truth)
+        stop = threading.Event()
+        while not all("waiting for Kafka" in (group.status(c) or {}).get("state", "")
+                      or "reconnecting" in (group.status(c) or {}).get("state", "") for c in (-1, 0, 1, 2)):
+            stop.wait(0.2)  # polling the workers' own account of their state
+        for node in source.nodes:
+            with source.connect_node(node) as conn:
+                confirmed, current = conn.execute(
+                    "SELECT confirmed_flush_lsn::text, pg_current_wal_flush_lsn()::text FROM pg_replication_slots "
+                    "WHERE slot_name = %s", (pipeline.slot,)).fetchone()
+            if node.content >= 0:
+                assert parse_lsn(confirmed) < parse_lsn(current), f"{node} acknowledged while Kafka was away"
+        broker.up(port=port)  # the embedded broker keeps nothing: what was sent before the outage is gone
+        ensure_topics({"bootstrap.servers": broker.bootstrap_servers}, Topics(config.kafka.topic_prefix),
+                      source.segment_count)
+        try:
+            wait_until_acknowledged(source, pipeline.slot, timeout=150)
+        except Exception:
+            for c in (-1, 0, 1, 2):
+                print(c, group.status(c), group.log_file(c).read_text()[-1500:])
+            raise
+        records = list(read_ground_truth(truth))
+        check = check_against_truth(read_captured(config), records, start.snapshot.sees)
+        committed = sum(r["outcome"] == "committed" for r in records)
+        assert check.ok and check.after == committed > 50, (check.after, committed, check.problems[:5])
+    finally:
+        group.stop()
+        broker.down()
+        drop_slots(source, pipeline.slot, publication=pipeline.publication)
+
+
+def test_key_dispatcher_spreads_rows_by_key_and_frames_every_partition(source, config):
+    from gpcdc_toolkit.connect import kafka_client_settings
+    from gpcdc_toolkit.ingest import read_to_end
+    from gpcdc_toolkit.protocol import Topics
+
+    reset_tables(source)
+    run_workload(source, WorkloadSpec(threads=1, transactions=1))
+    pipeline = pipeline_of(config)
+    bootstrap(source, pipeline, "snapshot")
+    group = CaptureGroup(config, dispatcher="key", heartbeat_interval=0.3)
+    group.start()
+    run_workload(source, WorkloadSpec(threads=2, transactions=60, hot_keys=2, update_share=0.3))
+    wait_until_acknowledged(source, pipeline.slot)
+    messages = [(m.partition(), m.key(), orjson.loads(m.value()))
+                for m in read_to_end(kafka_client_settings(config), Topics(config.kafka.topic_prefix).changes)]
+    partition_of_key = {}
+    ends_per_partition = {}
+    for partition, key, v in messages:
+        if "op" in v:
+            identity = (v["source"]["table"], key)
+            assert partition_of_key.setdefault(identity, partition) == partition, "a key's events in two partitions"
+        elif v.get("status") == "END":
+            ends_per_partition.setdefault(partition, set()).add((v["segment"], v["commit_lsn"]))
+    assert len(ends_per_partition) == 3 and len({frozenset(s) for s in ends_per_partition.values()}) == 1
+    rows_by_segment_partition = {(v["source"]["segment"], p) for p, _, v in messages if "op" in v}
+    assert len(rows_by_segment_partition) > 3, "rows of one segment should spread over partitions"

@@ -130,7 +130,9 @@ class CaptureWorker:
                 self._session(stop)
                 self._set_state("stopped")
                 return
-            except (psycopg2.Error, psycopg.Error, KafkaException, DeliveryFailed, GpcdcError, OSError) as e:
+            except ProtocolError:
+                raise  # the stream itself is wrong: starting over would meet it again
+            except Exception as e:  # servers, Kafka, and the Kafka client's own failures
                 reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 if isinstance(e, GpcdcError) and not _retryable(e):
                     raise
@@ -182,8 +184,8 @@ class CaptureWorker:
         finally:
             try:
                 producer.purge()  # unacknowledged events come again from the slot
-            except KafkaException:
-                pass
+            except Exception as e:  # the session is over either way
+                log.warning("%s: purging the producer failed: %s", self.node, e)
             conn.close()
             probe.close()
 
