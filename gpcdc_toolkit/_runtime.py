@@ -47,6 +47,18 @@ def pid_alive(pid: int | None) -> bool:
         return True
 
 
+def runs(pid: int | None, command_part: str) -> bool:
+    """Whether ``pid`` is alive and its command line contains ``command_part``: a pid
+    read from a file may since have been given to an unrelated process."""
+    if not pid_alive(pid):
+        return False
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return True  # no /proc to ask: trust the pid file
+    return command_part in command
+
+
 def stop_pid(pid: int, *, timeout: float = 10.0) -> None:
     """SIGTERM a process, then SIGKILL it if it has not exited within ``timeout``."""
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):

@@ -32,3 +32,15 @@ def test_a_missing_commit_record_is_reported():
     captured.parts.update({10: {0, 1}})
     check = check_against_truth(captured, [truth(10, [0, 1])], lambda g: False)
     assert check.problems == ["gxid 10: commit record None, expected [0, 1]"]
+
+
+def test_a_pid_file_naming_another_process_is_not_a_worker(tmp_path):
+    import os
+
+    from gpcdc_toolkit.capture import CaptureGroup
+    from gpcdc_toolkit.config import load_config
+
+    group = CaptureGroup(load_config({"work_dir": str(tmp_path)}, environ={}))
+    group.pipeline.directory.mkdir(parents=True)
+    group.pid_file(0).write_text(str(os.getpid()))  # alive, but not a capture worker
+    assert group.pid(0) is None

@@ -140,6 +140,9 @@ def test_protocol_violations():
     c = TransactionAssembler(0, source_name="gpcdc", database="db")
     with pytest.raises(ProtocolError, match="commits at 5, but its BEGIN announced 1"):
         feed(c, w.begin(1, 1), w.commit(5, 6))
+    e = TransactionAssembler(0, source_name="gpcdc", database="db")
+    with pytest.raises(ProtocolError, match="TRUNCATE of relation 5 before its RELATION"):
+        feed(e, w.begin(1, 1), w.truncate([5]))
     d = TransactionAssembler(0, source_name="gpcdc", database="db")
     with pytest.raises(ProtocolError, match="watermark inside"):
         feed(d, w.begin(1, 1))

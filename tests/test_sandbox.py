@@ -84,7 +84,7 @@ def test_unreachable_coordinator():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound but not listening: connections are refused
-        with pytest.raises(UnreachableError, match=f"cannot reach coordinator 127.0.0.1:{port}.*start the server"):
+        with pytest.raises(UnreachableError, match=f"cannot reach coordinator 127.0.0.1:{port}: .*Connection refused: start the server"):
             Cluster.connect(f"host=127.0.0.1 port={port} user=gpcdc dbname=postgres")
 
 

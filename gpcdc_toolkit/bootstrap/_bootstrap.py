@@ -97,7 +97,7 @@ def replication_connection(cluster: Cluster, node: Node) -> Any:
     except psycopg2.OperationalError as e:
         from ..errors import UnreachableError
 
-        raise UnreachableError(f"cannot open a replication connection to {node}: {str(e).strip().splitlines()[-1]}",
+        raise UnreachableError(f"cannot open a replication connection to {node}: {str(e).strip().splitlines()[0]}",
                                fix="check max_wal_senders and pg_hba.conf replication entries") from None
 
 
@@ -138,7 +138,7 @@ def _orphaned_prepared(cluster: Cluster) -> list[str]:
     orphans = []
     for (content, gid), node in sorted(first.items(), key=lambda kv: kv[0]):
         m = re.fullmatch(r"gpcdc_(\d+)", gid)
-        owned = m is not None and int(m[1]) % 2147483647 in running
+        owned = m is not None and int(m[1]) in running
         if (content, gid) in still and not owned:
             orphans.append(f"{gid!r} on {node}")
     return orphans

@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from .._runtime import free_port, pid_alive, port_in_use, read_json, stop_pid, write_json
+from .._runtime import free_port, port_in_use, read_json, runs, stop_pid, write_json
 from ..errors import BrokerError
 
 
@@ -59,12 +59,12 @@ class EmbeddedBroker:
     @property
     def pid(self) -> int | None:
         state = self._state()
-        return state["pid"] if state and pid_alive(state["pid"]) else None
+        return state["pid"] if state and runs(state["pid"], "tansu") else None
 
     @property
     def bootstrap_servers(self) -> str:
         state = self._state()
-        if state is None or not pid_alive(state["pid"]):
+        if state is None or not runs(state["pid"], "tansu"):
             raise BrokerError(f"the embedded broker of {self.path.parent} is not running", fix="start it with `gpcdc broker up`")
         return f"127.0.0.1:{state['port']}"
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from psycopg import conninfo
 
-from .._runtime import pid_alive, read_json, stop_pid
+from .._runtime import pid_alive, read_json, runs, stop_pid
 from ..bootstrap import Pipeline
 from ..config import SETTINGS, Config, flag
 from ..connect import kafka_client_settings, open_cluster
@@ -65,7 +65,7 @@ class CaptureGroup:
             pid = int(self.pid_file(content).read_text())
         except (FileNotFoundError, ValueError):
             return None
-        return pid if pid_alive(pid) else None
+        return pid if runs(pid, "capture run") else None
 
     def status(self, content: int) -> dict[str, Any] | None:
         try:

@@ -168,9 +168,11 @@ class CaptureWorker:
         self._delivery_error = None
         producer = Producer(producer_config(self.settings, self._on_delivery_error))
         probe = self.cluster.connect_node(self.node)
-        conn = psycopg2.connect(self.cluster.dsn(self.node),
-                                connection_factory=psycopg2.extras.LogicalReplicationConnection, connect_timeout=10)
+        conn = None
         try:
+            conn = psycopg2.connect(self.cluster.dsn(self.node),
+                                    connection_factory=psycopg2.extras.LogicalReplicationConnection,
+                                    connect_timeout=10)
             row = probe.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
                                 (self.slot,)).fetchone()
             if row is None:
@@ -186,7 +188,8 @@ class CaptureWorker:
                 producer.purge()  # unacknowledged events come again from the slot
             except Exception as e:  # the session is over either way
                 log.warning("%s: purging the producer failed: %s", self.node, e)
-            conn.close()
+            if conn is not None:
+                conn.close()
             probe.close()
 
     def _loop(self, stop: threading.Event, cur: Any, conn: Any, producer: Producer,

@@ -370,7 +370,12 @@ class Status(Command):
         for r in rows:
             _print(f"{r.node:>4} {r.worker:<14} {r.bytes_behind:>12} {r.seconds_behind:>8} {r.events:>10} "
                    f"{r.megabytes:>8.1f} {r.acked_lsn:>12} {r.last_commit:<24}")
-        return 0 if all(r.alive for r in rows) else 3
+        down = [str(r.node) for r in rows if not r.alive]
+        if down:
+            print(f"gpcdc: capture workers are not running for nodes {', '.join(down)} "
+                  f"(start them with `gpcdc capture start`)", file=sys.stderr)
+            return 3
+        return 0
 
 
 GROUPS: dict[str, tuple[str, list[Command]]] = {

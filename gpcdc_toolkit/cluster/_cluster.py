@@ -61,7 +61,7 @@ def connect_dsn(dsn: str, what: str, **kwargs: Any) -> psycopg.Connection[Any]:
     try:
         return psycopg.connect(dsn, connect_timeout=10, **kwargs)
     except psycopg.OperationalError as e:
-        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        reason = _first_line(e)
         raise UnreachableError(
             f"cannot reach {what}: {reason}", fix="start the server or correct the DSN"
         ) from None
@@ -215,6 +215,12 @@ class Cluster:
                 for gid, database in conn.execute("SELECT gid, database FROM pg_prepared_xacts ORDER BY gid"):
                     found.append((node, gid, database))
         return found
+
+
+def _first_line(error: Exception) -> str:
+    """libpq's cause ("... failed: Connection refused"), not its hint on the next line."""
+    text = str(error).strip()
+    return text.splitlines()[0].strip() if text else type(error).__name__
 
 
 def _where(dsn: str) -> str:

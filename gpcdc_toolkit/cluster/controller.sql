@@ -44,7 +44,11 @@ BEGIN
     -- but not yet marked running: the two steps happen under the commit lock.
     PERFORM pg_advisory_lock_shared(1196450636, 0);
     gxid := nextval('gp_dist.gxid_seq');
-    PERFORM pg_advisory_lock(1196454484, (gxid % 2147483647)::int);
+    IF gxid >= 2147483647 THEN  -- running gxids are advisory-lock keys, which are int4
+        RAISE EXCEPTION 'the sandbox has used up its gxids (% >= 2147483647)', gxid
+            USING HINT = 'create a new sandbox';
+    END IF;
+    PERFORM pg_advisory_lock(1196454484, gxid::int);
     PERFORM pg_advisory_unlock_shared(1196450636, 0);
     RETURN gxid;
 END $$;
@@ -69,7 +73,7 @@ BEGIN
                AND classid = 1196450636 AND objsubid = 2) THEN
         PERFORM pg_advisory_unlock_shared(1196450636, 0);
     END IF;
-    PERFORM pg_advisory_unlock(1196454484, (gxid % 2147483647)::int);
+    PERFORM pg_advisory_unlock(1196454484, gxid::int);
 END $$;
 
 CREATE FUNCTION gp_dist.running_gxids() RETURNS SETOF bigint LANGUAGE sql STABLE AS $$
@@ -95,7 +99,7 @@ DECLARE
 BEGIN
     LOOP
         SELECT array_agg(g ORDER BY g) INTO still_running
-        FROM gp_dist.running_gxids() AS g WHERE g <> except_gxid % 2147483647;
+        FROM gp_dist.running_gxids() AS g WHERE g <> except_gxid;
         EXIT WHEN still_running IS NULL;
         IF clock_timestamp() > deadline THEN
             RAISE EXCEPTION 'distributed transactions still running after % s: gxids %',

@@ -160,7 +160,10 @@ def read_range(kafka: dict[str, str], r: KafkaRange, batch: int = 10_000) -> Ite
     if r.start >= r.end:
         return
     schema = arrow_schema()
+    # auto.offset.reset=error: an offset the broker no longer has (retention) fails the
+    # read instead of silently jumping to the end.
     consumer = Consumer({**kafka, "group.id": "gpcdc-reader", "enable.auto.commit": False,
+                         "auto.offset.reset": "error",
                          "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 10485760})
     try:
         consumer.assign([TopicPartition(r.topic, r.partition, r.start)])

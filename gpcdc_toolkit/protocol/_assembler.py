@@ -207,7 +207,9 @@ class TransactionAssembler:
         self._decide(txn)
         out: list[Outbound] = []
         for relid in message.relids:
-            table = self._tables[relid]
+            table = self._tables.get(relid)
+            if table is None:
+                raise ProtocolError(f"node {self.content}: TRUNCATE of relation {relid} before its RELATION message")
             out += self._emit_row(txn, table.qualified, table.schema, table.name, "t", None, None, None)
         return out
 

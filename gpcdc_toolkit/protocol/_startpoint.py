@@ -58,9 +58,10 @@ class StartPoint:
         Peaceful slots start where no distributed transaction ran, so every transaction
         they decode belongs. Snapshot-filter slots started before the cut: a part is
         dropped when the distributed snapshot sees its gxid; a part without a gxid
-        (legacy markers, or a local transaction outside any distributed one) is dropped
-        when it committed before the node's WAL position at the cut, which is exact
-        because no commit phase ran during the cut.
+        (legacy markers) is dropped when it committed before the node's WAL position at
+        the cut, which is exact because no commit phase ran during the cut. A local
+        transaction outside any distributed one (a utility-mode write) takes no commit
+        lock, so one committing during the cut itself may land on the wrong side.
         """
         if self.method != "snapshot" or self.snapshot is None:
             return True
