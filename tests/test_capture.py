@@ -119,6 +119,44 @@ def test_peaceful_waits_for_running_transactions_and_holds_new_ones(source, conf
     assert "early" in notes and "late" not in notes
 
 
+def test_snapshot_filter_cuts_between_slots_and_start_point(source, config):
+    """A transaction committed after the slots exist but before the cut is decoded by
+    every slot and dropped on every segment; one running at the cut is kept on all."""
+    reset_tables(source)
+    run_workload(source, WorkloadSpec(threads=1, transactions=1))
+    pipeline = pipeline_of(config)
+
+    def rows(base, note):
+        return [{"id": k, "balance": 1, "note": note} for k in keys_on(0, 1, base) + keys_on(1, 1, base)]
+
+    with Session(source) as a, Session(source) as b:
+        held = {}
+
+        def between_slots_and_cut():
+            with a.transaction() as before:
+                before.insert(ACCOUNTS, rows(4 * 10**12, "before-cut"))
+            held["before"] = before.gxid
+            running = b.transaction()
+            running.insert(ACCOUNTS, rows(5 * 10**12, "across-cut"))
+            held["running"] = running
+
+        start = bootstrap(source, pipeline, "snapshot", slots_created=between_slots_and_cut)
+        held["running"].commit()
+    before, across = held["before"], held["running"].gxid
+    assert start.snapshot.sees(before) and not start.snapshot.sees(across)
+    for segment in (0, 1):
+        gxids = slot_gxids(source, source.segments[segment], pipeline)
+        assert before in gxids and across in gxids  # both decoded; the filter decides
+    group = CaptureGroup(config, heartbeat_interval=0.3)
+    group.start()
+    wait_until_acknowledged(source, pipeline.slot)
+    captured = read_captured(config)
+    assert before not in captured.parts and before not in captured.records
+    assert captured.parts[across] == {0, 1} and captured.records[across] == (0, 1)
+    notes = {row[2] for row in InitialSnapshot(pipeline.snapshot_dir).rows(f"public.{ACCOUNTS}")}
+    assert "before-cut" in notes and "across-cut" not in notes
+
+
 @pytest.mark.parametrize("method", ["peaceful", "snapshot"])
 def test_bootstrap_under_load_captures_every_later_transaction_whole(source, config, work_dir, method):
     reset_tables(source)

@@ -245,12 +245,15 @@ def bootstrap(
     *,
     timeout: float = 60.0,
     on_reuse: Callable[[StartPoint], None] | None = None,
+    slots_created: Callable[[], None] | None = None,
 ) -> StartPoint:
     """Create the pipeline's slots with ``method`` and export the initial snapshot.
 
     If every node already has the slot and the recorded start point names them, the
     recorded start point is returned (capture resumes from the slots); slots without
-    a matching record are an error.
+    a matching record are an error. ``slots_created`` is called once every slot
+    exists and before the start point is fixed (the snapshot method's cut); writers
+    may run meanwhile.
     """
     if method not in METHODS:
         raise BootstrapError(f"unknown bootstrap method {method!r}", fix=f"use one of {', '.join(METHODS)}")
@@ -271,7 +274,7 @@ def bootstrap(
         if method == "peaceful":
             start = _peaceful(cluster, pipeline, slots, timeout)
         else:
-            start = _snapshot_filter(cluster, pipeline, slots, timeout)
+            start = _snapshot_filter(cluster, pipeline, slots, timeout, slots_created)
         write_json(pipeline.start_point_file, start.to_json())
     return start
 
@@ -355,10 +358,13 @@ def _peaceful(cluster: Cluster, pipeline: Pipeline, slots: list[_Slot], timeout:
     )
 
 
-def _snapshot_filter(cluster: Cluster, pipeline: Pipeline, slots: list[_Slot], timeout: float) -> StartPoint:
+def _snapshot_filter(cluster: Cluster, pipeline: Pipeline, slots: list[_Slot], timeout: float,
+                     slots_created: Callable[[], None] | None) -> StartPoint:
     _create_all(cluster, pipeline, slots, export=False, timeout=timeout)
     for s in slots:
         s.close()
+    if slots_created:
+        slots_created()
     with ExitStack() as stack:
         controller = stack.enter_context(cluster.coordinator_connection())
         holders = {node.content: stack.enter_context(cluster.connect_node(node, autocommit=False)) for node in cluster.nodes}
