@@ -19,6 +19,7 @@ slot's flush position; nothing is acknowledged meanwhile.
 from __future__ import annotations
 
 import logging
+import os
 import select
 import threading
 import time
@@ -120,8 +121,6 @@ class CaptureWorker:
 
     # -- the outer loop: reconnect with backoff -------------------------------------------
     def run(self, stop: threading.Event) -> None:
-        import os
-
         self.stats.pid = os.getpid()
         backoff = 0.5
         while not stop.is_set():
@@ -223,10 +222,7 @@ class CaptureWorker:
                 covered = [ms for flush_lsn, ms in clock_probes if flush_lsn <= resolved]
                 stats.resolved_ts_ms = max([stats.resolved_ts_ms, *covered])
                 stats.resolved_lsn = resolved
-                watermark = assembler.resolved(resolved)
-                body = orjson.loads(watermark.value)
-                body["resolved_ts_ms"] = stats.resolved_ts_ms
-                produce(Outbound("resolved", None, orjson.dumps(body)))
+                produce(assembler.resolved(resolved, stats.resolved_ts_ms))
                 cur.send_feedback(reply=True)  # a keepalive tells how far the server has sent
                 self._write_status()
             if now >= next_ack:

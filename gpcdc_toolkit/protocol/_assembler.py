@@ -283,11 +283,13 @@ class TransactionAssembler:
         out.append(Outbound("end", None, orjson.dumps(end)))
         return out
 
-    def resolved(self, lsn: int) -> Outbound:
-        """A watermark: every commit of this node below ``lsn`` has been handed out."""
+    def resolved(self, lsn: int, resolved_ts_ms: int | None = None) -> Outbound:
+        """A watermark: every commit of this node below ``lsn`` has been handed out, and
+        so has every commit made before ``resolved_ts_ms`` by the node's clock."""
         if self._txn is not None:
             raise ProtocolError(f"node {self.content}: a watermark inside xid {self._txn.begin.xid}")
-        body = {"resolved": lsn, "segment": self.content, "ts_ms": int(self.clock() * 1000)}
+        body: dict[str, Any] = {"resolved": lsn, "resolved_ts_ms": resolved_ts_ms, "segment": self.content,
+                                "ts_ms": int(self.clock() * 1000)}
         if self.content == COORDINATOR:
             body["type"] = "resolved"
         return Outbound("resolved", None, orjson.dumps(body))
