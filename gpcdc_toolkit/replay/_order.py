@@ -1,0 +1,192 @@
+"""Reassembling distributed transactions and ordering them as the source did (pure).
+
+Segments commit the parts of distributed transactions in orders that disagree with
+each other and with the coordinator. What is fixed is this:
+
+* two-phase transactions follow the coordinator's commit-record order (a writer that
+  waited for another's row lock prepared, and so wrote its record, later);
+* a one-phase transaction on segment s goes right after the latest, in coordinator
+  order, of the two-phase transactions before it in s's log (its *anchor*), and the
+  one-phase transactions of one segment keep their local order.
+
+A two-phase transaction before a one-phase one in s's log but later in coordinator
+order cannot conflict with it (the later record would have to be earlier), so the rule
+never reorders conflicting writes. A two-phase transaction is whole when its record
+and the part of every segment it lists have arrived; a one-phase one is whole on its
+own. :class:`Reassembler` is fed parts (per segment, in partition order), records (in
+coordinator order) and watermarks, in any interleaving, and hands out whole
+transactions in an order that keeps every conflicting pair as the source had it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Part:
+    """One segment's local transaction of a distributed transaction."""
+
+    segment: int
+    gxid: int
+    one_phase: bool
+    commit_lsn: int
+    commit_ts_ms: int = 0
+    payload: Any = None  # the row events, opaque here
+
+
+@dataclass(frozen=True)
+class Record:
+    """The coordinator's commit record of a two-phase distributed transaction."""
+
+    gxid: int
+    segments: tuple[int, ...]
+    commit_ts_ms: int = 0
+    ddl: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Whole:
+    """A distributed transaction ready to apply: every part, in segment order."""
+
+    gxid: int
+    parts: tuple[Part, ...]
+    record: Record | None  # None: one-phase
+
+    @property
+    def one_phase(self) -> bool:
+        return self.record is None
+
+
+@dataclass(frozen=True)
+class Missing:
+    """A part that a segment's watermark shows will never come."""
+
+    gxid: int
+    segment: int
+    present: tuple[int, ...]  # segments whose part did arrive
+    record_ts_ms: int
+    watermark_ts_ms: int
+
+
+class ReassemblyError(ValueError):
+    """The stream contradicts itself (a part the record does not list, a duplicate record)."""
+
+
+@dataclass
+class _Segment:
+    log: deque[Part] = field(default_factory=deque)  # arrived, not yet passed by the cursor
+    anchor: int = -1  # coordinator position of the latest two-phase part passed so far
+    watermark_ts_ms: int = -1
+    last_lsn: int = -1  # commit LSN of the last part arrived: partitions are in commit order
+
+
+class Reassembler:
+    """Streaming reassembly and ordering; see the module docstring.
+
+    ``clock_skew_ms`` is how far a segment's clock may lag the coordinator's when a
+    watermark is used to declare a part missing.
+    """
+
+    def __init__(self, segments: int, *, clock_skew_ms: int = 1000) -> None:
+        self.segments = [_Segment() for _ in range(segments)]
+        self.clock_skew_ms = clock_skew_ms
+        self._records: list[Record] = []  # by coordinator position
+        self._position: dict[int, int] = {}  # gxid -> coordinator position
+        self._parts: dict[int, dict[int, Part]] = {}  # gxid -> segment -> part (two-phase)
+        self._next = 0  # coordinator position of the next record to hand out
+
+    # -- input ----------------------------------------------------------------------------
+    def add_part(self, part: Part) -> None:
+        segment = self.segments[part.segment]
+        if part.commit_lsn <= segment.last_lsn:
+            return  # sent again after a capture restart
+        segment.last_lsn = part.commit_lsn
+        if not part.one_phase:
+            known = self._parts.setdefault(part.gxid, {})
+            if part.segment in known:
+                return
+            known[part.segment] = part
+            record = self._record_of(part.gxid)
+            if record is not None and part.segment not in record.segments:
+                raise ReassemblyError(f"gxid {part.gxid} has a part on segment {part.segment}, "
+                                      f"but its commit record lists segments {list(record.segments)}")
+        segment.log.append(part)
+
+    def add_record(self, record: Record) -> None:
+        if record.gxid in self._position:
+            return  # a duplicate
+        for segment in self._parts.get(record.gxid, {}):
+            if segment not in record.segments:
+                raise ReassemblyError(f"gxid {record.gxid} has a part on segment {segment}, "
+                                      f"but its commit record lists segments {list(record.segments)}")
+        self._position[record.gxid] = len(self._records)
+        self._records.append(record)
+
+    def add_watermark(self, segment: int, resolved_ts_ms: int) -> None:
+        seg = self.segments[segment]
+        seg.watermark_ts_ms = max(seg.watermark_ts_ms, resolved_ts_ms)
+
+    def _record_of(self, gxid: int) -> Record | None:
+        position = self._position.get(gxid)
+        return None if position is None else self._records[position]
+
+    # -- output ---------------------------------------------------------------------------
+    def ready(self) -> list[Whole]:
+        """Every transaction that can be applied now, in an order true to the source."""
+        out: list[Whole] = []
+        progress = True
+        while progress:
+            progress = False
+            for segment in self.segments:
+                progress |= self._advance(segment, out)
+            if self._next < len(self._records):
+                record = self._records[self._next]
+                parts = self._parts.get(record.gxid, {})
+                if all(s in parts for s in record.segments):
+                    out.append(Whole(record.gxid, tuple(parts[s] for s in sorted(record.segments)), record))
+                    del self._parts[record.gxid]
+                    self._next += 1
+                    progress = True
+        return out
+
+    def _advance(self, segment: _Segment, out: list[Whole]) -> bool:
+        """Pass the head of a segment's log while its order allows."""
+        moved = False
+        while segment.log:
+            head = segment.log[0]
+            if head.one_phase:
+                if segment.anchor >= self._next:
+                    break  # its anchor has not been handed out yet
+                out.append(Whole(head.gxid, (head,), None))
+            else:
+                # A two-phase part goes out with its record, in coordinator order;
+                # here it only moves the anchor of the one-phase parts after it.
+                position = self._position.get(head.gxid)
+                if position is None:
+                    break  # the record has not arrived: the anchor of what follows is unknown
+                segment.anchor = max(segment.anchor, position)
+            segment.log.popleft()
+            moved = True
+        return moved
+
+    def missing(self) -> list[Missing]:
+        """Parts of the next record that the segments' watermarks show will not come."""
+        if self._next >= len(self._records):
+            return []
+        record = self._records[self._next]
+        parts = self._parts.get(record.gxid, {})
+        out = []
+        for s in record.segments:
+            watermark = self.segments[s].watermark_ts_ms
+            if s not in parts and watermark >= record.commit_ts_ms + self.clock_skew_ms:
+                out.append(Missing(record.gxid, s, tuple(sorted(parts)), record.commit_ts_ms, watermark))
+        return out
+
+    @property
+    def pending(self) -> int:
+        """Transactions arrived in part but not handed out."""
+        waiting = {p.gxid for seg in self.segments for p in seg.log}
+        return len(waiting | set(self._parts) | {r.gxid for r in self._records[self._next:]})
