@@ -9,6 +9,8 @@ from gpcdc_toolkit.replay import APPLIED, Applier, Reassembler, apply_all, feed_
 from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, reset_tables, run_workload
 
+from .test_cli import gpcdc
+
 
 def table_rows(cluster, table):
     return sorted(row for rows in cluster.rows_by_segment(table).values() for row in rows)
@@ -43,6 +45,11 @@ def test_replay_reproduces_the_source_on_two_segments_exactly_once(source, broke
         assert not any(applier.apply(w) for w in wholes)
         assert sum(len(r) for r in target_cluster.rows_by_segment(APPLIED).values()) == len(wholes)
         applier.close()
+        done = gpcdc(work_dir, "--source-sandbox", "source", "--target-sandbox", target.name,
+                     "--kafka-bootstrap-servers", broker.bootstrap_servers,
+                     "--kafka-topic-prefix", config.kafka.topic_prefix, "replay", "--once")
+        assert done.returncode == 0, done.stderr
+        assert f"applied 0 distributed transactions (0 DDL, 0 rows), skipped {len(wholes)}" in done.stdout
     finally:
         group.stop()
         drop_slots(source, pipeline.slot, publication=pipeline.publication)
