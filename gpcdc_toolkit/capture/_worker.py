@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psycopg
 import psycopg2
 import psycopg2.extras
@@ -230,6 +229,7 @@ class CaptureWorker:
                 target = max(produced_end, resolved)
                 acked = self._acknowledge(producer, cur, acked, target)
                 stats.transactions = assembler.transactions
+                stats.last_commit_ts_ms = assembler.last_commit_ts_ms
                 stats.dropped_transactions = assembler.dropped_transactions
             if caught_up:
                 producer.poll(0)
@@ -256,8 +256,6 @@ class CaptureWorker:
                         producer.poll(0.05)  # the bounded queue is full: let deliveries drain it
                 stats.events += 1
                 stats.bytes += len(out.value)
-            if out.kind == "end":
-                stats.last_commit_ts_ms = orjson.loads(out.value)["commit_ts_ms"]
 
         return produce
 

@@ -96,6 +96,7 @@ class TransactionAssembler:
         self._tables: dict[int, _Table] = {}
         self._txn: _Txn | None = None
         self.completed_end_lsn: int | None = None  # end LSN of the last commit fully handled
+        self.last_commit_ts_ms: int | None = None  # commit time of the last transaction handed out
         self.transactions = 0
         self.dropped_transactions = 0
         self.row_events = 0
@@ -157,7 +158,8 @@ class TransactionAssembler:
             txn.one_phase = True
             txn.gxid = txn.gxid or marker.gxid
         elif self.content == COORDINATOR:
-            self._decide_record(txn, marker.gxid)
+            txn.gxid = marker.gxid
+            self._decide(txn)
             if txn.dropped:
                 return []
             body: dict[str, Any] = {"type": "commit" if isinstance(marker, markers.CommitRecord) else "ddl",
@@ -169,10 +171,6 @@ class TransactionAssembler:
             body.update(self._position(txn))
             txn.pending.append((body, None))  # type: ignore[union-attr]
         return []
-
-    def _decide_record(self, txn: _Txn, gxid: int) -> None:
-        txn.gxid = gxid
-        self._decide(txn)
 
     def _position(self, txn: _Txn) -> dict[str, Any]:
         return {"segment": self.content, "xid": txn.begin.xid, "commit_lsn": txn.begin.final_lsn,
@@ -267,6 +265,7 @@ class TransactionAssembler:
             self.dropped_transactions += 1
             return []
         self.transactions += 1
+        self.last_commit_ts_ms = txn.begin.commit_ts_us // 1000
         if self.content == COORDINATOR:
             return [Outbound(body["type"], None, orjson.dumps(body)) for body, _ in txn.pending or []]
         if txn.seq == 0 and txn.gxid is None:
