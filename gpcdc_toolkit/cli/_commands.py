@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from ..config import SETTINGS, Config, flag
 from ..connect import kafka_client_settings, open_cluster
 from ..errors import ConfigError
 from ..protocol import Topics, format_lsn
-from ..replay import Applier, Reassembler, apply_all, feed_from_kafka
+from ..replay import Replayer, ReplaySettings, StatusLine
 from ..protocol._topics import DISPATCHERS
 from ..sandbox import Sandbox, list_sandboxes
 from ..workload import WorkloadSpec, read_ground_truth, reset_tables, run_workload, verify
@@ -380,27 +381,30 @@ class Status(Command):
 
 
 class Replay(Command):
-    name, help = "replay", "apply what the pipeline's topics hold to the target cluster, whole transactions in source order"
+    name, help = "replay", "apply the pipeline's transactions to the target cluster, whole and in source order"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--once", action="store_true", required=True,
-                            help="one pass over what the topics hold now (following the stream is not built yet)")
+        parser.add_argument("--once", action="store_true",
+                            help="apply what the topics hold now, then stop (default: follow the stream)")
+        parser.add_argument("--batch", type=int, default=ReplaySettings.batch_transactions,
+                            help="source transactions per target transaction, at most (default: %(default)s)")
+        parser.add_argument("--no-initial-load", dest="initial_load", action="store_false",
+                            help="do not load the bootstrap's snapshot into the target before replaying")
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
-        source, target = open_cluster(config, "source"), open_cluster(config, "target")
-        reassembler = Reassembler(source.segment_count)
-        feed_from_kafka(reassembler, config)
-        applier = Applier(target)
-        try:
-            stats = apply_all(applier, reassembler.ready())
-        finally:
-            applier.close()
-        _print(f"applied {stats.transactions} distributed transactions ({stats.ddl} DDL, {stats.rows} rows), "
-               f"skipped {stats.skipped} applied before; {reassembler.pending} waiting for parts")
-        for missing in reassembler.missing():
-            print(f"gpcdc: gxid {missing.gxid} is missing its part on segment {missing.segment} "
-                  f"(present on {list(missing.present)}); nothing of it was applied", file=sys.stderr)
-        return 1 if reassembler.missing() else 0
+        if args.batch < 1:
+            raise ConfigError(f"--batch must be at least 1, not {args.batch}")
+        stop = []
+        signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+        status = StatusLine()
+        settings = ReplaySettings(batch_transactions=args.batch, initial_load=args.initial_load)
+        with Replayer(config, settings=settings) as replayer:
+            try:
+                final = replayer.run(follow=not args.once, progress=status, should_stop=lambda: bool(stop))
+            finally:
+                status.close()
+        _print(final.line())
+        return 0
 
 
 GROUPS: dict[str, tuple[str, list[Command]]] = {

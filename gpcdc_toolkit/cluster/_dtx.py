@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -83,11 +83,13 @@ class Session:
         gxid = self.connection(COORDINATOR).execute("SELECT gp_dist.dtx_begin()").fetchone()[0]  # type: ignore[index]
         return DistributedTransaction(self, int(gxid))
 
-    def ddl(self, statement: str, *, timeout: float = 60.0) -> int:
+    def ddl(self, statement: str, *, timeout: float = 60.0,
+            then: Callable[[DistributedTransaction], object] | None = None) -> int:
         """Run a DDL statement on the coordinator and every segment as one distributed
         transaction, with a DDL record on the coordinator. Returns the gxid.
 
-        ``CREATE TABLE`` takes Greenplum's ``DISTRIBUTED BY (columns)`` clause.
+        ``CREATE TABLE`` takes Greenplum's ``DISTRIBUTED BY (columns)`` clause. ``then``
+        writes more in the same transaction (it commits with the statement or not at all).
         """
         try:
             create = parse_create_table(statement)
@@ -106,6 +108,8 @@ class Session:
                     # briefly and starting over breaks any such cycle.
                     tx.execute(segment, sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(_DDL_LOCK_WAIT)))
                     tx.execute(segment, dispatched)
+                if then is not None:
+                    then(tx)
                 break
             except psycopg.errors.LockNotAvailable:
                 tx.rollback()

@@ -1,11 +1,16 @@
 """Replay: whole distributed transactions, in source order, applied exactly once."""
 
-from ._apply import APPLIED, Applier, ApplyError, ApplyStats, apply_all
+from ._apply import APPLIED, STATE, Applier, ApplyError, ApplyStats, Checkpoint
+from ._load import create_statement, load_rows, prepare_target
 from ._order import Missing, Part, ReassemblyError, Reassembler, Record, Whole
-from ._source import feed_from_kafka
+from ._progress import ProgressBar, StatusLine
+from ._replayer import MissingPartError, Progress, Replayer, ReplaySettings
+from ._source import Framer, LegacyStreamError, StreamError, Watermark
 
 __all__ = [
-    "APPLIED", "Applier", "ApplyError", "ApplyStats", "apply_all",
+    "APPLIED", "STATE", "Applier", "ApplyError", "ApplyStats", "Checkpoint",
+    "create_statement", "load_rows", "prepare_target",
     "Missing", "Part", "ReassemblyError", "Reassembler", "Record", "Whole",
-    "feed_from_kafka",
+    "ProgressBar", "StatusLine", "MissingPartError", "Progress", "Replayer", "ReplaySettings",
+    "Framer", "LegacyStreamError", "StreamError", "Watermark",
 ]

@@ -1,18 +1,18 @@
 """Applying whole distributed transactions to a target cluster, exactly once.
 
-Each source distributed transaction becomes one target distributed transaction, rows
-re-routed by the target's own distribution (so the segment counts may differ). The
-source gxid is recorded in ``gpcdc_replay_applied`` inside that same transaction, so a
-transaction is either applied and recorded, or neither; one already recorded is
-skipped. DDL runs through the target's DDL path; its record follows in a second
-transaction, and a statement found already in effect (after a crash between the two)
-counts as applied.
+Each batch of source transactions becomes one target distributed transaction, rows
+re-routed by the target's own distribution (so the segment counts may differ). In that
+same transaction go the source gxids (``gpcdc_replay_applied``) and the pipeline's
+Kafka positions (``gpcdc_replay_state``), so a batch is applied and recorded, or
+neither. A DDL transaction is applied alone, through the target's DDL path, with its
+record in the DDL's own transaction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -23,89 +23,193 @@ from ..protocol import UNCHANGED_TOAST
 from ._order import Whole
 
 APPLIED = "gpcdc_replay_applied"
-_APPLIED_DDL = f"CREATE TABLE {APPLIED} (gxid bigint PRIMARY KEY, parts int NOT NULL) DISTRIBUTED BY (gxid)"
+STATE = "gpcdc_replay_state"
+_TABLES = {
+    APPLIED: f"CREATE TABLE {APPLIED} (pipeline text NOT NULL, gxid bigint NOT NULL, parts int NOT NULL, "
+             "PRIMARY KEY (gxid, pipeline)) DISTRIBUTED BY (gxid)",
+    STATE: f"CREATE TABLE {STATE} (pipeline text PRIMARY KEY, positions text NOT NULL, "
+           "loaded_tables int NOT NULL) DISTRIBUTED BY (pipeline)",
+}
 
 
 class ApplyError(GpcdcError):
     """A transaction could not be applied; nothing of it was."""
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where a replay resumes: per partition (segment content; -1 for the
+    coordinator's), the first offset of anything not applied (``resume``) and the next
+    offset it had not read (``read``). Transactions between the two may be applied."""
+
+    resume: Mapping[int, int] = field(default_factory=dict)
+    read: Mapping[int, int] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"resume": {str(k): v for k, v in sorted(self.resume.items())},
+                           "read": {str(k): v for k, v in sorted(self.read.items())}})
+
+    @classmethod
+    def from_json(cls, text: str) -> Checkpoint:
+        data = json.loads(text)
+        return cls({int(k): v for k, v in data["resume"].items()}, {int(k): v for k, v in data["read"].items()})
+
+
 @dataclass
 class ApplyStats:
     transactions: int = 0
     rows: int = 0
-    skipped: int = 0
     ddl: int = 0
+    batches: int = 0
+    last_commit_ts_ms: int = 0  # source commit time of the latest transaction applied
 
 
 class Applier:
-    def __init__(self, target: Cluster) -> None:
+    """Applies batches of whole transactions of one pipeline to ``target``."""
+
+    def __init__(self, target: Cluster, pipeline: str) -> None:
         self.target = target
+        self.pipeline = pipeline
         self.session = Session(target)
         self.stats = ApplyStats()
         with target.coordinator_connection() as conn:
-            exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (APPLIED,)).fetchone()[0]  # type: ignore[index]
-        if not exists:
-            self.session.ddl(_APPLIED_DDL)
+            missing = [t for t in _TABLES if not conn.execute("SELECT to_regclass(%s) IS NOT NULL", (t,)).fetchone()[0]]  # type: ignore[index]
+        for table in missing:
+            self.session.ddl(_TABLES[table])
 
     def close(self) -> None:
         self.session.close()
 
-    def _applied(self, tx: DistributedTransaction, gxid: int) -> bool:
-        segment = segment_for([gxid], self.target.segment_count)
-        return bool(tx.execute(segment, f"SELECT 1 FROM {APPLIED} WHERE gxid = %s", (gxid,)))
+    def __enter__(self) -> Applier:
+        return self
 
-    def apply(self, whole: Whole) -> bool:
-        """Apply one transaction; False when it had been applied already."""
-        if whole.record is not None and whole.record.ddl:
-            return self._apply_ddl(whole)
-        with self.session.transaction() as tx:
-            if self._applied(tx, whole.gxid):
-                self.stats.skipped += 1
-                return False
-            for part in whole.parts:
-                for event in part.payload or ():
-                    self.stats.rows += self._apply_row(tx, event)
-            tx.insert(APPLIED, [{"gxid": whole.gxid, "parts": len(whole.parts)}])
-        self.stats.transactions += 1
-        return True
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
-    def _apply_ddl(self, whole: Whole) -> bool:
+    # -- state --------------------------------------------------------------------------
+    def _state_row(self, tx: DistributedTransaction) -> tuple[str, int] | None:
+        rows = tx.execute(self._state_segment, f"SELECT positions, loaded_tables FROM {STATE} WHERE pipeline = %s",
+                          (self.pipeline,))
+        return rows[0] if rows else None
+
+    @property
+    def _state_segment(self) -> int:
+        return segment_for([self.pipeline], self.target.segment_count)
+
+    def checkpoint(self) -> tuple[Checkpoint | None, int | None]:
+        """The last checkpoint, and how many tables the initial load wrote (None: no load)."""
         with self.session.transaction() as tx:
-            done = self._applied(tx, whole.gxid)
-        if done:
-            self.stats.skipped += 1
-            return False
-        for statement in whole.record.ddl:  # type: ignore[union-attr]
+            row = self._state_row(tx)
+        if row is None:
+            return None, None
+        return Checkpoint.from_json(row[0]), row[1]
+
+    def _write_state(self, tx: DistributedTransaction, checkpoint: Checkpoint, loaded_tables: int | None = None) -> None:
+        if loaded_tables is None:
+            tx.execute(self._state_segment, f"UPDATE {STATE} SET positions = %s WHERE pipeline = %s",
+                       (checkpoint.to_json(), self.pipeline))
+        else:
+            tx.execute(self._state_segment, f"INSERT INTO {STATE} (pipeline, positions, loaded_tables) VALUES (%s, %s, %s)",
+                       (self.pipeline, checkpoint.to_json(), loaded_tables))
+
+    def start(self, write: Any = None, *, loaded_tables: int = 0) -> None:
+        """Create the pipeline's state row, in one transaction with ``write(tx)`` (the
+        initial load), so that a load is done once or not at all."""
+        with self.session.transaction() as tx:
+            if self._state_row(tx) is not None:
+                raise ApplyError(f"pipeline {self.pipeline!r} has already started replaying into this target")
+            if write is not None:
+                write(tx)
+            self._write_state(tx, Checkpoint(), loaded_tables)
+
+    def applied_among(self, gxids: Iterable[int]) -> set[int]:
+        """Those of ``gxids`` this pipeline has applied."""
+        by_segment: dict[int, list[int]] = {}
+        for gxid in set(gxids):
+            by_segment.setdefault(segment_for([gxid], self.target.segment_count), []).append(gxid)
+        found: set[int] = set()
+        with self.session.transaction() as tx:
+            for segment, some in by_segment.items():
+                found.update(r[0] for r in tx.execute(
+                    segment, f"SELECT gxid FROM {APPLIED} WHERE pipeline = %s AND gxid = ANY(%s)", (self.pipeline, some)))
+            tx.rollback()  # it only read
+        return found
+
+    # -- applying -----------------------------------------------------------------------
+    def apply(self, batch: Sequence[Whole], checkpoint: Checkpoint) -> None:
+        """Apply a batch in source order as one target transaction, with ``checkpoint``.
+
+        A DDL transaction must come alone in its batch.
+        """
+        ddl = [w for w in batch if w.record is not None and w.record.ddl]
+        if ddl and len(batch) > 1:
+            raise ValueError(f"a batch with DDL must hold nothing else; this one has {len(batch)} transactions")
+
+        def record(tx: DistributedTransaction) -> None:
+            tx.insert(APPLIED, [{"pipeline": self.pipeline, "gxid": w.gxid, "parts": len(w.parts)} for w in batch])
+            self._write_state(tx, checkpoint)
+
+        if ddl:
+            self._apply_ddl(batch[0], record)
+        else:
+            rows = 0
+            with self.session.transaction() as tx:
+                for whole in batch:
+                    rows += self._apply_rows(tx, whole)
+                record(tx)
+            self.stats.rows += rows
+        self.stats.transactions += len(batch)
+        self.stats.batches += 1
+        self.stats.last_commit_ts_ms = max(self.stats.last_commit_ts_ms, *(commit_ts_ms(w) for w in batch))
+
+    def _apply_ddl(self, whole: Whole, record: Any) -> None:
+        *earlier, last = whole.record.ddl  # type: ignore[union-attr]
+        for statement in earlier:
             try:
                 self.session.ddl(statement)
-            except (psycopg.errors.DuplicateTable, psycopg.errors.DuplicateColumn, psycopg.errors.UndefinedTable):
-                pass  # already in effect: applied before a crash, its record not yet written
-        with self.session.transaction() as tx:
-            tx.insert(APPLIED, [{"gxid": whole.gxid, "parts": len(whole.parts)}])
+            except (psycopg.errors.DuplicateTable, psycopg.errors.DuplicateColumn, psycopg.errors.UndefinedTable,
+                    psycopg.errors.UndefinedColumn):
+                pass  # in effect already: applied before a crash that came before the last statement
+        self.session.ddl(last, then=record)
         self.stats.ddl += 1
-        self.stats.transactions += 1
-        return True
 
-    def _apply_row(self, tx: DistributedTransaction, event: Mapping[str, Any]) -> int:
-        source = event["source"]
-        table = f"{source['schema']}.{source['table']}"
-        op = event["op"]
+    def _apply_rows(self, tx: DistributedTransaction, whole: Whole) -> int:
+        count = 0
+        inserts: list[Mapping[str, Any]] = []
+        insert_table = ""
+        for part in whole.parts:
+            for event in part.payload or ():
+                source = event["source"]
+                table = f"{source['schema']}.{source['table']}"
+                if event["op"] == "c" and (table == insert_table or not inserts):
+                    insert_table = table
+                    inserts.append(event["after"])  # consecutive inserts into one table go together
+                    continue
+                if inserts:
+                    count += tx.insert(insert_table, inserts)
+                    inserts = []
+                if event["op"] == "c":
+                    insert_table, inserts = table, [event["after"]]
+                else:
+                    count += self._apply_change(tx, table, event)
+        if inserts:
+            count += tx.insert(insert_table, inserts)
+        return count
+
+    def _apply_change(self, tx: DistributedTransaction, table: str, event: Mapping[str, Any]) -> int:
         info = self.session.table(table)
         key_columns = info.primary_key or info.columns
-        if op == "c":
-            return tx.insert(table, [event["after"]])
+        op = event["op"]
         if op == "u":
             values = {c: v for c, v in event["after"].items() if v != UNCHANGED_TOAST}
             old = event["before"] or event["after"]
             return tx.update(table, {c: old[c] for c in key_columns}, values)
         if op == "d":
             return tx.delete(table, {c: event["before"][c] for c in key_columns})
-        raise ApplyError(f"cannot replay operation {op!r} on {table} (gxid {source.get('gxid')})",
+        raise ApplyError(f"cannot replay operation {op!r} on {table} (gxid {event['source'].get('gxid')})",
                          fix="replay TRUNCATE by hand on the target")
 
 
-def apply_all(applier: Applier, wholes: Iterable[Whole]) -> ApplyStats:
-    for whole in wholes:
-        applier.apply(whole)
-    return applier.stats
+def commit_ts_ms(whole: Whole) -> int:
+    """When the source committed a transaction (its coordinator record, or its one part)."""
+    return whole.record.commit_ts_ms if whole.record is not None else whole.parts[0].commit_ts_ms

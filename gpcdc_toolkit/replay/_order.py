@@ -16,11 +16,17 @@ and the part of every segment it lists have arrived; a one-phase one is whole on
 own. :class:`Reassembler` is fed parts (per segment, in partition order), records (in
 coordinator order) and watermarks, in any interleaving, and hands out whole
 transactions in an order that keeps every conflicting pair as the source had it.
+
+A replay resumes by reading each partition again from the first offset of anything
+not yet applied (:meth:`Reassembler.resume_offsets`). What it reads again may include
+transactions applied already; given as ``applied``, they are passed over without being
+waited for: their parts no longer need a record, and nothing waits on their anchor.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +41,7 @@ class Part:
     commit_lsn: int
     commit_ts_ms: int = 0
     payload: Any = None  # the row events, opaque here
+    offset: int = -1  # where the part begins in its segment's partition
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,8 @@ class Record:
     segments: tuple[int, ...]
     commit_ts_ms: int = 0
     ddl: tuple[str, ...] = ()
+    commit_lsn: int = -1  # of the coordinator's local commit; -1: unknown
+    offset: int = -1  # where the record (or its first DDL statement) is in the coordinator's partition
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,7 @@ class Missing:
     present: tuple[int, ...]  # segments whose part did arrive
     record_ts_ms: int
     watermark_ts_ms: int
+    offsets: tuple[tuple[int, int], ...] = ()  # (segment, offset) of the parts present; -1: the record
 
 
 class ReassemblyError(ValueError):
@@ -90,11 +100,14 @@ class Reassembler:
     watermark is used to declare a part missing.
     """
 
-    def __init__(self, segments: int, *, clock_skew_ms: int = 1000) -> None:
+    def __init__(self, segments: int, *, clock_skew_ms: int = 1000, applied: Container[int] = frozenset()) -> None:
         self.segments = [_Segment() for _ in range(segments)]
+        self.applied = applied
         self.clock_skew_ms = clock_skew_ms
-        self._records: list[Record] = []  # by coordinator position
-        self._position: dict[int, int] = {}  # gxid -> coordinator position
+        self._records: deque[Record] = deque()  # not handed out yet; the first is at position _next
+        self._position: dict[int, int] = {}  # gxid -> coordinator position (counted from 0)
+        self._added = 0  # records added so far
+        self._coordinator_lsn = -1  # commit LSN of the last record added
         self._parts: dict[int, dict[int, Part]] = {}  # gxid -> segment -> part (two-phase)
         self._next = 0  # coordinator position of the next record to hand out
 
@@ -104,6 +117,10 @@ class Reassembler:
         if part.commit_lsn <= segment.last_lsn:
             return  # sent again after a capture restart
         segment.last_lsn = part.commit_lsn
+        if part.gxid in self.applied:
+            if not part.one_phase:
+                segment.log.append(part)  # passed over in its place, see _advance
+            return
         if not part.one_phase:
             known = self._parts.setdefault(part.gxid, {})
             if part.segment in known:
@@ -116,13 +133,18 @@ class Reassembler:
         segment.log.append(part)
 
     def add_record(self, record: Record) -> None:
-        if record.gxid in self._position:
-            return  # a duplicate
+        if record.commit_lsn >= 0:
+            if record.commit_lsn <= self._coordinator_lsn:
+                return  # sent again after a capture restart
+            self._coordinator_lsn = record.commit_lsn
+        if record.gxid in self._position or record.gxid in self.applied:
+            return  # a duplicate, or applied before a restart
         for segment in self._parts.get(record.gxid, {}):
             if segment not in record.segments:
                 raise ReassemblyError(f"gxid {record.gxid} has a part on segment {segment}, "
                                       f"but its commit record lists segments {list(record.segments)}")
-        self._position[record.gxid] = len(self._records)
+        self._position[record.gxid] = self._added
+        self._added += 1
         self._records.append(record)
 
     def add_watermark(self, segment: int, resolved_ts_ms: int) -> None:
@@ -131,7 +153,7 @@ class Reassembler:
 
     def _record_of(self, gxid: int) -> Record | None:
         position = self._position.get(gxid)
-        return None if position is None else self._records[position]
+        return None if position is None or position < self._next else self._records[position - self._next]
 
     # -- output ---------------------------------------------------------------------------
     def ready(self) -> list[Whole]:
@@ -142,15 +164,24 @@ class Reassembler:
             progress = False
             for segment in self.segments:
                 progress |= self._advance(segment, out)
-            if self._next < len(self._records):
-                record = self._records[self._next]
+            if self._records:
+                record = self._records[0]
                 parts = self._parts.get(record.gxid, {})
                 if all(s in parts for s in record.segments):
                     out.append(Whole(record.gxid, tuple(parts[s] for s in sorted(record.segments)), record))
                     del self._parts[record.gxid]
+                    self._records.popleft()
                     self._next += 1
                     progress = True
+        if len(self._position) > 2 * len(self._records) + 10_000:
+            self._forget_handed_out()
         return out
+
+    def _forget_handed_out(self) -> None:
+        """Drop the positions of handed-out records that no segment log still needs
+        (their parts have all arrived; a part sent again is caught by its LSN)."""
+        needed = {p.gxid for seg in self.segments for p in seg.log}
+        self._position = {g: pos for g, pos in self._position.items() if pos >= self._next or g in needed}
 
     def _advance(self, segment: _Segment, out: list[Whole]) -> bool:
         """Pass the head of a segment's log while its order allows."""
@@ -161,7 +192,7 @@ class Reassembler:
                 if segment.anchor >= self._next:
                     break  # its anchor has not been handed out yet
                 out.append(Whole(head.gxid, (head,), None))
-            else:
+            elif head.gxid not in self.applied:
                 # A two-phase part goes out with its record, in coordinator order;
                 # here it only moves the anchor of the one-phase parts after it.
                 position = self._position.get(head.gxid)
@@ -174,19 +205,35 @@ class Reassembler:
 
     def missing(self) -> list[Missing]:
         """Parts of the next record that the segments' watermarks show will not come."""
-        if self._next >= len(self._records):
+        if not self._records:
             return []
-        record = self._records[self._next]
+        record = self._records[0]
         parts = self._parts.get(record.gxid, {})
         out = []
         for s in record.segments:
             watermark = self.segments[s].watermark_ts_ms
             if s not in parts and watermark >= record.commit_ts_ms + self.clock_skew_ms:
-                out.append(Missing(record.gxid, s, tuple(sorted(parts)), record.commit_ts_ms, watermark))
+                offsets = ((-1, record.offset), *((c, parts[c].offset) for c in sorted(parts)))
+                out.append(Missing(record.gxid, s, tuple(sorted(parts)), record.commit_ts_ms, watermark, offsets))
+        return out
+
+    def resume_offsets(self) -> dict[int, int]:
+        """Per segment, and for the coordinator (key -1), the first offset of anything
+        arrived but not handed out; a source with nothing waiting is left out."""
+        out: dict[int, int] = {}
+        for content, segment in enumerate(self.segments):
+            waiting = [p.offset for p in segment.log if p.gxid not in self.applied]
+            if waiting:
+                out[content] = min(waiting)
+        for parts in self._parts.values():
+            for content, part in parts.items():
+                out[content] = min(out.get(content, part.offset), part.offset)
+        if self._records:
+            out[-1] = self._records[0].offset
         return out
 
     @property
     def pending(self) -> int:
         """Transactions arrived in part but not handed out."""
         waiting = {p.gxid for seg in self.segments for p in seg.log}
-        return len(waiting | set(self._parts) | {r.gxid for r in self._records[self._next:]})
+        return len(waiting | set(self._parts) | {r.gxid for r in self._records})

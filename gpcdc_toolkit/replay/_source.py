@@ -1,37 +1,104 @@
-"""Feeding a Reassembler from the pipeline's topics (one pass over what is there)."""
+"""From the pipeline's messages to parts, records and watermarks (pure).
+
+Messages come per partition, in partition order: partition ``s`` of the changes topic
+holds segment ``s``'s local transactions (the ``segment`` dispatcher), and the
+coordinator's topic is called partition -1 here.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import Config
-from ..connect import kafka_client_settings
-from ..ingest import read_values
-from ..protocol import Topics
-from ._order import Part, Reassembler, Record
+from ..errors import GpcdcError
+from ._order import Part, Record
+
+COORDINATOR = -1
 
 
-def feed_from_kafka(reassembler: Reassembler, config: Config) -> None:
-    """Every part, record and watermark now in the topics, in partition order."""
-    kafka = kafka_client_settings(config)
-    topics = Topics(config.kafka.topic_prefix)
-    open_rows: dict[tuple[int, int], list[dict[str, Any]]] = {}  # (segment, commit_lsn) -> rows
-    for _partition, _offset, v in read_values(kafka, topics.changes):
-        if "op" in v:
-            s = v["source"]
-            open_rows.setdefault((s["segment"], s["commit_lsn"]), []).append(v)
-        elif v.get("status") == "END":
-            rows = open_rows.pop((v["segment"], v["commit_lsn"]), [])
-            # A restart may send a transaction's rows again: keep each sequence once.
-            unique = {r["source"]["seq"]: r for r in rows}
-            reassembler.add_part(Part(v["segment"], v["gxid"], bool(v["one_phase"]), v["commit_lsn"],
-                                      v["commit_ts_ms"], tuple(unique[k] for k in sorted(unique))))
-        elif "resolved" in v and v.get("resolved_ts_ms") is not None:
-            reassembler.add_watermark(v["segment"], v["resolved_ts_ms"])
-    ddl: dict[int, list[str]] = {}
-    for _partition, _offset, v in read_values(kafka, topics.dtx):
-        if v.get("type") == "ddl":
-            ddl.setdefault(v["gxid"], []).append(v["statement"])
-        elif v.get("type") == "commit":
-            reassembler.add_record(Record(v["gxid"], tuple(v["segments"]), v["commit_ts_ms"],
-                                          tuple(ddl.pop(v["gxid"], ()))))
+class StreamError(GpcdcError):
+    """The pipeline's topics hold something the replayer cannot rebuild transactions from."""
+
+
+class LegacyStreamError(StreamError):
+    """The stream was written with legacy markers: no gxid on segment parts, or no
+    participant list on commit records."""
+
+
+@dataclass(frozen=True)
+class Watermark:
+    segment: int
+    resolved_ts_ms: int
+
+
+@dataclass
+class _Open:
+    offset: int  # of its first BEGIN
+    rows: dict[int, Mapping[str, Any]] = field(default_factory=dict)  # by sequence: a resend replaces
+
+
+class Framer:
+    """Turns messages into :class:`Part`, :class:`Record` and :class:`Watermark`."""
+
+    def __init__(self, topic_prefix: str = "") -> None:
+        self.topic_prefix = topic_prefix
+        self._open: dict[tuple[int, int], _Open] = {}  # (segment, commit_lsn) -> rows so far
+        self._ddl: dict[int, tuple[int, list[str]]] = {}  # gxid -> (first offset, statements)
+
+    def feed(self, partition: int, offset: int, value: Mapping[str, Any]) -> Part | Record | Watermark | None:
+        if partition == COORDINATOR:
+            return self._coordinator(offset, value)
+        if "op" in value:
+            source = value["source"]
+            key = (source["segment"], source["commit_lsn"])
+            self._open.setdefault(key, _Open(offset)).rows[source["seq"]] = value
+            return None
+        if value.get("resolved") is not None:
+            return Watermark(partition, value["resolved_ts_ms"]) if value.get("resolved_ts_ms") is not None else None
+        status = value.get("status")
+        if status is None:
+            return None
+        if value["segment"] != partition:
+            raise StreamError(f"partition {partition} of {self.topic_prefix}.changes holds events of segment {value['segment']}",
+                              fix="replay needs a pipeline captured with the segment dispatcher (the default)")
+        key = (value["segment"], value["commit_lsn"])
+        if status == "BEGIN":
+            self._open.setdefault(key, _Open(offset))
+            return None
+        opened = self._open.pop(key, None) or _Open(offset)
+        if value["gxid"] is None or value["one_phase"] is None:
+            raise LegacyStreamError(
+                f"segment {partition}'s transaction at offset {opened.offset} of {self.topic_prefix}.changes has no "
+                f"{'gxid' if value['gxid'] is None else 'one-phase flag'} (legacy markers): "
+                "distributed transactions cannot be rebuilt from this stream",
+                fix="capture from a cluster that writes the gxid markers; nothing was applied past this point")
+        rows = tuple(opened.rows[k] for k in sorted(opened.rows))
+        return Part(partition, value["gxid"], value["one_phase"], value["commit_lsn"], value["commit_ts_ms"], rows, opened.offset)
+
+    def _coordinator(self, offset: int, value: Mapping[str, Any]) -> Record | None:
+        kind = value.get("type")
+        if kind == "ddl":
+            first, statements = self._ddl.setdefault(value["gxid"], (offset, []))
+            if value["statement"] not in statements:  # a resend after a capture restart
+                statements.append(value["statement"])
+            return None
+        if kind != "commit":
+            return None
+        if value["segments"] is None:
+            raise LegacyStreamError(
+                f"the commit record of gxid {value['gxid']} at offset {offset} of {self.topic_prefix}.dtx lists no "
+                "segments (legacy markers): whole distributed transactions cannot be told apart from partial ones",
+                fix="capture from a cluster that writes the gxid markers; nothing was applied past this point")
+        first, statements = self._ddl.pop(value["gxid"], (offset, []))
+        return Record(value["gxid"], tuple(value["segments"]), value["commit_ts_ms"], tuple(statements),
+                      value["commit_lsn"], first)
+
+    def resume_offsets(self) -> dict[int, int]:
+        """Per partition, the first offset of a transaction begun but not ended."""
+        out: dict[int, int] = {}
+        for (segment, _lsn), opened in self._open.items():
+            out[segment] = min(out.get(segment, opened.offset), opened.offset)
+        for first, _statements in self._ddl.values():
+            out[COORDINATOR] = min(out.get(COORDINATOR, first), first)
+        return out

@@ -1,0 +1,299 @@
+"""The replayer: the pipeline's topics in, whole transactions out to the target.
+
+It reads every partition of the changes topic and the coordinator's topic with one
+consumer, frames messages into parts and records (:class:`Framer`), orders them
+(:class:`Reassembler`) and applies them in batches (:class:`Applier`), each batch with
+the checkpoint that says where to read again after a crash. On a restart it reads
+again from the checkpoint's resume offsets; up to its read offsets, the transactions it
+meets may have been applied, so it asks the target which, and passes over those.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from ..bootstrap import InitialSnapshot, Pipeline
+from ..cluster import Cluster
+from ..config import Config
+from ..connect import kafka_client_settings, open_cluster
+from ..errors import BrokerError, GpcdcError
+from ..ingest import partitions_of
+from ..protocol import Topics
+from ._apply import Applier, Checkpoint
+from ._load import load_rows, prepare_target
+from ._order import Missing, Part, Reassembler, Record, Whole
+from ._source import COORDINATOR, Framer, StreamError, Watermark
+
+
+class MissingPartError(GpcdcError):
+    """A segment's part of a distributed transaction will never arrive."""
+
+    def __init__(self, missing: Missing, topics: Topics, read_to: int) -> None:
+        present = ", ".join(f"segment {s} at offset {o}" for s, o in missing.offsets if s != COORDINATOR) or "none"
+        record = dict(missing.offsets).get(COORDINATOR, -1)
+        super().__init__(
+            f"gxid {missing.gxid} cannot be replayed whole: segment {missing.segment}'s part is missing "
+            f"(read to offset {read_to} of {topics.changes} partition {missing.segment}, whose watermark is "
+            f"{missing.watermark_ts_ms - missing.record_ts_ms} ms past the commit record at offset {record} of "
+            f"{topics.dtx}); parts present: {present}",
+            fix=f"nothing of gxid {missing.gxid} or after it was applied; restore segment {missing.segment}'s "
+                "events to the topic, or bootstrap the pipeline again")
+        self.missing = missing
+
+
+@dataclass(frozen=True)
+class Progress:
+    transactions: int  # applied in this run
+    rows: int
+    ddl: int
+    pending: int  # arrived in part, or whole and not yet applied
+    lag_ms: int  # while anything waits: now minus the source commit time of the last one applied
+    elapsed_s: float
+    caught_up: bool  # every partition read to where it ended when the run began
+
+    @property
+    def rate(self) -> float:
+        return self.transactions / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def line(self) -> str:
+        return (f"applied {self.transactions} transactions ({self.ddl} DDL, {self.rows} rows), "
+                f"{self.rate:,.0f} tx/s, {self.rows_per_s:,.0f} rows/s, {self.pending} pending, "
+                f"lag {self.lag_ms / 1000:.1f} s")
+
+
+@dataclass
+class ReplaySettings:
+    batch_transactions: int = 500  # source transactions per target transaction, at most
+    batch_rows: int = 20_000  # rows per target transaction, at most (a larger transaction goes alone)
+    clock_skew_ms: int = 1000  # how far a segment's clock may lag the coordinator's
+    idle: float = 1.0  # seconds of silence after which a partition counts as read to its end
+    initial_load: bool = True  # load the bootstrap's snapshot before the first transaction
+
+
+class Replayer:
+    """Replays one pipeline into the target; ``run`` once or following the stream."""
+
+    def __init__(self, config: Config, *, target: Cluster | None = None, settings: ReplaySettings | None = None) -> None:
+        self.config = config
+        self.settings = settings or ReplaySettings()
+        self.topics = Topics(config.kafka.topic_prefix)
+        self.pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+        self.kafka = kafka_client_settings(config)
+        self.target = target or open_cluster(config, "target")
+        self.applier = Applier(self.target, config.kafka.topic_prefix)
+
+    def close(self) -> None:
+        self.applier.close()
+
+    def __enter__(self) -> Replayer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the run ------------------------------------------------------------------------
+    def run(self, *, follow: bool = False, progress: Callable[[Progress], None] | None = None,
+            should_stop: Callable[[], bool] = lambda: False, progress_interval: float = 0.5) -> Progress:
+        """Apply what the topics hold; with ``follow``, keep applying what comes until
+        ``should_stop()``. Raises :class:`MissingPartError` rather than apply part of a
+        transaction; everything before it is applied."""
+        checkpoint = self._start()
+        run = _Run(self, checkpoint)
+        last_report = 0.0
+        try:
+            for _ in run.steps():
+                now = time.monotonic()
+                done = run.caught_up and not run.in_hand and not follow
+                if progress is not None and (done or now - last_report >= progress_interval):
+                    progress(run.progress())
+                    last_report = now
+                if done or should_stop():
+                    break
+        finally:
+            run.close()
+        final = run.progress()
+        if progress is not None:
+            progress(final)
+        return final
+
+    def _start(self) -> Checkpoint:
+        checkpoint, _loaded = self.applier.checkpoint()
+        if checkpoint is not None:
+            return checkpoint
+        snapshot = self.pipeline.snapshot_dir
+        if self.settings.initial_load and (snapshot / "manifest.json").is_file():
+            loaded = InitialSnapshot(snapshot)
+            prepare_target(self.applier.session, loaded)
+            self.applier.start(lambda tx: load_rows(tx, loaded), loaded_tables=len(loaded.tables))
+        else:
+            self.applier.start()
+        return Checkpoint()
+
+
+class _Run:
+    """One run's reading, ordering and applying; ``steps`` yields after each poll."""
+
+    def __init__(self, replayer: Replayer, checkpoint: Checkpoint) -> None:
+        self.replayer = replayer
+        self.settings = replayer.settings
+        self.applier = replayer.applier
+        self.topics = replayer.topics
+        self.framer = Framer(replayer.topics.prefix)
+        self.began_ms = int(time.time() * 1000)
+        self.started = time.monotonic()
+        self.stats_at_start = (self.applier.stats.transactions, self.applier.stats.rows, self.applier.stats.ddl)
+        self.consumer = Consumer({**replayer.kafka, "group.id": f"gpcdc-replay-{self.topics.prefix}",
+                                  "enable.auto.commit": False, "enable.partition.eof": True,
+                                  "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100})
+        segments = partitions_of(self.consumer, self.topics.changes)
+        partitions_of(self.consumer, self.topics.dtx)
+        self.segments = len(segments)
+        self.next = {p: checkpoint.resume.get(p, 0) for p in [COORDINATOR, *segments]}
+        self.window_end = {p: o for p, o in checkpoint.read.items() if o > self.next.get(p, 0)}
+        self.consumer.assign([TopicPartition(self.topics.changes, p, self.next[p]) for p in segments]
+                             + [TopicPartition(self.topics.dtx, 0, self.next[COORDINATOR])])
+        self.reassembler: Reassembler | None = None
+        self.window: list[tuple[int, int, Any]] = []  # framed while reading the window
+        self.in_hand: deque[Whole] = deque()  # handed out by the reassembler, not applied yet
+        self.last_heard = {p: time.monotonic() for p in self.next}
+        self.at_end: set[int] = set()
+        self.connected = False
+
+    def close(self) -> None:
+        self.consumer.close()
+
+    @property
+    def caught_up(self) -> bool:
+        return self.reassembler is not None and len(self.at_end) == len(self.next)
+
+    def steps(self) -> Iterator[None]:
+        while True:
+            for message in self.consumer.consume(1000, 0.2):
+                self._receive(message)
+            self._notice_ends()
+            if self.reassembler is None and not self.window_end:
+                self._open_reassembler()
+            if self.reassembler is not None:
+                self.in_hand.extend(self.reassembler.ready())
+                self._apply_ready()
+                missing = self.reassembler.missing()
+                if missing:
+                    raise MissingPartError(missing[0], self.topics, self.next[missing[0].segment])
+            yield
+
+    def _receive(self, message: Message) -> None:
+        error = message.error()
+        partition = COORDINATOR if message.topic() == self.topics.dtx else message.partition()
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                self.connected = True
+                if message.offset() >= self.next[partition]:
+                    self.at_end.add(partition)
+                return
+            raise KafkaException(error)
+        self.connected = True
+        self.last_heard[partition] = time.monotonic()
+        offset = message.offset()
+        if message.timestamp()[1] > self.began_ms:
+            self.at_end.add(partition)  # produced after the run began
+        try:
+            value = orjson.loads(message.value())
+        except orjson.JSONDecodeError as e:
+            raise GpcdcError(f"message at offset {offset} of {message.topic()} partition {message.partition()} "
+                             f"is not JSON ({e})", fix="the topic holds something capture did not write; check "
+                             "kafka.topic_prefix") from None
+        self.next[partition] = offset + 1
+        framed = self.framer.feed(partition, offset, value)
+        if framed is None:
+            pass
+        elif self.reassembler is not None:
+            self._add(framed)
+        else:
+            self.window.append(framed)  # type: ignore[arg-type]
+            if partition in self.window_end and offset + 1 >= self.window_end[partition]:
+                del self.window_end[partition]
+
+    def _notice_ends(self) -> None:
+        now = time.monotonic()
+        for partition, heard in self.last_heard.items():
+            if self.connected and now - heard > self.settings.idle:
+                self.at_end.add(partition)
+        for partition in self.window_end.keys() & self.at_end:
+            name = self.topics.dtx if partition == COORDINATOR else f"{self.topics.changes} partition {partition}"
+            raise StreamError(f"{name} ends at offset {self.next[partition]}, before offset "
+                              f"{self.window_end[partition]} that this target's replay had read",
+                              fix="the topics were recreated: replay into a fresh target, or bootstrap again")
+        if not self.connected and now - min(self.last_heard.values()) > 30:
+            raise BrokerError(f"no answer from Kafka for 30 s while reading {self.topics.changes}")
+
+    def _open_reassembler(self) -> None:
+        gxids = {f.gxid for f in self.window if isinstance(f, (Part, Record))}
+        self.reassembler = Reassembler(self.segments, clock_skew_ms=self.settings.clock_skew_ms,
+                                       applied=self.applier.applied_among(gxids) if gxids else set())
+        for framed in self.window:
+            self._add(framed)
+        self.window = []
+
+    def _add(self, framed: Part | Record | Watermark) -> None:
+        assert self.reassembler is not None
+        if isinstance(framed, Part):
+            self.reassembler.add_part(framed)
+        elif isinstance(framed, Record):
+            self.reassembler.add_record(framed)
+        else:
+            self.reassembler.add_watermark(framed.segment, framed.resolved_ts_ms)
+
+    def _apply_ready(self) -> None:
+        while self.in_hand:
+            batch = self._next_batch()
+            self.applier.apply(batch, self._checkpoint(after=len(batch)))
+            for _ in batch:
+                self.in_hand.popleft()
+
+    def _next_batch(self) -> list[Whole]:
+        batch: list[Whole] = []
+        rows = 0
+        for whole in self.in_hand:
+            if whole.record is not None and whole.record.ddl:
+                return batch or [whole]  # DDL goes alone
+            size = sum(len(p.payload or ()) for p in whole.parts)
+            if batch and (len(batch) >= self.settings.batch_transactions or rows + size > self.settings.batch_rows):
+                break
+            batch.append(whole)
+            rows += size
+        return batch
+
+    def _checkpoint(self, after: int) -> Checkpoint:
+        """Where to resume once the first ``after`` transactions in hand are applied."""
+        assert self.reassembler is not None
+        resume = dict(self.next)
+        waiting: list[dict[int, int]] = [self.reassembler.resume_offsets(), self.framer.resume_offsets()]
+        for i, whole in enumerate(self.in_hand):
+            if i >= after:
+                waiting.append({p.segment: p.offset for p in whole.parts})
+                if whole.record is not None:
+                    waiting.append({COORDINATOR: whole.record.offset})
+        for offsets in waiting:
+            for partition, offset in offsets.items():
+                resume[partition] = min(resume[partition], offset)
+        return Checkpoint(resume, dict(self.next))
+
+    def progress(self) -> Progress:
+        stats = self.applier.stats
+        transactions, rows, ddl = (stats.transactions - self.stats_at_start[0], stats.rows - self.stats_at_start[1],
+                                   stats.ddl - self.stats_at_start[2])
+        pending = (self.reassembler.pending if self.reassembler is not None else 0) + len(self.in_hand)
+        # Behind by how long ago the last transaction applied committed, while anything waits.
+        lag = max(0, int(time.time() * 1000) - stats.last_commit_ts_ms) if pending and stats.last_commit_ts_ms else 0
+        return Progress(transactions, rows, ddl, pending, lag, time.monotonic() - self.started, self.caught_up)
