@@ -7,6 +7,7 @@ tests fail, and removes the directory.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -67,7 +68,9 @@ def broker(work_dir: Path) -> Iterator[EmbeddedBroker]:
 @pytest.fixture
 def table_name(request: pytest.FixtureRequest) -> str:
     """A table name unique to the test, so tests sharing a sandbox do not collide."""
-    return "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name).lower()[:50]
+    name = "".join(c if c.isalnum() else "_" for c in request.node.name).lower()
+    digest = hashlib.blake2b(request.node.name.encode(), digest_size=4).hexdigest()
+    return f"t_{name[:40]}_{digest}"
 
 
 @pytest.fixture

@@ -247,3 +247,40 @@ def test_ddl_failing_on_segments_rolls_back_everywhere(source, table):
         with session.transaction() as tx:  # nothing left open
             tx.insert(table, [{"id": 1, "v": "ok"}])
     assert source.prepared_transactions() == []
+
+
+@pytest.mark.parametrize("record_written", [True, False])
+def test_in_doubt_parts_of_a_dead_client_are_finished_by_the_commit_record(source, table, record_written):
+    from gpcdc_toolkit.cluster import resolve_in_doubt
+
+    session = Session(source)
+    tx = session.transaction()
+    rows = [{"id": k, "v": "in doubt"} for k in keys_on(0, 2) + keys_on(1, 2)]
+    tx.insert(table, rows)
+    for segment in tx.touched:  # the client's commit, cut short after PREPARE (and the record)
+        session.connection(segment).execute(f"PREPARE TRANSACTION '{gid(tx.gxid)}'")
+    if record_written:
+        tx._write_commit_record()
+    session.close()  # the client dies: its gxid stops running, its parts stay prepared
+    assert {g for _n, g, _d in source.prepared_transactions()} == {gid(tx.gxid)}
+
+    committed, rolled_back = resolve_in_doubt(source)
+    assert len(committed if record_written else rolled_back) == 2 and not (rolled_back if record_written else committed)
+    assert source.prepared_transactions() == []
+    stored = sum(len(r) for r in source.rows_by_segment(table).values())
+    assert stored == (len(rows) if record_written else 0)
+
+
+def test_in_doubt_resolution_leaves_a_live_transaction_alone(source, table):
+    from gpcdc_toolkit.cluster import resolve_in_doubt
+
+    with Session(source) as session:
+        tx = session.transaction()
+        tx.insert(table, [{"id": k, "v": "live"} for k in keys_on(0, 1) + keys_on(2, 1)])
+        for segment in tx.touched:
+            session.connection(segment).execute(f"PREPARE TRANSACTION '{gid(tx.gxid)}'")
+        assert resolve_in_doubt(source, timeout=0.3) == ([], [])  # its gxid runs: not an orphan
+        assert len(source.prepared_transactions()) == 2
+        for segment in tx.touched:
+            session.connection(segment).execute(f"ROLLBACK PREPARED '{gid(tx.gxid)}'")
+        tx.state = "aborted"

@@ -2,14 +2,14 @@
 
 from ._cluster import COORDINATOR, Cluster, Node, Table, connect_dsn
 from ._ddl import CreateTable, DdlError, parse_create_table
-from ._dtx import DistributedTransaction, Session, gid
+from ._dtx import DistributedTransaction, Session, gid, resolve_in_doubt
 from ._markers import CommitRecord, DdlRecord, GxidMarker, MarkerError, OnePhaseMarker
 from ._routing import jump_consistent_hash, key_hash, segment_for
 
 __all__ = [
     "COORDINATOR", "Cluster", "Node", "Table", "connect_dsn",
     "CreateTable", "DdlError", "parse_create_table",
-    "DistributedTransaction", "Session", "gid",
+    "DistributedTransaction", "Session", "gid", "resolve_in_doubt",
     "CommitRecord", "DdlRecord", "GxidMarker", "MarkerError", "OnePhaseMarker",
     "jump_consistent_hash", "key_hash", "segment_for",
 ]

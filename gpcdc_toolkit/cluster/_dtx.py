@@ -374,4 +374,54 @@ class DistributedTransaction:
             raise
 
 
-__all__ = ["Session", "DistributedTransaction", "gid", "Node"]
+def resolve_in_doubt(cluster: Cluster, *, timeout: float = 30.0) -> tuple[list[str], list[str]]:
+    """Finish the prepared parts that no running distributed transaction owns (its client
+    died between PREPARE and the last COMMIT PREPARED): commit those whose commit record
+    was written, roll back the rest, as Greenplum's coordinator does on recovery.
+
+    A part whose gxid still shows running when first seen is waited for, up to
+    ``timeout`` seconds: its client may have just died, and its coordinator session not
+    yet noticed. Returns the GIDs committed and rolled back.
+    """
+    with cluster.coordinator_connection() as conn:
+        database = conn.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
+    done: tuple[list[str], list[str]] = ([], [])
+    watched: set[int] | None = None
+    deadline = time.monotonic() + timeout
+    while True:
+        prepared = [(node, int(name.removeprefix("gpcdc_"))) for node, name, in_database in cluster.prepared_transactions()
+                    if node.content != COORDINATOR and in_database == database and name.startswith("gpcdc_")]
+        # Read after the prepared list: a part prepared by a live transaction shows it running.
+        with cluster.coordinator_connection() as conn:
+            running = {r[0] for r in conn.execute("SELECT gp_dist.running_gxids()")}
+            orphans = {gxid for _node, gxid in prepared} - running
+            committed = {r[0] for r in conn.execute(
+                "SELECT gxid FROM gp_dist.committed_gxids WHERE gxid = ANY(%s)", (sorted(orphans),))}
+        for node, gxid in prepared:
+            if gxid in orphans and _finish_prepared(cluster, node, gxid, commit=gxid in committed):
+                (done[0] if gxid in committed else done[1]).append(f"{gid(gxid)} on segment {node.content}")
+        live = {gxid for _node, gxid in prepared} & running
+        watched = live if watched is None else watched & live
+        if not watched or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)  # polling for those sessions to end or finish
+    with cluster.coordinator_connection() as conn:
+        # Below the oldest running gxid, every transaction has finished or was just resolved.
+        conn.execute("DELETE FROM gp_dist.committed_gxids WHERE gxid < %s", (min(running, default=1 << 62),))
+    for what, gids in zip(("committed", "rolled back"), done):
+        if gids:
+            log.warning("in-doubt prepared transactions %s: %s", what, ", ".join(gids))
+    return done
+
+
+def _finish_prepared(cluster: Cluster, node: Node, gxid: int, *, commit: bool) -> bool:
+    with cluster.connect_node(node) as conn:
+        try:
+            conn.execute(sql.SQL("{} PREPARED {}").format(sql.SQL("COMMIT" if commit else "ROLLBACK"),
+                                                          sql.Literal(gid(gxid))))
+        except psycopg.errors.UndefinedObject:
+            return False  # finished meanwhile by its owner
+    return True
+
+
+__all__ = ["Session", "DistributedTransaction", "gid", "Node", "resolve_in_doubt"]

@@ -32,6 +32,10 @@ CREATE TABLE gp_dist.gp_distribution_policy (
 
 CREATE SEQUENCE gp_dist.gxid_seq;
 
+-- The gxids whose commit record is written: what in-doubt resolution reads to finish a
+-- prepared part whose client went away. Resolution prunes the rows it no longer needs.
+CREATE TABLE gp_dist.committed_gxids (gxid bigint PRIMARY KEY);
+
 -- Every distributed transaction starts here: pass the start lock, take a gxid, and
 -- mark the transaction running until gp_dist.dtx_end.
 CREATE FUNCTION gp_dist.dtx_begin() RETURNS bigint LANGUAGE plpgsql AS $$
@@ -60,6 +64,7 @@ CREATE FUNCTION gp_dist.dtx_commit_phase(gxid bigint, segments int[], write_reco
 BEGIN
     PERFORM pg_advisory_lock_shared(1196450636, 0);
     IF write_record THEN
+        INSERT INTO gp_dist.committed_gxids VALUES (gxid);
         PERFORM pg_logical_emit_message(true, 'gpcdc.commit',
             CASE WHEN legacy THEN json_build_object('gxid', gxid)::text
                  ELSE json_build_object('gxid', gxid, 'segments', to_json(segments))::text END);

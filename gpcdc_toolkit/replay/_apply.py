@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 
 from ..cluster import Cluster, DistributedTransaction, Session, segment_for
-from ..errors import GpcdcError
+from ..errors import ClusterError, GpcdcError
 from ..protocol import UNCHANGED_TOAST
 from ._order import Whole
 
@@ -181,6 +181,7 @@ class Applier:
             for event in part.payload or ():
                 source = event["source"]
                 table = f"{source['schema']}.{source['table']}"
+                self._check_table(table, whole.gxid)
                 if event["op"] == "c" and (table == insert_table or not inserts):
                     insert_table = table
                     inserts.append(event["after"])  # consecutive inserts into one table go together
@@ -195,6 +196,13 @@ class Applier:
         if inserts:
             count += tx.insert(insert_table, inserts)
         return count
+
+    def _check_table(self, table: str, gxid: int) -> None:
+        try:
+            self.session.table(table)
+        except ClusterError:
+            raise ApplyError(f"the target has no table {table}, which gxid {gxid} writes",
+                             fix=f"create {table} on the target, or replay from a bootstrap whose initial load creates it") from None
 
     def _apply_change(self, tx: DistributedTransaction, table: str, event: Mapping[str, Any]) -> int:
         info = self.session.table(table)

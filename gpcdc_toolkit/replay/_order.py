@@ -26,7 +26,7 @@ waited for: their parts no longer need a record, and nothing waits on their anch
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Container
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -237,3 +237,21 @@ class Reassembler:
         """Transactions arrived in part but not handed out."""
         waiting = {p.gxid for seg in self.segments for p in seg.log}
         return len(waiting | set(self._parts) | {r.gxid for r in self._records})
+
+
+def resume_point(read: Mapping[int, int], reassembler: Reassembler, unapplied: Iterable[Whole],
+                 *begun: Mapping[int, int]) -> dict[int, int]:
+    """Per partition (segment; -1 for the coordinator), where to read again so that
+    nothing not yet applied is skipped: the first offset of anything waiting in the
+    reassembler, of the ``unapplied`` transactions handed out, or of ``begun`` (framing
+    in progress); else ``read``, the next offset not read."""
+    resume = dict(read)
+    waiting = [reassembler.resume_offsets(), *begun]
+    for whole in unapplied:
+        waiting.append({p.segment: p.offset for p in whole.parts})
+        if whole.record is not None:
+            waiting.append({-1: whole.record.offset})
+    for offsets in waiting:
+        for partition, offset in offsets.items():
+            resume[partition] = min(resume.get(partition, offset), offset)
+    return resume

@@ -20,7 +20,7 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from ..bootstrap import InitialSnapshot, Pipeline
-from ..cluster import Cluster
+from ..cluster import Cluster, resolve_in_doubt
 from ..config import Config
 from ..connect import kafka_client_settings, open_cluster
 from ..errors import BrokerError, GpcdcError
@@ -28,7 +28,7 @@ from ..ingest import partitions_of
 from ..protocol import Topics
 from ._apply import Applier, Checkpoint
 from ._load import load_rows, prepare_target
-from ._order import Missing, Part, Reassembler, Record, Whole
+from ._order import Missing, Part, Reassembler, Record, Whole, resume_point
 from ._source import COORDINATOR, Framer, StreamError, Watermark
 
 
@@ -128,6 +128,8 @@ class Replayer:
         return final
 
     def _start(self) -> Checkpoint:
+        # A replayer killed in a commit leaves prepared parts that hold row locks.
+        resolve_in_doubt(self.target)
         checkpoint, _loaded = self.applier.checkpoint()
         if checkpoint is not None:
             return checkpoint
@@ -215,14 +217,13 @@ class _Run:
                              "kafka.topic_prefix") from None
         self.next[partition] = offset + 1
         framed = self.framer.feed(partition, offset, value)
-        if framed is None:
-            pass
-        elif self.reassembler is not None:
-            self._add(framed)
-        else:
-            self.window.append(framed)  # type: ignore[arg-type]
-            if partition in self.window_end and offset + 1 >= self.window_end[partition]:
-                del self.window_end[partition]
+        if framed is not None:
+            if self.reassembler is not None:
+                self._add(framed)
+            else:
+                self.window.append(framed)
+        if self.window_end.get(partition, -1) <= offset + 1:
+            self.window_end.pop(partition, None)
 
     def _notice_ends(self) -> None:
         now = time.monotonic()
@@ -277,16 +278,8 @@ class _Run:
     def _checkpoint(self, after: int) -> Checkpoint:
         """Where to resume once the first ``after`` transactions in hand are applied."""
         assert self.reassembler is not None
-        resume = dict(self.next)
-        waiting: list[dict[int, int]] = [self.reassembler.resume_offsets(), self.framer.resume_offsets()]
-        for i, whole in enumerate(self.in_hand):
-            if i >= after:
-                waiting.append({p.segment: p.offset for p in whole.parts})
-                if whole.record is not None:
-                    waiting.append({COORDINATOR: whole.record.offset})
-        for offsets in waiting:
-            for partition, offset in offsets.items():
-                resume[partition] = min(resume[partition], offset)
+        unapplied = list(self.in_hand)[after:]
+        resume = resume_point(self.next, self.reassembler, unapplied, self.framer.resume_offsets())
         return Checkpoint(resume, dict(self.next))
 
     def progress(self) -> Progress:

@@ -1,0 +1,158 @@
+"""Replay under faults: a replayer killed at random moments, a part dropped from the stream."""
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import orjson
+import pytest
+from confluent_kafka import Producer
+
+from gpcdc_toolkit.bootstrap import Pipeline, bootstrap, drop_slots
+from gpcdc_toolkit.capture import CaptureGroup, ensure_topics, read_captured, wait_until_acknowledged
+from gpcdc_toolkit.cluster import Session
+from gpcdc_toolkit.config import load_config
+from gpcdc_toolkit.connect import kafka_client_settings
+from gpcdc_toolkit.ingest import read_values
+from gpcdc_toolkit.protocol import Topics
+from gpcdc_toolkit.replay import APPLIED, Applier, MissingPartError, Replayer, ReplaySettings
+from gpcdc_toolkit.sandbox import Sandbox
+from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, reset_tables, run_workload
+
+from .test_replay_apply import replay_config, table_rows
+
+
+@pytest.fixture
+def target(work_dir):
+    sandbox = Sandbox(f"target-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
+    yield sandbox
+    sandbox.down(remove=True)
+
+
+@pytest.fixture
+def captured_pipeline(source, broker, work_dir, target):
+    """A pipeline with capture running on the source; its config names the target."""
+    config = replay_config(work_dir, broker, target)
+    pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+    reset_tables(source)
+    run_workload(source, WorkloadSpec(threads=1, transactions=20, hot_keys=3, seed=3))
+    bootstrap(source, pipeline, "snapshot")
+    group = CaptureGroup(config, heartbeat_interval=0.2)
+    group.start()
+    yield config, pipeline
+    group.stop()
+    drop_slots(source, pipeline.slot, publication=pipeline.publication)
+
+
+def applied_count(cluster):
+    return sum(len(r) for r in cluster.rows_by_segment(APPLIED).values())
+
+
+def test_replayer_killed_at_random_moments_applies_everything_once(source, work_dir, target, captured_pipeline):
+    config, pipeline = captured_pipeline
+    target_cluster = target.cluster()
+    Applier(target_cluster, config.kafka.topic_prefix).close()  # its tables, to count what it applies
+    spec = WorkloadSpec(threads=3, duration=8.0, rate=120, hot_keys=3, update_share=0.3, delete_share=0.1,
+                        move_share=0.05, abort_share=0.05)
+    load = threading.Thread(target=run_workload, args=(source, spec))
+    load.start()
+    command = [sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(work_dir), "--source-sandbox", "source",
+               "--target-sandbox", target.name, "--kafka-bootstrap-servers", config.kafka.bootstrap_servers,
+               "--kafka-topic-prefix", config.kafka.topic_prefix, "replay", "--batch", "7"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPCDC_")}
+    rng = random.Random(11)
+    kills = 0
+    replayer = None
+    try:
+        while load.is_alive() or kills < 5:
+            replayer = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE, text=True)
+            before = applied_count(target_cluster)
+            deadline = time.monotonic() + 60
+            while applied_count(target_cluster) == before and replayer.poll() is None and time.monotonic() < deadline:
+                threading.Event().wait(0.05)  # polling the target for the replayer's first commit
+            assert replayer.poll() is None, replayer.stderr.read()
+            threading.Event().wait(rng.uniform(0.0, 0.6))  # a random moment while it applies
+            replayer.kill()
+            replayer.wait()
+            kills += 1
+    finally:
+        if replayer is not None and replayer.poll() is None:
+            replayer.kill()
+            replayer.wait()
+        load.join()
+    wait_until_acknowledged(source, pipeline.slot, timeout=90)
+    with Replayer(config) as last:
+        last.run()
+    assert kills >= 5
+    for table in (ACCOUNTS, EVENTS):
+        assert table_rows(target_cluster, table) == table_rows(source, table), f"{table} differs"
+    # Every committed transaction of the stream is recorded once (the key forbids twice).
+    captured = read_captured(config)
+    committed = {end["gxid"] for end in captured.ends.values()} | set(captured.records)
+    applied = [row[1] for row in table_rows(target_cluster, APPLIED)]
+    assert sorted(applied) == sorted(committed)
+
+
+def copy_dropping_a_part(config, gxid, segment):
+    """The pipeline's topics copied under a new prefix, without ``gxid``'s part on ``segment``."""
+    kafka = kafka_client_settings(config)
+    old, new = Topics(config.kafka.topic_prefix), Topics(f"{config.kafka.topic_prefix}x")
+    changes = read_values(kafka, old.changes)
+    ensure_topics(kafka, new, max(p for p, _o, _v in changes) + 1)
+    producer = Producer(kafka)
+    dropped = 0
+    for partition, _offset, value in changes:
+        gx = value["source"]["gxid"] if "op" in value else value.get("gxid")
+        if partition == segment and gx == gxid:
+            dropped += 1
+            continue
+        producer.produce(new.changes, orjson.dumps(value), partition=partition)
+    for _partition, _offset, value in read_values(kafka, old.dtx):
+        producer.produce(new.dtx, orjson.dumps(value), partition=0)
+    assert producer.flush(30) == 0
+    assert dropped >= 2  # at least its BEGIN and END
+    shutil.copytree(Pipeline(config.work_dir, old.prefix).directory, Pipeline(config.work_dir, new.prefix).directory)
+    return load_config({"work_dir": str(config.work_dir), "kafka.bootstrap_servers": config.kafka.bootstrap_servers,
+                        "kafka.topic_prefix": new.prefix, "source.sandbox": "source",
+                        "target.sandbox": config.target.sandbox}, environ={})
+
+
+def test_a_missing_part_stops_the_replay_with_a_report_and_nothing_partial(source, target, captured_pipeline):
+    config, pipeline = captured_pipeline
+    run_workload(source, WorkloadSpec(threads=2, transactions=120, hot_keys=3, multi_segment_share=0.8, seed=5))
+    wait_until_acknowledged(source, pipeline.slot)
+    captured = read_captured(config)
+    two_phase = [g for g, segments in captured.records.items() if segments and len(segments) >= 2]
+    victim = two_phase[len(two_phase) // 2]
+    dropped_segment = captured.records[victim][0]
+    # Wait for a watermark of that segment past the victim's commit record, which is
+    # what lets the replayer call the part missing instead of late.
+    record_ts = next(v["commit_ts_ms"] for _p, _o, v in read_values(kafka_client_settings(config), Topics(config.kafka.topic_prefix).dtx)
+                     if v.get("type") == "commit" and v["gxid"] == victim)
+    deadline = time.monotonic() + 30
+    while not any(w["resolved_ts_ms"] > record_ts for w in read_captured(config).watermarks[dropped_segment]):
+        assert time.monotonic() < deadline, "no watermark past the record"
+    broken = copy_dropping_a_part(config, victim, dropped_segment)
+    target_cluster = target.cluster()
+    with Replayer(broken, settings=ReplaySettings(clock_skew_ms=0)) as replayer, \
+            pytest.raises(MissingPartError) as raised:
+        replayer.run()
+    missing = raised.value.missing
+    assert (missing.gxid, missing.segment) == (victim, dropped_segment)
+    assert f"gxid {victim} cannot be replayed whole: segment {dropped_segment}'s part is missing" in str(raised.value)
+    assert "offset" in str(raised.value) and "\n" not in str(raised.value)
+    applied = {row[1] for row in table_rows(target_cluster, APPLIED)}
+    assert victim not in applied and applied  # what came before it was applied, it was not
+    # Nothing of the victim reached the target: none of its rows on any segment.
+    victim_rows = [r for r in captured.rows if r["source"]["gxid"] == victim and r["op"] == "c"]
+    assert victim_rows
+    for row in victim_rows:
+        table = f"{row['source']['schema']}.{row['source']['table']}"
+        key = " AND ".join(f"{c} = %s" for c in row["after"])
+        assert target_cluster.fetch_all(f"SELECT 1 FROM {table} WHERE {key}", list(row["after"].values())) == []
