@@ -30,6 +30,48 @@ def partitions_of(consumer: Consumer, topic: str, timeout: float = 10.0) -> list
     return sorted(info.partitions)
 
 
+class EndTracker:
+    """Tells when each partition has been read to where it ended when reading began,
+    by the rules above. Feed it every message and end-of-partition event."""
+
+    def __init__(self, partitions: list[Any], *, idle: float = 1.0, began_ms: int | None = None) -> None:
+        self.idle = idle
+        self.began_ms = began_ms if began_ms is not None else int(time.time() * 1000)
+        now = time.monotonic()
+        self.last_heard = {p: now for p in partitions}
+        self.at_eof: dict[Any, float] = {}
+        self.ended: set[Any] = set()
+        self.connected = False
+
+    def message(self, partition: Any, timestamp_ms: int) -> bool:
+        """Note a message; False when it was produced after reading began."""
+        self.connected = True
+        self.last_heard[partition] = time.monotonic()
+        if timestamp_ms > self.began_ms:
+            self.ended.add(partition)
+            return False
+        return True
+
+    def end_of_partition(self, partition: Any) -> None:
+        self.connected = True
+        self.at_eof[partition] = time.monotonic()
+
+    def check(self, timeout: float = 30.0, what: str = "") -> set[Any]:
+        """The partitions read to their end so far; raises BrokerError when Kafka has not
+        answered for ``timeout`` seconds."""
+        now = time.monotonic()
+        for partition, heard in self.last_heard.items():
+            silent = now - heard
+            # After an end-of-partition event, a short silence confirms it (a broker
+            # with a short high watermark sends what follows at once).
+            eof = self.at_eof.get(partition)
+            if self.connected and (silent > self.idle or (eof is not None and now - eof > EOF_GRACE and eof >= heard)):
+                self.ended.add(partition)
+        if not self.connected and now - min(self.last_heard.values()) > timeout:
+            raise BrokerError(f"no answer from Kafka for {timeout:g} s while reading {what}")
+        return self.ended
+
+
 def read_to_end(
     kafka: Mapping[str, str],
     topic: str,
@@ -47,40 +89,20 @@ def read_to_end(
         partitions = partitions_of(consumer, topic)
         offsets = start or {}
         consumer.assign([TopicPartition(topic, p, offsets.get(p, 0)) for p in partitions])
-        now = time.monotonic()
-        last_heard = {p: now for p in partitions}
-        pending = set(partitions)
-        at_eof: dict[int, float] = {}
-        connected = False
-        while pending:
+        ends = EndTracker(partitions, idle=idle, began_ms=began_ms)
+        while len(ends.check(timeout, repr(topic))) < len(partitions):
             message = consumer.poll(0.1)
-            now = time.monotonic()
-            if message is not None:
-                error = message.error()
-                partition = message.partition()
-                if error is None:
-                    connected = True
-                    last_heard[partition] = now
-                    if partition in pending:
-                        if message.timestamp()[1] > began_ms:
-                            pending.discard(partition)  # produced after the read began
-                        else:
-                            yield message
-                    continue
-                if error.code() == KafkaError._PARTITION_EOF:
-                    connected = True
-                    at_eof[partition] = now
-                    continue
+            if message is None:
+                continue
+            error = message.error()
+            partition = message.partition()
+            if error is None:
+                if ends.message(partition, message.timestamp()[1]) and partition not in ends.ended:
+                    yield message
+            elif error.code() == KafkaError._PARTITION_EOF:
+                ends.end_of_partition(partition)
+            else:
                 raise KafkaException(error)
-            for partition in list(pending):
-                silent = now - last_heard[partition]
-                # After an end-of-partition event, a short silence confirms it (a broker
-                # with a short high watermark sends what follows at once).
-                if connected and (silent > idle or (partition in at_eof and now - at_eof[partition] > EOF_GRACE
-                                                     and at_eof[partition] >= last_heard[partition])):
-                    pending.discard(partition)
-            if not connected and now - min(last_heard.values()) > timeout:
-                raise BrokerError(f"no answer from Kafka for {timeout:g} s while reading {topic!r}")
     finally:
         consumer.close()
 

@@ -232,6 +232,13 @@ class Reassembler:
             out[-1] = self._records[0].offset
         return out
 
+    def oldest_waiting_ts_ms(self) -> int | None:
+        """The source commit time of the oldest transaction arrived but not handed out."""
+        times = [p.commit_ts_ms for seg in self.segments for p in seg.log if p.gxid not in self.applied]
+        times += [p.commit_ts_ms for parts in self._parts.values() for p in parts.values()]
+        times += [r.commit_ts_ms for r in self._records]
+        return min(times, default=None)
+
     @property
     def pending(self) -> int:
         """Transactions arrived in part but not handed out."""

@@ -23,10 +23,10 @@ from ..bootstrap import InitialSnapshot, Pipeline
 from ..cluster import Cluster, resolve_in_doubt
 from ..config import Config
 from ..connect import kafka_client_settings, open_cluster
-from ..errors import BrokerError, GpcdcError
-from ..ingest import partitions_of
+from ..errors import GpcdcError
+from ..ingest import EndTracker, partitions_of
 from ..protocol import Topics
-from ._apply import Applier, Checkpoint
+from ._apply import Applier, Checkpoint, commit_ts_ms
 from ._load import load_rows, prepare_target
 from ._order import Missing, Part, Reassembler, Record, Whole, resume_point
 from ._source import COORDINATOR, Framer, StreamError, Watermark
@@ -54,7 +54,7 @@ class Progress:
     rows: int
     ddl: int
     pending: int  # arrived in part, or whole and not yet applied
-    lag_ms: int  # while anything waits: now minus the source commit time of the last one applied
+    lag_ms: int  # now minus the source commit time of the oldest transaction not yet applied
     elapsed_s: float
     caught_up: bool  # every partition read to where it ended when the run began
 
@@ -168,16 +168,14 @@ class _Run:
         self.reassembler: Reassembler | None = None
         self.window: list[tuple[int, int, Any]] = []  # framed while reading the window
         self.in_hand: deque[Whole] = deque()  # handed out by the reassembler, not applied yet
-        self.last_heard = {p: time.monotonic() for p in self.next}
-        self.at_end: set[int] = set()
-        self.connected = False
+        self.ends = EndTracker(list(self.next), idle=self.settings.idle, began_ms=self.began_ms)
 
     def close(self) -> None:
         self.consumer.close()
 
     @property
     def caught_up(self) -> bool:
-        return self.reassembler is not None and len(self.at_end) == len(self.next)
+        return self.reassembler is not None and len(self.ends.ended) == len(self.next)
 
     def steps(self) -> Iterator[None]:
         while True:
@@ -198,17 +196,12 @@ class _Run:
         error = message.error()
         partition = COORDINATOR if message.topic() == self.topics.dtx else message.partition()
         if error is not None:
-            if error.code() == KafkaError._PARTITION_EOF:
-                self.connected = True
-                if message.offset() >= self.next[partition]:
-                    self.at_end.add(partition)
-                return
-            raise KafkaException(error)
-        self.connected = True
-        self.last_heard[partition] = time.monotonic()
+            if error.code() != KafkaError._PARTITION_EOF:
+                raise KafkaException(error)
+            self.ends.end_of_partition(partition)
+            return
+        self.ends.message(partition, message.timestamp()[1])
         offset = message.offset()
-        if message.timestamp()[1] > self.began_ms:
-            self.at_end.add(partition)  # produced after the run began
         try:
             value = orjson.loads(message.value())
         except orjson.JSONDecodeError as e:
@@ -226,17 +219,12 @@ class _Run:
             self.window_end.pop(partition, None)
 
     def _notice_ends(self) -> None:
-        now = time.monotonic()
-        for partition, heard in self.last_heard.items():
-            if self.connected and now - heard > self.settings.idle:
-                self.at_end.add(partition)
-        for partition in self.window_end.keys() & self.at_end:
+        ended = self.ends.check(what=self.topics.changes)
+        for partition in self.window_end.keys() & ended:
             name = self.topics.dtx if partition == COORDINATOR else f"{self.topics.changes} partition {partition}"
             raise StreamError(f"{name} ends at offset {self.next[partition]}, before offset "
                               f"{self.window_end[partition]} that this target's replay had read",
                               fix="the topics were recreated: replay into a fresh target, or bootstrap again")
-        if not self.connected and now - min(self.last_heard.values()) > 30:
-            raise BrokerError(f"no answer from Kafka for 30 s while reading {self.topics.changes}")
 
     def _open_reassembler(self) -> None:
         gxids = {f.gxid for f in self.window if isinstance(f, (Part, Record))}
@@ -287,6 +275,8 @@ class _Run:
         transactions, rows, ddl = (stats.transactions - self.stats_at_start[0], stats.rows - self.stats_at_start[1],
                                    stats.ddl - self.stats_at_start[2])
         pending = (self.reassembler.pending if self.reassembler is not None else 0) + len(self.in_hand)
-        # Behind by how long ago the last transaction applied committed, while anything waits.
-        lag = max(0, int(time.time() * 1000) - stats.last_commit_ts_ms) if pending and stats.last_commit_ts_ms else 0
+        waiting = [commit_ts_ms(w) for w in self.in_hand]
+        if self.reassembler is not None and (oldest := self.reassembler.oldest_waiting_ts_ms()) is not None:
+            waiting.append(oldest)
+        lag = max(0, int(time.time() * 1000) - min(waiting)) if waiting else 0
         return Progress(transactions, rows, ddl, pending, lag, time.monotonic() - self.started, self.caught_up)
