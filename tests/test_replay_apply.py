@@ -10,7 +10,7 @@ from gpcdc_toolkit.replay import APPLIED, Replayer
 from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, reset_tables, run_workload
 
-from .test_cli import gpcdc
+from .test_cli import gpcdc, one_line_error
 
 
 def table_rows(cluster, table):
@@ -57,6 +57,48 @@ def test_initial_load_and_replay_reproduce_the_source_on_two_segments_exactly_on
         assert again.returncode == 0, again.stderr
         assert "applied 0 transactions (0 DDL, 0 rows)" in again.stdout
         assert table_rows(target_cluster, APPLIED) == applied
+    finally:
+        group.stop()
+        drop_slots(source, pipeline.slot, publication=pipeline.publication)
+        target.down(remove=True)
+
+
+def test_a_legacy_stream_is_refused_whole_and_replayed_segment_by_segment_on_request(source, broker, work_dir):
+    target = Sandbox(f"target-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
+    config = replay_config(work_dir, broker, target)
+    pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+    group = CaptureGroup(config, heartbeat_interval=0.3)
+    flags = ["--source-sandbox", "source", "--target-sandbox", target.name, "--kafka-bootstrap-servers",
+             broker.bootstrap_servers, "--kafka-topic-prefix", config.kafka.topic_prefix, "replay", "--once"]
+    try:
+        reset_tables(source)
+        run_workload(source, WorkloadSpec(threads=1, transactions=20, hot_keys=3, seed=6))
+        bootstrap(source, pipeline, "snapshot")
+        group.start()
+        spec = dict(threads=3, transactions=150, hot_keys=3, update_share=0.3, delete_share=0.1, move_share=0.05,
+                    legacy_markers=True)
+        run_workload(source, WorkloadSpec(seed=7, **spec))
+        with Session(source, legacy_markers=True) as session:
+            session.ddl(f"ALTER TABLE {EVENTS} ADD COLUMN note text")
+        run_workload(source, WorkloadSpec(seed=8, **spec))
+        wait_until_acknowledged(source, pipeline.slot)
+
+        refused = gpcdc(work_dir, *flags)
+        assert refused.returncode != 0
+        line = one_line_error(refused)
+        assert "legacy markers" in line and "--legacy-per-segment" in line
+
+        done = gpcdc(work_dir, *flags, "--legacy-per-segment")
+        assert done.returncode == 0, done.stderr
+        assert "segment by segment (legacy markers)" in done.stderr
+        target_cluster = target.cluster()
+        for table in (ACCOUNTS, EVENTS):
+            assert table_rows(target_cluster, table) == table_rows(source, table), f"{table} differs"
+        # Run again: the checkpoint alone keeps every part applied once.
+        again = gpcdc(work_dir, *flags, "--legacy-per-segment")
+        assert again.returncode == 0 and "applied 0 transactions" in again.stdout, again.stderr
+        for table in (ACCOUNTS, EVENTS):
+            assert table_rows(target_cluster, table) == table_rows(source, table), f"{table} differs"
     finally:
         group.stop()
         drop_slots(source, pipeline.slot, publication=pipeline.publication)

@@ -224,3 +224,33 @@ def test_a_restart_from_the_resume_point_applies_everything_once_in_order(seed):
     rest, _ = replay_from(rng, partitions, resume, second)
     check(applied + rest, logs, writes)
     assert second.pending == 0
+
+
+def test_legacy_parts_go_segment_by_segment_with_ddl_placed_by_time():
+    from gpcdc_toolkit.replay import SegmentOrder
+
+    order = SegmentOrder(2, clock_skew_ms=100)
+
+    def part(segment, lsn, ts):
+        return Part(segment, None, one_phase=False, commit_lsn=lsn, commit_ts_ms=ts, offset=lsn)
+
+    order.add_part(part(0, 1, 1000))
+    order.add_part(part(1, 1, 1500))
+    assert order.ready() == []  # a DDL committed before them may still come
+    order.add_watermark(-1, 1500)
+    assert [w.parts[0].segment for w in order.ready()] == [0]  # 1500 is within the skew allowance
+    order.add_record(Record(7, (), commit_ts_ms=2000, ddl=("ALTER TABLE t ADD c int",), commit_lsn=1, offset=0))
+    order.add_part(part(0, 2, 2500))  # after the DDL: must wait for it
+    order.add_part(part(0, 2, 2500))  # a resend
+    assert [(w.parts[0].segment, w.parts[0].commit_lsn) for w in order.ready()] == [(1, 1)]
+    # Segment 0 has shown a part after the DDL's time; segment 1 has not yet shown that
+    # it committed nothing else before it.
+    assert order.ready() == [] and order.pending == 2
+    order.add_watermark(1, 2050)
+    assert order.ready() == []  # within the skew allowance
+    order.add_watermark(1, 2100)
+    out = order.ready()
+    assert [w.gxid for w in out] == [7] and out[0].record.ddl
+    order.add_watermark(-1, 2600)  # no other DDL before the held part
+    assert [w.parts[0].commit_lsn for w in order.ready()] == [2]
+    assert order.pending == 0 and order.missing() == []

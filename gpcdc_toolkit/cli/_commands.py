@@ -390,6 +390,9 @@ class Replay(Command):
                             help="source transactions per target transaction, at most (default: %(default)s)")
         parser.add_argument("--no-initial-load", dest="initial_load", action="store_false",
                             help="do not load the bootstrap's snapshot into the target before replaying")
+        parser.add_argument("--legacy-per-segment", action="store_true",
+                            help="replay a stream written with legacy markers segment by segment: exact once caught "
+                                 "up, but parts of distributed transactions can show until then")
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
         if args.batch < 1:
@@ -397,7 +400,8 @@ class Replay(Command):
         stop = []
         signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
         status = StatusLine()
-        settings = ReplaySettings(batch_transactions=args.batch, initial_load=args.initial_load)
+        settings = ReplaySettings(batch_transactions=args.batch, initial_load=args.initial_load,
+                                  legacy_per_segment=args.legacy_per_segment)
         with Replayer(config, settings=settings) as replayer:
             try:
                 final = replayer.run(follow=not args.once, progress=status, should_stop=lambda: bool(stop))

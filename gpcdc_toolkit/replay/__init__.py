@@ -2,6 +2,7 @@
 
 from ._apply import APPLIED, STATE, Applier, ApplyError, ApplyStats, Checkpoint
 from ._load import create_statement, load_rows, prepare_target
+from ._legacy import SegmentOrder
 from ._order import Missing, Part, ReassemblyError, Reassembler, Record, Whole, resume_point
 from ._progress import ProgressBar, StatusLine
 from ._replayer import MissingPartError, Progress, Replayer, ReplaySettings
@@ -10,7 +11,7 @@ from ._source import Framer, LegacyStreamError, StreamError, Watermark
 __all__ = [
     "APPLIED", "STATE", "Applier", "ApplyError", "ApplyStats", "Checkpoint",
     "create_statement", "load_rows", "prepare_target",
-    "Missing", "Part", "ReassemblyError", "Reassembler", "Record", "Whole", "resume_point",
+    "SegmentOrder", "Missing", "Part", "ReassemblyError", "Reassembler", "Record", "Whole", "resume_point",
     "ProgressBar", "StatusLine", "MissingPartError", "Progress", "Replayer", "ReplaySettings",
     "Framer", "LegacyStreamError", "StreamError", "Watermark",
 ]

@@ -146,7 +146,9 @@ class Applier:
             raise ValueError(f"a batch with DDL must hold nothing else; this one has {len(batch)} transactions")
 
         def record(tx: DistributedTransaction) -> None:
-            tx.insert(APPLIED, [{"pipeline": self.pipeline, "gxid": w.gxid, "parts": len(w.parts)} for w in batch])
+            # Legacy parts have no gxid: their checkpoint alone keeps them applied once.
+            tx.insert(APPLIED, [{"pipeline": self.pipeline, "gxid": w.gxid, "parts": len(w.parts)}
+                                for w in batch if w.gxid is not None])
             self._write_state(tx, checkpoint)
 
         if ddl:

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Part:
     """One segment's local transaction of a distributed transaction."""
 
     segment: int
-    gxid: int
+    gxid: int | None  # None: written with legacy markers
     one_phase: bool
     commit_lsn: int
     commit_ts_ms: int = 0
@@ -58,9 +58,10 @@ class Record:
 
 @dataclass(frozen=True)
 class Whole:
-    """A distributed transaction ready to apply: every part, in segment order."""
+    """A distributed transaction ready to apply: every part, in segment order (or, from
+    a legacy stream, one segment's local transaction, with no gxid)."""
 
-    gxid: int
+    gxid: int | None
     parts: tuple[Part, ...]
     record: Record | None  # None: one-phase
 
@@ -148,6 +149,8 @@ class Reassembler:
         self._records.append(record)
 
     def add_watermark(self, segment: int, resolved_ts_ms: int) -> None:
+        if segment < 0:
+            return  # the coordinator's: records come in their own order, nothing waits on it
         seg = self.segments[segment]
         seg.watermark_ts_ms = max(seg.watermark_ts_ms, resolved_ts_ms)
 
@@ -246,7 +249,11 @@ class Reassembler:
         return len(waiting | set(self._parts) | {r.gxid for r in self._records})
 
 
-def resume_point(read: Mapping[int, int], reassembler: Reassembler, unapplied: Iterable[Whole],
+class Ordering(Protocol):
+    def resume_offsets(self) -> dict[int, int]: ...
+
+
+def resume_point(read: Mapping[int, int], reassembler: Ordering, unapplied: Iterable[Whole],
                  *begun: Mapping[int, int]) -> dict[int, int]:
     """Per partition (segment; -1 for the coordinator), where to read again so that
     nothing not yet applied is skipped: the first offset of anything waiting in the

@@ -10,6 +10,7 @@ meets may have been applied, so it asks the target which, and passes over those.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -27,9 +28,12 @@ from ..errors import GpcdcError
 from ..ingest import EndTracker, partitions_of
 from ..protocol import Topics
 from ._apply import Applier, Checkpoint, commit_ts_ms
+from ._legacy import SegmentOrder
 from ._load import load_rows, prepare_target
 from ._order import Missing, Part, Reassembler, Record, Whole, resume_point
 from ._source import COORDINATOR, Framer, StreamError, Watermark
+
+log = logging.getLogger(__name__)
 
 
 class MissingPartError(GpcdcError):
@@ -79,6 +83,7 @@ class ReplaySettings:
     clock_skew_ms: int = 1000  # how far a segment's clock may lag the coordinator's
     idle: float = 1.0  # seconds of silence after which a partition counts as read to its end
     initial_load: bool = True  # load the bootstrap's snapshot before the first transaction
+    legacy_per_segment: bool = False  # replay a legacy-marker stream segment by segment (see _legacy.py)
 
 
 class Replayer:
@@ -109,6 +114,10 @@ class Replayer:
         ``should_stop()``. Raises :class:`MissingPartError` rather than apply part of a
         transaction; everything before it is applied."""
         checkpoint = self._start()
+        if self.settings.legacy_per_segment:
+            log.warning("replaying %s segment by segment (legacy markers): each row's history is replayed in order and "
+                        "the target is exact once every segment is caught up, but until then it can show part of a "
+                        "distributed transaction, and a missing part cannot be detected", self.topics.prefix)
         run = _Run(self, checkpoint)
         last_report = 0.0
         try:
@@ -151,7 +160,7 @@ class _Run:
         self.settings = replayer.settings
         self.applier = replayer.applier
         self.topics = replayer.topics
-        self.framer = Framer(replayer.topics.prefix)
+        self.framer = Framer(replayer.topics.prefix, legacy=self.settings.legacy_per_segment)
         self.began_ms = int(time.time() * 1000)
         self.started = time.monotonic()
         self.stats_at_start = (self.applier.stats.transactions, self.applier.stats.rows, self.applier.stats.ddl)
@@ -165,7 +174,7 @@ class _Run:
         self.window_end = {p: o for p, o in checkpoint.read.items() if o > self.next.get(p, 0)}
         self.consumer.assign([TopicPartition(self.topics.changes, p, self.next[p]) for p in segments]
                              + [TopicPartition(self.topics.dtx, 0, self.next[COORDINATOR])])
-        self.reassembler: Reassembler | None = None
+        self.reassembler: Reassembler | SegmentOrder | None = None
         self.window: list[tuple[int, int, Any]] = []  # framed while reading the window
         self.in_hand: deque[Whole] = deque()  # handed out by the reassembler, not applied yet
         self.ends = EndTracker(list(self.next), idle=self.settings.idle, began_ms=self.began_ms)
@@ -227,9 +236,13 @@ class _Run:
                               fix="the topics were recreated: replay into a fresh target, or bootstrap again")
 
     def _open_reassembler(self) -> None:
-        gxids = {f.gxid for f in self.window if isinstance(f, (Part, Record))}
-        self.reassembler = Reassembler(self.segments, clock_skew_ms=self.settings.clock_skew_ms,
-                                       applied=self.applier.applied_among(gxids) if gxids else set())
+        if self.settings.legacy_per_segment:
+            # Applied in each partition's order, so the resume offsets alone are exact.
+            self.reassembler = SegmentOrder(self.segments, clock_skew_ms=self.settings.clock_skew_ms)
+        else:
+            gxids = {f.gxid for f in self.window if isinstance(f, (Part, Record)) and f.gxid is not None}
+            self.reassembler = Reassembler(self.segments, clock_skew_ms=self.settings.clock_skew_ms,
+                                           applied=self.applier.applied_among(gxids) if gxids else set())
         for framed in self.window:
             self._add(framed)
         self.window = []

@@ -15,6 +15,9 @@ from ..errors import GpcdcError
 from ._order import Part, Record
 
 COORDINATOR = -1
+_LEGACY_FIX = ("nothing was applied past this point; replay it segment by segment with --legacy-per-segment "
+               "(exact once every segment is replayed, but parts of distributed transactions can show until then), "
+               "or capture from a cluster that writes the gxid markers")
 
 
 class StreamError(GpcdcError):
@@ -41,8 +44,9 @@ class _Open:
 class Framer:
     """Turns messages into :class:`Part`, :class:`Record` and :class:`Watermark`."""
 
-    def __init__(self, topic_prefix: str = "") -> None:
+    def __init__(self, topic_prefix: str = "", *, legacy: bool = False) -> None:
         self.topic_prefix = topic_prefix
+        self.legacy = legacy  # accept parts without gxid and records without segments
         self._open: dict[tuple[int, int], _Open] = {}  # (segment, commit_lsn) -> rows so far
         self._ddl: dict[int, tuple[int, list[str]]] = {}  # gxid -> (first offset, statements)
 
@@ -67,17 +71,20 @@ class Framer:
             self._open.setdefault(key, _Open(offset))
             return None
         opened = self._open.pop(key, None) or _Open(offset)
-        if value["gxid"] is None or value["one_phase"] is None:
+        if (value["gxid"] is None or value["one_phase"] is None) and not self.legacy:
             raise LegacyStreamError(
                 f"segment {partition}'s transaction at offset {opened.offset} of {self.topic_prefix}.changes has no "
                 f"{'gxid' if value['gxid'] is None else 'one-phase flag'} (legacy markers): "
                 "distributed transactions cannot be rebuilt from this stream",
-                fix="capture from a cluster that writes the gxid markers; nothing was applied past this point")
+                fix=_LEGACY_FIX)
         rows = tuple(opened.rows[k] for k in sorted(opened.rows))
-        return Part(partition, value["gxid"], value["one_phase"], value["commit_lsn"], value["commit_ts_ms"], rows, opened.offset)
+        return Part(partition, value["gxid"], bool(value["one_phase"]), value["commit_lsn"], value["commit_ts_ms"], rows,
+                    opened.offset)
 
-    def _coordinator(self, offset: int, value: Mapping[str, Any]) -> Record | None:
+    def _coordinator(self, offset: int, value: Mapping[str, Any]) -> Record | Watermark | None:
         kind = value.get("type")
+        if kind == "resolved":
+            return Watermark(COORDINATOR, value["resolved_ts_ms"]) if value.get("resolved_ts_ms") is not None else None
         if kind == "ddl":
             first, statements = self._ddl.setdefault(value["gxid"], (offset, []))
             if value["statement"] not in statements:  # a resend after a capture restart
@@ -85,13 +92,13 @@ class Framer:
             return None
         if kind != "commit":
             return None
-        if value["segments"] is None:
+        if value["segments"] is None and not self.legacy:
             raise LegacyStreamError(
                 f"the commit record of gxid {value['gxid']} at offset {offset} of {self.topic_prefix}.dtx lists no "
                 "segments (legacy markers): whole distributed transactions cannot be told apart from partial ones",
-                fix="capture from a cluster that writes the gxid markers; nothing was applied past this point")
+                fix=_LEGACY_FIX)
         first, statements = self._ddl.pop(value["gxid"], (offset, []))
-        return Record(value["gxid"], tuple(value["segments"]), value["commit_ts_ms"], tuple(statements),
+        return Record(value["gxid"], tuple(value["segments"] or ()), value["commit_ts_ms"], tuple(statements),
                       value["commit_lsn"], first)
 
     def resume_offsets(self) -> dict[int, int]:
