@@ -40,7 +40,10 @@ def test_demo_runs_end_to_end(work_dir):
     done = gpcdc(work_dir, "demo", "--duration", "2", "--segments", "2")
     assert done.returncode == 0, done.stderr
     assert "0 differ" in done.stdout and "dtx/s" in done.stdout and ", 0 problems" in done.stdout
-    assert not list((work_dir / "sandboxes" / "source").glob("*/postmaster.pid")), "demo left servers running"
+    assert "check target wl_accounts:" in done.stdout and "equal to the source" in done.stdout
+    assert "DIFFERENT" not in done.stdout
+    for name in ("source", "target"):
+        assert not list((work_dir / "sandboxes" / name).glob("*/postmaster.pid")), f"demo left {name} running"
 
 
 @pytest.mark.parametrize("args,message", [

@@ -24,7 +24,7 @@ from ..protocol import Topics, format_lsn
 from ..replay import Replayer, ReplaySettings, StatusLine
 from ..protocol._topics import DISPATCHERS
 from ..sandbox import Sandbox, list_sandboxes
-from ..workload import WorkloadSpec, read_ground_truth, reset_tables, run_workload, verify
+from ..workload import ACCOUNTS, EVENTS, WorkloadSpec, read_ground_truth, reset_tables, run_workload, verify
 
 
 class Command:
@@ -181,7 +181,7 @@ class Workload(Command):
 
 
 class Demo(Command):
-    name, help = "demo", "the main job on the embedded default: sandbox, broker, bootstrap, capture, checks"
+    name, help = "demo", "the main job on the embedded default: sandbox, broker, bootstrap, capture, replay, checks"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--segments", type=int, default=3)
@@ -196,6 +196,7 @@ class Demo(Command):
         spec = _workload_spec(args)
         started = time.monotonic()
         sandbox = Sandbox(config.source.sandbox or "source", config.work_dir)
+        target = Sandbox(config.target.sandbox or "target", config.work_dir)
         broker = EmbeddedBroker(config.work_dir)
         group = CaptureGroup(config, heartbeat_interval=0.5)
         pipeline = group.pipeline
@@ -247,13 +248,32 @@ class Demo(Command):
                 _print(f"  {problem}")
             if not check.ok:
                 return 1
+
+            if target.exists:
+                target.down(remove=True)  # a fresh target, as the pipeline is fresh
+            target.up(segments=max(1, args.segments - 1))
+            _print(f"target sandbox {target.name!r}: coordinator + {max(1, args.segments - 1)} segments")
+            status = StatusLine()
+            with Replayer(config) as replayer:
+                replayed = replayer.run(progress=status)
+            status.close()
+            _print(f"replay: {replayed.line()}")
+            target_cluster = target.cluster()
+            for table in (ACCOUNTS, EVENTS):
+                on_source = sorted(r for rows in cluster.rows_by_segment(table).values() for r in rows)
+                on_target = sorted(r for rows in target_cluster.rows_by_segment(table).values() for r in rows)
+                _print(f"check target {table}: {len(on_target)} rows, "
+                       f"{'equal to the source' if on_target == on_source else 'DIFFERENT from the source'}")
+                if on_target != on_source:
+                    return 1
             _print(f"done in {time.monotonic() - started:.1f} s")
         finally:
             if not args.keep:
                 group.stop()
                 broker.down()
-                if sandbox.exists:
-                    sandbox.down()
+                for cluster_sandbox in (sandbox, target):
+                    if cluster_sandbox.exists:
+                        cluster_sandbox.down()
         return 0
 
 
