@@ -29,9 +29,13 @@ from gpcdc_toolkit.capture import CaptureGroup, wait_until_acknowledged
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.replay import Progress, Replayer, ReplaySettings
 from gpcdc_toolkit.sandbox import Sandbox
-from gpcdc_toolkit.workload import WorkloadSpec, reset_tables, run_workload
+from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, reset_tables, run_workload
 
 SPEC = dict(threads=4, hot_keys=20, update_share=0.3, delete_share=0.05, move_share=0.02)
+
+
+def table_rows(cluster, table):  # type: ignore[no-untyped-def]
+    return sorted(r for rows in cluster.rows_by_segment(table).values() for r in rows)
 
 
 class Timeline:
@@ -99,8 +103,10 @@ def main() -> None:
             with Replayer(config_for(target.name), settings=ReplaySettings(batch_transactions=batch)) as replayer:
                 replayer.run(progress=timeline, progress_interval=0.05)
             tps, rps = timeline.applied / timeline.seconds, timeline.rows / timeline.seconds
+            same = all(table_rows(target.cluster(), t) == table_rows(cluster, t) for t in (ACCOUNTS, EVENTS))
             print(f"  batch {batch:>4}: {timeline.applied} dtx in {timeline.seconds:.1f} s: {tps:,.0f} dtx/s "
-                  f"(ratio {tps / src_tps:.2f}), {rps:,.0f} rows/s (ratio {rps / src_rps:.2f})", flush=True)
+                  f"(ratio {tps / src_tps:.2f}), {rps:,.0f} rows/s (ratio {rps / src_rps:.2f}); "
+                  f"target {'equals' if same else 'DIFFERS FROM'} the source", flush=True)
 
         with Replayer(config) as replayer:
             replayer.run()  # catch up on what is there, then follow new work

@@ -32,21 +32,26 @@ def partitions_of(consumer: Consumer, topic: str, timeout: float = 10.0) -> list
 
 class EndTracker:
     """Tells when each partition has been read to where it ended when reading began,
-    by the rules above. Feed it every message and end-of-partition event."""
+    by the rules above. Feed it every message and end-of-partition event, and the time
+    spent in each poll: silence counts only while the consumer listens, so a caller
+    busy between polls does not make partitions look idle."""
 
     def __init__(self, partitions: list[Any], *, idle: float = 1.0, began_ms: int | None = None) -> None:
         self.idle = idle
         self.began_ms = began_ms if began_ms is not None else int(time.time() * 1000)
-        now = time.monotonic()
-        self.last_heard = {p: now for p in partitions}
+        self.listened = 0.0  # seconds spent polling so far
+        self.last_heard = {p: 0.0 for p in partitions}
         self.at_eof: dict[Any, float] = {}
         self.ended: set[Any] = set()
         self.connected = False
 
+    def polled(self, seconds: float) -> None:
+        self.listened += seconds
+
     def message(self, partition: Any, timestamp_ms: int) -> bool:
         """Note a message; False when it was produced after reading began."""
         self.connected = True
-        self.last_heard[partition] = time.monotonic()
+        self.last_heard[partition] = self.listened
         if timestamp_ms > self.began_ms:
             self.ended.add(partition)
             return False
@@ -54,20 +59,19 @@ class EndTracker:
 
     def end_of_partition(self, partition: Any) -> None:
         self.connected = True
-        self.at_eof[partition] = time.monotonic()
+        self.at_eof[partition] = self.listened
 
     def check(self, timeout: float = 30.0, what: str = "") -> set[Any]:
         """The partitions read to their end so far; raises BrokerError when Kafka has not
-        answered for ``timeout`` seconds."""
-        now = time.monotonic()
+        answered for ``timeout`` seconds of polling."""
+        now = self.listened
         for partition, heard in self.last_heard.items():
-            silent = now - heard
             # After an end-of-partition event, a short silence confirms it (a broker
             # with a short high watermark sends what follows at once).
             eof = self.at_eof.get(partition)
-            if self.connected and (silent > self.idle or (eof is not None and now - eof > EOF_GRACE and eof >= heard)):
+            if self.connected and (now - heard > self.idle or (eof is not None and now - eof > EOF_GRACE and eof >= heard)):
                 self.ended.add(partition)
-        if not self.connected and now - min(self.last_heard.values()) > timeout:
+        if not self.connected and now > timeout:
             raise BrokerError(f"no answer from Kafka for {timeout:g} s while reading {what}")
         return self.ended
 
@@ -91,7 +95,9 @@ def read_to_end(
         consumer.assign([TopicPartition(topic, p, offsets.get(p, 0)) for p in partitions])
         ends = EndTracker(partitions, idle=idle, began_ms=began_ms)
         while len(ends.check(timeout, repr(topic))) < len(partitions):
+            polling = time.monotonic()
             message = consumer.poll(0.1)
+            ends.polled(time.monotonic() - polling)
             if message is None:
                 continue
             error = message.error()

@@ -188,7 +188,10 @@ class _Run:
 
     def steps(self) -> Iterator[None]:
         while True:
-            for message in self.consumer.consume(1000, 0.2):
+            polling = time.monotonic()
+            messages = self.consumer.consume(1000, 0.2)
+            self.ends.polled(time.monotonic() - polling)
+            for message in messages:
                 self._receive(message)
             self._notice_ends()
             if self.reassembler is None and not self.window_end:
