@@ -284,3 +284,16 @@ def test_in_doubt_resolution_leaves_a_live_transaction_alone(source, table):
         for segment in tx.touched:
             session.connection(segment).execute(f"ROLLBACK PREPARED '{gid(tx.gxid)}'")
         tx.state = "aborted"
+
+
+def test_upsert_and_delete_keys_in_bulk(source, table):
+    with Session(source) as session:
+        with session.transaction() as tx:
+            tx.insert(table, [{"id": k, "v": "old"} for k in range(20)])
+        with session.transaction() as tx:
+            assert tx.upsert(table, [{"id": k, "v": "new"} for k in range(10, 30)]) == 20
+            tx.delete_keys(table, [{"id": k} for k in range(0, 5)])
+    stored = {row[0]: row[1] for rows in source.rows_by_segment(table).values() for row in rows}
+    assert stored == {**{k: "old" for k in range(5, 10)}, **{k: "new" for k in range(10, 30)}}
+    for segment, rows in source.rows_by_segment(table).items():
+        assert all(segment_for([row[0]], 3) == segment for row in rows)

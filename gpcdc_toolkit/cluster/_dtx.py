@@ -251,6 +251,40 @@ class DistributedTransaction:
         query = sql.SQL("DELETE FROM {} WHERE {}").format(table.identifier, where)
         return self._segment(self.route(table, key)).execute(query, params).rowcount
 
+    def upsert(self, table_name: str, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Insert rows, or overwrite the row with the same primary key; in bulk, one
+        pipelined statement per segment and column set. Returns the rows written."""
+        table = self.session.table(table_name)
+        if not table.primary_key:
+            raise DistributedTransactionError(f"cannot upsert into {table.name}: it has no primary key")
+        groups: dict[tuple[int, tuple[str, ...]], list[Mapping[str, Any]]] = defaultdict(list)
+        for row in rows:
+            groups[(self.route(table, row), tuple(row))].append(row)
+        for (segment, columns), seg_rows in groups.items():
+            others = [c for c in columns if c not in table.primary_key]
+            action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
+                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in others)) if others else sql.SQL("DO NOTHING")
+            query = sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) {}").format(
+                table.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)),
+                sql.SQL(", ").join(sql.Placeholder() * len(columns)),
+                sql.SQL(", ").join(map(sql.Identifier, table.primary_key)), action)
+            with self._segment(segment).cursor() as cur:
+                cur.executemany(query, [[r[c] for c in columns] for r in seg_rows])
+        return sum(len(r) for r in groups.values())
+
+    def delete_keys(self, table_name: str, keys: Iterable[Mapping[str, Any]]) -> None:
+        """Delete the rows with these keys (each including the distribution key), in
+        bulk: one pipelined statement per segment and key shape."""
+        table = self.session.table(table_name)
+        groups: dict[tuple[int, tuple[str, ...]], list[Mapping[str, Any]]] = defaultdict(list)
+        for key in keys:
+            groups[(self.route(table, key), tuple(key))].append(key)
+        for (segment, columns), seg_keys in groups.items():
+            where, _ = self._where(table, seg_keys[0])
+            query = sql.SQL("DELETE FROM {} WHERE {}").format(table.identifier, where)
+            with self._segment(segment).cursor() as cur:
+                cur.executemany(query, [[k[c] for c in columns] for k in seg_keys])
+
     # -- outcome ----------------------------------------------------------------------
     @property
     def one_phase(self) -> bool:

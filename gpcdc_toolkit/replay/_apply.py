@@ -17,9 +17,10 @@ from typing import Any
 
 import psycopg
 
-from ..cluster import Cluster, DistributedTransaction, Session, segment_for
+from ..cluster import Cluster, DistributedTransaction, Session, Table, segment_for
 from ..errors import ClusterError, GpcdcError
 from ..protocol import UNCHANGED_TOAST
+from ._compact import compact
 from ._order import Whole
 
 APPLIED = "gpcdc_replay_applied"
@@ -154,10 +155,8 @@ class Applier:
         if ddl:
             self._apply_ddl(batch[0], record)
         else:
-            rows = 0
             with self.session.transaction() as tx:
-                for whole in batch:
-                    rows += self._apply_rows(tx, whole)
+                rows = self._apply_rows(tx, batch)
                 record(tx)
             self.stats.rows += rows
         self.stats.transactions += len(batch)
@@ -175,33 +174,40 @@ class Applier:
         self.session.ddl(last, then=record)
         self.stats.ddl += 1
 
-    def _apply_rows(self, tx: DistributedTransaction, whole: Whole) -> int:
-        count = 0
-        inserts: list[Mapping[str, Any]] = []
-        insert_table = ""
-        for part in whole.parts:
-            for event in part.payload or ():
-                source = event["source"]
-                table = f"{source['schema']}.{source['table']}"
-                self._check_table(table, whole.gxid)
-                if event["op"] == "c" and (table == insert_table or not inserts):
-                    insert_table = table
-                    inserts.append(event["after"])  # consecutive inserts into one table go together
-                    continue
-                if inserts:
-                    count += tx.insert(insert_table, inserts)
-                    inserts = []
-                if event["op"] == "c":
-                    insert_table, inserts = table, [event["after"]]
-                else:
-                    count += self._apply_change(tx, table, event)
-        if inserts:
-            count += tx.insert(insert_table, inserts)
-        return count
+    def _apply_rows(self, tx: DistributedTransaction, batch: Sequence[Whole]) -> int:
+        """Apply the net effect of the batch's row events; returns how many events."""
+        events = [e for whole in batch for part in whole.parts for e in part.payload or ()]
+        primary_keys = {}
+        for event in events:
+            table = f"{event['source']['schema']}.{event['source']['table']}"
+            if table not in primary_keys:
+                primary_keys[table] = self._table(table, event["source"].get("gxid")).primary_key
+        for changes in compact(events, primary_keys):
+            if changes.deletes:
+                tx.delete_keys(changes.table, changes.deletes)
+            if changes.upserts:
+                tx.upsert(changes.table, changes.upserts)
+            for key, values in changes.updates:
+                tx.update(changes.table, key, values)
+            self._apply_in_order(tx, changes.table, changes.ordered)
+        return len(events)
 
-    def _check_table(self, table: str, gxid: int) -> None:
+    def _apply_in_order(self, tx: DistributedTransaction, table: str, events: Sequence[Mapping[str, Any]]) -> None:
+        inserts: list[Mapping[str, Any]] = []
+        for event in events:
+            if event["op"] == "c":
+                inserts.append(event["after"])  # consecutive inserts go together
+                continue
+            if inserts:
+                tx.insert(table, inserts)
+                inserts = []
+            self._apply_change(tx, table, event)
+        if inserts:
+            tx.insert(table, inserts)
+
+    def _table(self, table: str, gxid: int | None) -> Table:
         try:
-            self.session.table(table)
+            return self.session.table(table)
         except ClusterError:
             raise ApplyError(f"the target has no table {table}, which gxid {gxid} writes",
                              fix=f"create {table} on the target, or replay from a bootstrap whose initial load creates it") from None

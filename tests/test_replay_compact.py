@@ -1,0 +1,97 @@
+"""Folding a batch's row events into each row's net effect (no servers)."""
+
+import random
+
+import pytest
+
+from gpcdc_toolkit.protocol import UNCHANGED_TOAST
+from gpcdc_toolkit.replay._compact import compact
+
+KEYS = {"public.t": ("id",), "public.nokey": ()}
+
+
+def event(op, after=None, before=None, table="t"):
+    return {"op": op, "after": after, "before": before, "source": {"schema": "public", "table": table, "gxid": 1}}
+
+
+def apply_in_order(rows, events):
+    for e in events:
+        if e["op"] == "c":
+            rows[e["after"]["id"]] = dict(e["after"])
+        elif e["op"] == "d":
+            rows.pop(e["before"]["id"])
+        else:
+            old = (e["before"] or e["after"])["id"]
+            known = {c: v for c, v in e["after"].items() if v != UNCHANGED_TOAST}
+            rows[e["after"]["id"]] = {**rows.pop(old), **known}
+    return rows
+
+
+def apply_compacted(rows, changes):
+    (t,) = changes
+    for key in t.deletes:
+        rows.pop(key["id"], None)
+    for row in t.upserts:
+        rows[row["id"]] = dict(row)
+    for key, values in t.updates:
+        if key["id"] in rows:
+            rows[key["id"]] = {**rows[key["id"]], **values}
+    return apply_in_order(rows, t.ordered)
+
+
+def test_hot_key_updates_fold_into_one_upsert():
+    events = [event("u", {"id": 1, "v": n, "big": "x"}) for n in range(5)]
+    (t,) = compact(events, KEYS)
+    assert t.upserts == [{"id": 1, "v": 4, "big": "x"}] and not (t.deletes or t.updates or t.ordered)
+
+
+def test_insert_then_delete_leaves_a_delete_and_a_move_deletes_the_old_key():
+    (t,) = compact([event("c", {"id": 1, "v": 0}), event("d", before={"id": 1}),
+                    event("u", {"id": 3, "v": 1}, before={"id": 2})], KEYS)
+    assert t.deletes == [{"id": 1}, {"id": 2}] and t.upserts == [{"id": 3, "v": 1}]
+
+
+def test_an_unchanged_toast_value_is_kept_from_the_row_or_left_alone():
+    (t,) = compact([event("c", {"id": 1, "v": 0, "big": "x"}), event("u", {"id": 1, "v": 1, "big": UNCHANGED_TOAST}),
+                    event("u", {"id": 2, "v": 5, "big": UNCHANGED_TOAST})], KEYS)
+    assert t.upserts == [{"id": 1, "v": 1, "big": "x"}] and t.updates == [({"id": 2}, {"v": 5})]
+
+
+def test_a_move_that_needs_the_target_row_keeps_the_table_in_order():
+    events = [event("u", {"id": 1, "v": 1}), event("u", {"id": 9, "v": 2, "big": UNCHANGED_TOAST}, before={"id": 2})]
+    (t,) = compact(events, KEYS)
+    assert t.ordered == events and not (t.upserts or t.deletes or t.updates)
+
+
+def test_a_table_without_a_key_keeps_its_events_in_order():
+    events = [event("c", {"a": 1}, table="nokey"), event("d", before={"a": 1}, table="nokey")]
+    (t,) = compact(events, KEYS)
+    assert t.ordered == events
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_the_net_effect_equals_applying_every_event_in_order(seed):
+    rng = random.Random(seed)
+    start = {k: {"id": k, "v": 0, "big": f"b{k}"} for k in range(0, 12, 2)}
+    model = {k: dict(r) for k, r in start.items()}
+    events = []
+    for _ in range(rng.randint(1, 40)):
+        present, absent = sorted(model), [k for k in range(12) if k not in model]
+        choice = rng.random()
+        if absent and (choice < 0.3 or not present):
+            k = rng.choice(absent)
+            e = event("c", {"id": k, "v": rng.randint(0, 9), "big": f"n{k}"})
+        elif choice < 0.5:
+            e = event("d", before={"id": rng.choice(present)})
+        elif choice < 0.65 and absent:
+            old, new = rng.choice(present), rng.choice(absent)
+            big = UNCHANGED_TOAST if rng.random() < 0.3 else "moved"
+            e = event("u", {"id": new, "v": rng.randint(0, 9), "big": big}, before={"id": old})
+        else:
+            k = rng.choice(present)
+            big = UNCHANGED_TOAST if rng.random() < 0.5 else f"u{k}"
+            e = event("u", {"id": k, "v": rng.randint(0, 9), "big": big})
+        events.append(e)
+        apply_in_order(model, [e])
+    folded = apply_compacted({k: dict(r) for k, r in start.items()}, compact(events, KEYS))
+    assert folded == model
