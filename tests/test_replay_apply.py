@@ -103,3 +103,35 @@ def test_a_legacy_stream_is_refused_whole_and_replayed_segment_by_segment_on_req
         group.stop()
         drop_slots(source, pipeline.slot, publication=pipeline.publication)
         target.down(remove=True)
+
+
+def test_replay_errors_are_one_line_and_write_nothing_first(broker, work_dir):
+    from confluent_kafka import Producer
+
+    from gpcdc_toolkit.capture import ensure_topics
+    from gpcdc_toolkit.protocol import Topics
+    from gpcdc_toolkit.replay import STATE
+
+    target = Sandbox(f"target-{uuid.uuid4().hex[:4]}", work_dir).up(segments=1)
+    prefix = f"e{uuid.uuid4().hex[:8]}"
+    flags = ["--target-sandbox", target.name, "--kafka-bootstrap-servers", broker.bootstrap_servers,
+             "--kafka-topic-prefix", prefix, "replay", "--once"]
+    try:
+        line = one_line_error(gpcdc(work_dir, *flags))
+        assert f"cannot read topic '{prefix}.changes'" in line and "start capture first" in line
+
+        kafka = {"bootstrap.servers": broker.bootstrap_servers}
+        ensure_topics(kafka, Topics(prefix), 2)
+        line = one_line_error(gpcdc(work_dir, *flags))
+        assert "has no initial snapshot" in line and "--no-initial-load" in line
+        with target.cluster().coordinator_connection() as conn:
+            exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (STATE,)).fetchone()[0]
+            assert not exists or conn.execute(f"SELECT count(*) FROM {STATE}").fetchone()[0] == 0
+
+        producer = Producer(kafka)
+        producer.produce(f"{prefix}.changes", b"{not json", partition=1)
+        assert producer.flush(10) == 0
+        line = one_line_error(gpcdc(work_dir, *flags, "--no-initial-load"))
+        assert f"message at offset 0 of {prefix}.changes partition 1 is not JSON" in line
+    finally:
+        target.down(remove=True)

@@ -152,13 +152,24 @@ class Applier:
                                 for w in batch if w.gxid is not None])
             self._write_state(tx, checkpoint)
 
-        if ddl:
-            self._apply_ddl(batch[0], record)
-        else:
-            with self.session.transaction() as tx:
-                rows = self._apply_rows(tx, batch)
-                record(tx)
-            self.stats.rows += rows
+        try:
+            if ddl:
+                self._apply_ddl(batch[0], record)
+            else:
+                with self.session.transaction() as tx:
+                    rows = self._apply_rows(tx, batch)
+                    record(tx)
+                self.stats.rows += rows
+        except psycopg.errors.UniqueViolation as e:
+            if e.diag.table_name != APPLIED:
+                raise ApplyError(f"{_what(batch)} failed on the target: {_first_line(e)}",
+                                 fix="the target's table has a unique constraint the source's lacks; drop it or "
+                                     "replay with --batch 1") from None
+            raise ApplyError(f"{_what(batch)} is recorded as applied already: another replayer of pipeline "
+                             f"{self.pipeline!r} writes to this target", fix="run one replayer per pipeline and target") from None
+        except psycopg.Error as e:  # raised by a statement, so the transaction was rolled back
+            raise ApplyError(f"{_what(batch)} failed on the target, and nothing of it was applied: {_first_line(e)}",
+                             fix="make the target's tables match the source's, then replay again") from None
         self.stats.transactions += len(batch)
         self.stats.batches += 1
         self.stats.last_commit_ts_ms = max(self.stats.last_commit_ts_ms, *(commit_ts_ms(w) for w in batch))
@@ -229,3 +240,14 @@ class Applier:
 def commit_ts_ms(whole: Whole) -> int:
     """When the source committed a transaction (its coordinator record, or its one part)."""
     return whole.record.commit_ts_ms if whole.record is not None else whole.parts[0].commit_ts_ms
+
+
+def _what(batch: Sequence[Whole]) -> str:
+    gxids = [w.gxid for w in batch if w.gxid is not None]
+    if len(batch) == 1:
+        return f"gxid {gxids[0]}" if gxids else "a legacy part"
+    return f"a batch of {len(batch)} transactions" + (f" (gxids {min(gxids)}..{max(gxids)})" if gxids else "")
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

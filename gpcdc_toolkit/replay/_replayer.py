@@ -113,6 +113,7 @@ class Replayer:
         """Apply what the topics hold; with ``follow``, keep applying what comes until
         ``should_stop()``. Raises :class:`MissingPartError` rather than apply part of a
         transaction; everything before it is applied."""
+        self._check_topics()  # before anything is written to the target
         checkpoint = self._start()
         if self.settings.legacy_per_segment:
             log.warning("replaying %s segment by segment (legacy markers): each row's history is replayed in order and "
@@ -136,6 +137,14 @@ class Replayer:
             progress(final)
         return final
 
+    def _check_topics(self) -> None:
+        consumer = Consumer({**self.kafka, "group.id": f"gpcdc-replay-{self.topics.prefix}"})
+        try:
+            partitions_of(consumer, self.topics.changes)
+            partitions_of(consumer, self.topics.dtx)
+        finally:
+            consumer.close()
+
     def _start(self) -> Checkpoint:
         # A replayer killed in a commit leaves prepared parts that hold row locks.
         resolve_in_doubt(self.target)
@@ -143,12 +152,17 @@ class Replayer:
         if checkpoint is not None:
             return checkpoint
         snapshot = self.pipeline.snapshot_dir
-        if self.settings.initial_load and (snapshot / "manifest.json").is_file():
-            loaded = InitialSnapshot(snapshot)
-            prepare_target(self.applier.session, loaded)
-            self.applier.start(lambda tx: load_rows(tx, loaded), loaded_tables=len(loaded.tables))
-        else:
+        if not self.settings.initial_load:
             self.applier.start()
+            return Checkpoint()
+        if not (snapshot / "manifest.json").is_file():
+            raise GpcdcError(f"pipeline {self.topics.prefix!r} has no initial snapshot in {snapshot} to load into "
+                             "the target first",
+                             fix="replay with the work_dir where `gpcdc bootstrap create` ran, or pass "
+                                 "--no-initial-load if the target already holds the data as of the start point")
+        loaded = InitialSnapshot(snapshot)
+        prepare_target(self.applier.session, loaded)
+        self.applier.start(lambda tx: load_rows(tx, loaded), loaded_tables=len(loaded.tables))
         return Checkpoint()
 
 
