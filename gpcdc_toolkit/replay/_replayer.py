@@ -47,7 +47,7 @@ class MissingPartError(GpcdcError):
             f"(read to offset {read_to} of {topics.changes} partition {missing.segment}, whose watermark is "
             f"{missing.watermark_ts_ms - missing.record_ts_ms} ms past the commit record at offset {record} of "
             f"{topics.dtx}); parts present: {present}",
-            fix=f"nothing of gxid {missing.gxid} or after it was applied; restore segment {missing.segment}'s "
+            fix=f"nothing of gxid {missing.gxid} was applied, nor anything that must follow it; restore segment {missing.segment}'s "
                 "events to the topic, or bootstrap the pipeline again")
         self.missing = missing
 
