@@ -279,7 +279,8 @@ def test_in_doubt_resolution_leaves_a_live_transaction_alone(source, table):
         tx.insert(table, [{"id": k, "v": "live"} for k in keys_on(0, 1) + keys_on(2, 1)])
         for segment in tx.touched:
             session.connection(segment).execute(f"PREPARE TRANSACTION '{gid(tx.gxid)}'")
-        assert resolve_in_doubt(source, timeout=0.3) == ([], [])  # its gxid runs: not an orphan
+        with pytest.raises(DistributedTransactionError, match=rf"gxids \[{tx.gxid}\] still belong to running"):
+            resolve_in_doubt(source, timeout=0.3)  # its gxid runs: not an orphan, and waited for
         assert len(source.prepared_transactions()) == 2
         for segment in tx.touched:
             session.connection(segment).execute(f"ROLLBACK PREPARED '{gid(tx.gxid)}'")

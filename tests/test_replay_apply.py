@@ -135,3 +135,38 @@ def test_replay_errors_are_one_line_and_write_nothing_first(broker, work_dir):
         assert f"message at offset 0 of {prefix}.changes partition 1 is not JSON" in line
     finally:
         target.down(remove=True)
+
+
+def test_a_table_without_a_primary_key_replays_twins_and_nulls(source, broker, work_dir):
+    from gpcdc_toolkit.cluster import segment_for
+
+    target = Sandbox(f"target-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
+    config = replay_config(work_dir, broker, target)
+    pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+    group = CaptureGroup(config, heartbeat_interval=0.3)
+    table = f"kl_{uuid.uuid4().hex[:6]}"
+    try:
+        bootstrap(source, pipeline, "snapshot")
+        group.start()
+        with Session(source) as session:
+            session.ddl(f"CREATE TABLE {table} (a int, b text) DISTRIBUTED BY (a)")
+            session.ddl(f"ALTER TABLE {table} REPLICA IDENTITY FULL")
+            with session.transaction() as tx:
+                tx.insert(table, [{"a": 1, "b": "x"}, {"a": 1, "b": "x"}, {"a": 2, "b": None}, {"a": 3, "b": "y"},
+                                  {"a": 4, "b": None}])
+            with session.transaction() as tx:  # one of two twins, a row with a NULL, a row moved
+                tx.execute(segment_for([1], 3), f"UPDATE {table} SET b = 'w' WHERE ctid = "
+                                                 f"(SELECT ctid FROM {table} WHERE a = 1 LIMIT 1)")
+                tx.execute(segment_for([2], 3), f"DELETE FROM {table} WHERE a = 2")
+                tx.update(table, {"a": 3, "b": "y"}, {"a": 30})
+                tx.execute(segment_for([4], 3), f"UPDATE {table} SET b = 'v' WHERE a = 4")
+        wait_until_acknowledged(source, pipeline.slot)
+        with Replayer(config) as replayer:
+            replayer.run()
+        target_rows = sorted(sum(target.cluster().rows_by_segment(table).values(), []), key=repr)
+        source_rows = sorted(sum(source.rows_by_segment(table).values(), []), key=repr)
+        assert target_rows == source_rows == sorted([(1, "w"), (1, "x"), (30, "y"), (4, "v")], key=repr)
+    finally:
+        group.stop()
+        drop_slots(source, pipeline.slot, publication=pipeline.publication)
+        target.down(remove=True)

@@ -418,7 +418,9 @@ class Replay(Command):
         if args.batch < 1:
             raise ConfigError(f"--batch must be at least 1, not {args.batch}")
         stop = []
-        signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+        # Stop between batches, never inside a target commit.
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.append(True))
         status = StatusLine()
         settings = ReplaySettings(batch_transactions=args.batch, initial_load=args.initial_load,
                                   legacy_per_segment=args.legacy_per_segment)

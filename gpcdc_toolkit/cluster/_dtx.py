@@ -332,6 +332,14 @@ class DistributedTransaction:
                 prepared.append(segment)
             self._write_commit_record()
         except (psycopg.Error, GpcdcError) as e:
+            coordinator = self.session._connections.get(COORDINATOR)
+            if len(prepared) == len(self.touched) and coordinator is not None and coordinator.broken:
+                # The coordinator went away while writing the record, which may be
+                # durable or not: only in-doubt resolution can tell; the parts stay.
+                raise DistributedTransactionError(
+                    f"gxid {self.gxid} is in doubt: the coordinator connection failed while writing its commit "
+                    f"record ({str(e).strip()}); its parts stay prepared on segments {prepared}",
+                    fix="resolve it with gpcdc_toolkit.cluster.resolve_in_doubt (a replay does on start)") from e
             self._abandon([s for s in self.touched if s not in prepared], prepared)
             raise DistributedTransactionError(
                 f"gxid {self.gxid} aborted before its commit record (prepared on segments {prepared} of {self.touched}): {e}".strip()
@@ -423,8 +431,7 @@ def resolve_in_doubt(cluster: Cluster, *, timeout: float = 30.0) -> tuple[list[s
     watched: set[int] | None = None
     deadline = time.monotonic() + timeout
     while True:
-        prepared = [(node, int(name.removeprefix("gpcdc_"))) for node, name, in_database in cluster.prepared_transactions()
-                    if node.content != COORDINATOR and in_database == database and name.startswith("gpcdc_")]
+        prepared = _prepared_parts(cluster, database)
         # Read after the prepared list: a part prepared by a live transaction shows it running.
         with cluster.coordinator_connection() as conn:
             running = {r[0] for r in conn.execute("SELECT gp_dist.running_gxids()")}
@@ -436,16 +443,36 @@ def resolve_in_doubt(cluster: Cluster, *, timeout: float = 30.0) -> tuple[list[s
                 (done[0] if gxid in committed else done[1]).append(f"{gid(gxid)} on segment {node.content}")
         live = {gxid for _node, gxid in prepared} & running
         watched = live if watched is None else watched & live
-        if not watched or time.monotonic() > deadline:
+        if not watched:
             break
+        if time.monotonic() > deadline:
+            raise DistributedTransactionError(
+                f"prepared parts of gxids {sorted(watched)} still belong to running distributed transactions "
+                f"after {timeout:g} s", fix="if their client is gone, end its coordinator session "
+                "(pg_terminate_backend) and start again")
         time.sleep(0.05)  # polling for those sessions to end or finish
-    with cluster.coordinator_connection() as conn:
-        # Below the oldest running gxid, every transaction has finished or was just resolved.
-        conn.execute("DELETE FROM gp_dist.committed_gxids WHERE gxid < %s", (min(running, default=1 << 62),))
+    _prune_commit_records(cluster, database)
     for what, gids in zip(("committed", "rolled back"), done):
         if gids:
             log.warning("in-doubt prepared transactions %s: %s", what, ", ".join(gids))
     return done
+
+
+def _prepared_parts(cluster: Cluster, database: str) -> list[tuple[Node, int]]:
+    return [(node, int(name.removeprefix("gpcdc_"))) for node, name, in_database in cluster.prepared_transactions()
+            if node.content != COORDINATOR and in_database == database and name.startswith("gpcdc_")]
+
+
+def _prune_commit_records(cluster: Cluster, database: str) -> None:
+    """Forget the commit records no resolution can need: of transactions that had
+    finished (below every running and every future gxid) when the bound was taken, and
+    have no prepared part left (listed after it, so a part left then is seen)."""
+    with cluster.coordinator_connection() as conn:
+        bound = conn.execute("SELECT LEAST((SELECT min(g) FROM gp_dist.running_gxids() AS g), "
+                             "gp_dist.next_gxid())").fetchone()[0]  # type: ignore[index]
+    keep = sorted({gxid for _node, gxid in _prepared_parts(cluster, database)})
+    with cluster.coordinator_connection() as conn:
+        conn.execute("DELETE FROM gp_dist.committed_gxids WHERE gxid < %s AND gxid <> ALL(%s)", (bound, keep))
 
 
 def _finish_prepared(cluster: Cluster, node: Node, gxid: int, *, commit: bool) -> bool:

@@ -61,6 +61,10 @@ class EndTracker:
         self.connected = True
         self.at_eof[partition] = self.listened
 
+    def silent(self, partition: Any) -> bool:
+        """Whether nothing came from ``partition`` for ``idle`` seconds of polling."""
+        return self.connected and self.listened - self.last_heard[partition] > self.idle
+
     def check(self, timeout: float = 30.0, what: str = "") -> set[Any]:
         """The partitions read to their end so far; raises BrokerError when Kafka has not
         answered for ``timeout`` seconds of polling."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from ..cluster import Cluster, DistributedTransaction, Session, Table, segment_for
 from ..errors import ClusterError, GpcdcError
@@ -37,23 +38,31 @@ class ApplyError(GpcdcError):
     """A transaction could not be applied; nothing of it was."""
 
 
+_CHECKPOINT_FIELDS = ("resume", "read", "lsn", "applied_lsn")
+
+
 @dataclass(frozen=True)
 class Checkpoint:
-    """Where a replay resumes: per partition (segment content; -1 for the
-    coordinator's), the first offset of anything not applied (``resume``) and the next
-    offset it had not read (``read``). Transactions between the two may be applied."""
+    """Where a replay resumes, per partition (segment content; -1 for the coordinator's):
+    ``resume``, the first offset of anything not applied; ``read``, the next offset not
+    read; ``lsn``, the highest commit LSN read before ``read``. Transactions between
+    ``resume`` and ``read`` may be applied; one at or past ``read`` with a commit LSN
+    up to ``lsn`` is a capture's resend of what was read before. A segment-by-segment
+    (legacy) replay also keeps ``applied_lsn``: every part up to it is applied."""
 
     resume: Mapping[int, int] = field(default_factory=dict)
     read: Mapping[int, int] = field(default_factory=dict)
+    lsn: Mapping[int, int] = field(default_factory=dict)
+    applied_lsn: Mapping[int, int] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps({"resume": {str(k): v for k, v in sorted(self.resume.items())},
-                           "read": {str(k): v for k, v in sorted(self.read.items())}})
+        return json.dumps({name: {str(k): v for k, v in sorted(getattr(self, name).items())}
+                           for name in _CHECKPOINT_FIELDS})
 
     @classmethod
     def from_json(cls, text: str) -> Checkpoint:
         data = json.loads(text)
-        return cls({int(k): v for k, v in data["resume"].items()}, {int(k): v for k, v in data["read"].items()})
+        return cls(*({int(k): v for k, v in data.get(name, {}).items()} for name in _CHECKPOINT_FIELDS))
 
 
 @dataclass
@@ -175,14 +184,14 @@ class Applier:
         self.stats.last_commit_ts_ms = max(self.stats.last_commit_ts_ms, *(commit_ts_ms(w) for w in batch))
 
     def _apply_ddl(self, whole: Whole, record: Any) -> None:
-        *earlier, last = whole.record.ddl  # type: ignore[union-attr]
-        for statement in earlier:
-            try:
-                self.session.ddl(statement)
-            except (psycopg.errors.DuplicateTable, psycopg.errors.DuplicateColumn, psycopg.errors.UndefinedTable,
-                    psycopg.errors.UndefinedColumn):
-                pass  # in effect already: applied before a crash that came before the last statement
-        self.session.ddl(last, then=record)
+        statements = whole.record.ddl  # type: ignore[union-attr]
+        if len(statements) > 1:
+            # The target's DDL path runs one statement per distributed transaction, so
+            # these could not be applied together, nor exactly once.
+            raise ApplyError(f"gxid {whole.gxid} holds {len(statements)} DDL statements; replay applies one per "
+                             "transaction", fix="apply them on the target by hand, record the gxid in "
+                             f"{APPLIED}, and replay again")
+        self.session.ddl(statements[0], then=record)
         self.stats.ddl += 1
 
     def _apply_rows(self, tx: DistributedTransaction, batch: Sequence[Whole]) -> int:
@@ -216,6 +225,24 @@ class Applier:
         if inserts:
             tx.insert(table, inserts)
 
+    def _apply_keyless(self, tx: DistributedTransaction, table: Table, event: Mapping[str, Any]) -> int:
+        old = event["before"]
+        if old is None:
+            raise ApplyError(f"{table.name} has no primary key and its events carry no old row",
+                             fix=f"run ALTER TABLE {table.name} REPLICA IDENTITY FULL on the source")
+        segment = tx.route(table, old)
+        match, params = _keyless_match(table, old)
+        if event["op"] == "d":
+            return len(tx.execute(segment, sql.SQL("DELETE FROM {} WHERE {} RETURNING 1").format(table.identifier, match),
+                                  params))
+        new = {**old, **{c: v for c, v in event["after"].items() if v != UNCHANGED_TOAST}}
+        if tx.route(table, new) != segment:  # the row moves: out of one segment, into another
+            tx.execute(segment, sql.SQL("DELETE FROM {} WHERE {} RETURNING 1").format(table.identifier, match), params)
+            return tx.insert(table.name, [new])
+        update = sql.SQL("UPDATE {} SET {} WHERE {} RETURNING 1").format(
+            table.identifier, sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in new), match)
+        return len(tx.execute(segment, update, [*new.values(), *params]))
+
     def _table(self, table: str, gxid: int | None) -> Table:
         try:
             return self.session.table(table)
@@ -225,8 +252,10 @@ class Applier:
 
     def _apply_change(self, tx: DistributedTransaction, table: str, event: Mapping[str, Any]) -> int:
         info = self.session.table(table)
-        key_columns = info.primary_key or info.columns
+        key_columns = info.primary_key
         op = event["op"]
+        if not key_columns and op in ("u", "d"):
+            return self._apply_keyless(tx, info, event)
         if op == "u":
             values = {c: v for c, v in event["after"].items() if v != UNCHANGED_TOAST}
             old = event["before"] or event["after"]
@@ -235,6 +264,12 @@ class Applier:
             return tx.delete(table, {c: event["before"][c] for c in key_columns})
         raise ApplyError(f"cannot replay operation {op!r} on {table} (gxid {event['source'].get('gxid')})",
                          fix="replay TRUNCATE by hand on the target")
+
+
+def _keyless_match(table: Table, row: Mapping[str, Any]) -> tuple[sql.Composable, list[Any]]:
+    """One row equal to ``row`` (NULLs included): a table without a key may hold twins."""
+    where = sql.SQL(" AND ").join(sql.SQL("{} IS NOT DISTINCT FROM %s").format(sql.Identifier(c)) for c in row)
+    return sql.SQL("ctid = (SELECT ctid FROM {} WHERE {} LIMIT 1)").format(table.identifier, where), list(row.values())
 
 
 def commit_ts_ms(whole: Whole) -> int:

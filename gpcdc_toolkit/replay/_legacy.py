@@ -20,12 +20,14 @@ transaction together. What can still be done safely:
 
 Each part is applied exactly once through the checkpoint alone: a segment's parts are
 applied in log order, so everything before the resume offset is applied and nothing
-after it.
+after it, and a part resent by a capture restart is known by its commit LSN, up to
+which the checkpoint says everything is applied.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ._order import Missing, Part, Record, Whole
@@ -41,11 +43,11 @@ class _Log:
 class SegmentOrder:
     """The legacy counterpart of :class:`Reassembler`, with the same interface."""
 
-    def __init__(self, segments: int, *, clock_skew_ms: int = 1000) -> None:
-        self.logs = [_Log() for _ in range(segments)]
+    def __init__(self, segments: int, *, clock_skew_ms: int = 1000, applied_lsn: Mapping[int, int] | None = None) -> None:
+        self.logs = [_Log(last_lsn=(applied_lsn or {}).get(s, -1)) for s in range(segments)]
         self.clock_skew_ms = clock_skew_ms
         self._ddl: deque[Record] = deque()
-        self._coordinator_lsn = -1
+        self._coordinator_lsn = (applied_lsn or {}).get(-1, -1)
         self._coordinator_watermark_ts_ms = -1
 
     def add_part(self, part: Part) -> None:

@@ -174,7 +174,8 @@ class _Run:
         self.settings = replayer.settings
         self.applier = replayer.applier
         self.topics = replayer.topics
-        self.framer = Framer(replayer.topics.prefix, legacy=self.settings.legacy_per_segment)
+        self.framer = Framer(replayer.topics.prefix, legacy=self.settings.legacy_per_segment,
+                             read=checkpoint.read, lsn=checkpoint.lsn)
         self.began_ms = int(time.time() * 1000)
         self.started = time.monotonic()
         self.stats_at_start = (self.applier.stats.transactions, self.applier.stats.rows, self.applier.stats.ddl)
@@ -184,11 +185,18 @@ class _Run:
         segments = partitions_of(self.consumer, self.topics.changes)
         partitions_of(self.consumer, self.topics.dtx)
         self.segments = len(segments)
+        unknown = sorted(set(checkpoint.read) - {COORDINATOR, *segments})
+        if unknown:
+            raise StreamError(f"{self.topics.changes} has {len(segments)} partitions, but this target's replay read "
+                              f"partitions {unknown} of it", fix="the topics were recreated: replay into a fresh target, "
+                              "or bootstrap again")
         self.next = {p: checkpoint.resume.get(p, 0) for p in [COORDINATOR, *segments]}
+        self.first_offsets_seen: set[int] = set()
         self.window_end = {p: o for p, o in checkpoint.read.items() if o > self.next.get(p, 0)}
         self.consumer.assign([TopicPartition(self.topics.changes, p, self.next[p]) for p in segments]
                              + [TopicPartition(self.topics.dtx, 0, self.next[COORDINATOR])])
         self.reassembler: Reassembler | SegmentOrder | None = None
+        self.applied_lsn = dict(checkpoint.applied_lsn)  # legacy replay: everything up to these is applied
         self.window: list[tuple[int, int, Any]] = []  # framed while reading the window
         self.in_hand: deque[Whole] = deque()  # handed out by the reassembler, not applied yet
         self.ends = EndTracker(list(self.next), idle=self.settings.idle, began_ms=self.began_ms)
@@ -228,6 +236,13 @@ class _Run:
             return
         self.ends.message(partition, message.timestamp()[1])
         offset = message.offset()
+        if partition not in self.first_offsets_seen:
+            self.first_offsets_seen.add(partition)
+            if offset != self.next[partition]:
+                name = self.topics.dtx if partition == COORDINATOR else f"{self.topics.changes} partition {partition}"
+                raise StreamError(f"{name} starts at offset {offset}, not at offset {self.next[partition]} where this "
+                                  "replay resumes: events were deleted (retention) or the topic was recreated",
+                                  fix="bootstrap the pipeline again and replay into a fresh target")
         try:
             value = orjson.loads(message.value())
         except orjson.JSONDecodeError as e:
@@ -245,8 +260,9 @@ class _Run:
             self.window_end.pop(partition, None)
 
     def _notice_ends(self) -> None:
-        ended = self.ends.check(what=self.topics.changes)
-        for partition in self.window_end.keys() & ended:
+        self.ends.check(what=self.topics.changes)
+        # Only silence counts here: a message's timestamp comes from another host's clock.
+        for partition in [p for p in self.window_end if self.ends.silent(p)]:
             name = self.topics.dtx if partition == COORDINATOR else f"{self.topics.changes} partition {partition}"
             raise StreamError(f"{name} ends at offset {self.next[partition]}, before offset "
                               f"{self.window_end[partition]} that this target's replay had read",
@@ -255,7 +271,8 @@ class _Run:
     def _open_reassembler(self) -> None:
         if self.settings.legacy_per_segment:
             # Applied in each partition's order, so the resume offsets alone are exact.
-            self.reassembler = SegmentOrder(self.segments, clock_skew_ms=self.settings.clock_skew_ms)
+            self.reassembler = SegmentOrder(self.segments, clock_skew_ms=self.settings.clock_skew_ms,
+                                            applied_lsn=self.applied_lsn)
         else:
             gxids = {f.gxid for f in self.window if isinstance(f, (Part, Record)) and f.gxid is not None}
             self.reassembler = Reassembler(self.segments, clock_skew_ms=self.settings.clock_skew_ms,
@@ -298,7 +315,13 @@ class _Run:
         assert self.reassembler is not None
         unapplied = list(self.in_hand)[after:]
         resume = resume_point(self.next, self.reassembler, unapplied, self.framer.resume_offsets())
-        return Checkpoint(resume, dict(self.next))
+        if self.settings.legacy_per_segment:
+            for whole in list(self.in_hand)[:after]:
+                for part in whole.parts:
+                    self.applied_lsn[part.segment] = max(self.applied_lsn.get(part.segment, -1), part.commit_lsn)
+                if whole.record is not None:
+                    self.applied_lsn[COORDINATOR] = max(self.applied_lsn.get(COORDINATOR, -1), whole.record.commit_lsn)
+        return Checkpoint(resume, dict(self.next), dict(self.framer.last_lsn), dict(self.applied_lsn))
 
     def progress(self) -> Progress:
         stats = self.applier.stats

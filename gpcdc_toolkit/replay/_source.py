@@ -44,15 +44,29 @@ class _Open:
 class Framer:
     """Turns messages into :class:`Part`, :class:`Record` and :class:`Watermark`."""
 
-    def __init__(self, topic_prefix: str = "", *, legacy: bool = False) -> None:
+    def __init__(self, topic_prefix: str = "", *, legacy: bool = False,
+                 read: Mapping[int, int] | None = None, lsn: Mapping[int, int] | None = None) -> None:
         self.topic_prefix = topic_prefix
         self.legacy = legacy  # accept parts without gxid and records without segments
+        # What a run before a restart had read: per partition, the next offset and the
+        # highest commit LSN. A transaction at or past that offset with a commit LSN up
+        # to that one is a resend, whether or not it was applied.
+        self.read_before = dict(read or {})
+        self.lsn_before = dict(lsn or {})
+        self.last_lsn: dict[int, int] = dict(lsn or {})  # highest commit LSN framed, per partition
         self._open: dict[tuple[int, int], _Open] = {}  # (segment, commit_lsn) -> rows so far
         self._ddl: dict[int, tuple[int, list[str]]] = {}  # gxid -> (first offset, statements)
 
     def feed(self, partition: int, offset: int, value: Mapping[str, Any]) -> Part | Record | Watermark | None:
-        if partition == COORDINATOR:
-            return self._coordinator(offset, value)
+        framed = self._coordinator(offset, value) if partition == COORDINATOR else self._segment(partition, offset, value)
+        if not isinstance(framed, (Part, Record)):
+            return framed
+        if framed.offset >= self.read_before.get(partition, 0) and framed.commit_lsn <= self.lsn_before.get(partition, -1):
+            return None  # sent again after a capture restart; read (and dealt with) before ours
+        self.last_lsn[partition] = max(self.last_lsn.get(partition, -1), framed.commit_lsn)
+        return framed
+
+    def _segment(self, partition: int, offset: int, value: Mapping[str, Any]) -> Part | Watermark | None:
         if "op" in value:
             source = value["source"]
             key = (source["segment"], source["commit_lsn"])
