@@ -11,6 +11,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -91,3 +92,25 @@ def spark(work_dir: Path) -> Iterator[object]:
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture
+def replay_target(source, broker, work_dir):
+    """A 2-segment target sandbox and a pipeline of the source to replay into it: (target
+    sandbox, config, pipeline, capture group not yet started). All stopped afterwards."""
+    from gpcdc_toolkit.bootstrap import Pipeline, drop_slots
+    from gpcdc_toolkit.capture import CaptureGroup
+    from gpcdc_toolkit.config import load_config
+
+    target = Sandbox(f"target-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
+    config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
+                          "kafka.topic_prefix": f"r{uuid.uuid4().hex[:8]}", "source.sandbox": "source",
+                          "target.sandbox": target.name}, environ={})
+    pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+    group = CaptureGroup(config, heartbeat_interval=0.3)
+    try:
+        yield target, config, pipeline, group
+    finally:
+        group.stop()
+        drop_slots(source, pipeline.slot, publication=pipeline.publication)
+        target.down(remove=True)

@@ -2,10 +2,9 @@
 
 import uuid
 
-from gpcdc_toolkit.bootstrap import Pipeline, bootstrap, drop_slots
+from gpcdc_toolkit.bootstrap import bootstrap
+from gpcdc_toolkit.capture import wait_until_acknowledged
 from gpcdc_toolkit.cluster import Session
-from gpcdc_toolkit.capture import CaptureGroup, wait_until_acknowledged
-from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.replay import APPLIED, Replayer
 from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, reset_tables, run_workload
@@ -17,92 +16,70 @@ def table_rows(cluster, table):
     return sorted(row for rows in cluster.rows_by_segment(table).values() for row in rows)
 
 
-def replay_config(work_dir, broker, target):
-    return load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
-                        "kafka.topic_prefix": f"r{uuid.uuid4().hex[:8]}", "source.sandbox": "source",
-                        "target.sandbox": target.name}, environ={})
+def test_initial_load_and_replay_reproduce_the_source_on_two_segments_exactly_once(source, replay_target, work_dir):
+    target, config, pipeline, group = replay_target
+    reset_tables(source)
+    # Rows before the bootstrap reach the target through the initial load (tables
+    # created from the snapshot), the rest through the stream, DDL included.
+    run_workload(source, WorkloadSpec(threads=2, transactions=100, hot_keys=4, seed=1))
+    bootstrap(source, pipeline, "snapshot")
+    group.start()
+    run_workload(source, WorkloadSpec(threads=3, transactions=300, hot_keys=4, update_share=0.3,
+                                      delete_share=0.1, move_share=0.05, seed=2))
+    with Session(source) as session:
+        session.ddl(f"ALTER TABLE {EVENTS} ADD COLUMN note text")
+        with session.transaction() as tx:  # after the DDL, in the same segment log as earlier rows
+            tx.insert(EVENTS, [{"account_id": k, "seq": 10_000 + k, "payload": "x", "note": "new"} for k in range(6)])
+    wait_until_acknowledged(source, pipeline.slot)
+    target_cluster = target.cluster()
+    with Replayer(config) as replayer:
+        done = replayer.run()
+    assert done.pending == 0 and done.ddl == 1 and done.transactions > 250
+    for table in (ACCOUNTS, EVENTS):
+        assert table_rows(target_cluster, table) == table_rows(source, table), f"{table} differs"
+    applied = table_rows(target_cluster, APPLIED)
+    assert len(applied) == done.transactions
+    # Run again, from the command line: nothing is applied twice.
+    again = gpcdc(work_dir, "--source-sandbox", "source", "--target-sandbox", target.name,
+                  "--kafka-bootstrap-servers", config.kafka.bootstrap_servers,
+                  "--kafka-topic-prefix", config.kafka.topic_prefix, "replay", "--once")
+    assert again.returncode == 0, again.stderr
+    assert "applied 0 transactions (0 DDL, 0 rows)" in again.stdout
+    assert table_rows(target_cluster, APPLIED) == applied
 
 
-def test_initial_load_and_replay_reproduce_the_source_on_two_segments_exactly_once(source, broker, work_dir):
-    target = Sandbox(f"target-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
-    config = replay_config(work_dir, broker, target)
-    pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
-    group = CaptureGroup(config, heartbeat_interval=0.3)
-    try:
-        reset_tables(source)
-        # Rows before the bootstrap reach the target through the initial load (tables
-        # created from the snapshot), the rest through the stream, DDL included.
-        run_workload(source, WorkloadSpec(threads=2, transactions=100, hot_keys=4, seed=1))
-        bootstrap(source, pipeline, "snapshot")
-        group.start()
-        run_workload(source, WorkloadSpec(threads=3, transactions=300, hot_keys=4, update_share=0.3,
-                                          delete_share=0.1, move_share=0.05, seed=2))
-        with Session(source) as session:
-            session.ddl(f"ALTER TABLE {EVENTS} ADD COLUMN note text")
-            with session.transaction() as tx:  # after the DDL, in the same segment log as earlier rows
-                tx.insert(EVENTS, [{"account_id": k, "seq": 10_000 + k, "payload": "x", "note": "new"} for k in range(6)])
-        wait_until_acknowledged(source, pipeline.slot)
-        target_cluster = target.cluster()
-        with Replayer(config) as replayer:
-            done = replayer.run()
-        assert done.pending == 0 and done.ddl == 1 and done.transactions > 250
-        for table in (ACCOUNTS, EVENTS):
-            assert table_rows(target_cluster, table) == table_rows(source, table), f"{table} differs"
-        applied = table_rows(target_cluster, APPLIED)
-        assert len(applied) == done.transactions
-        # Run again, from the command line: nothing is applied twice.
-        again = gpcdc(work_dir, "--source-sandbox", "source", "--target-sandbox", target.name,
-                      "--kafka-bootstrap-servers", broker.bootstrap_servers,
-                      "--kafka-topic-prefix", config.kafka.topic_prefix, "replay", "--once")
-        assert again.returncode == 0, again.stderr
-        assert "applied 0 transactions (0 DDL, 0 rows)" in again.stdout
-        assert table_rows(target_cluster, APPLIED) == applied
-    finally:
-        group.stop()
-        drop_slots(source, pipeline.slot, publication=pipeline.publication)
-        target.down(remove=True)
-
-
-def test_a_legacy_stream_is_refused_whole_and_replayed_segment_by_segment_on_request(source, broker, work_dir):
-    target = Sandbox(f"target-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
-    config = replay_config(work_dir, broker, target)
-    pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
-    group = CaptureGroup(config, heartbeat_interval=0.3)
+def test_a_legacy_stream_is_refused_whole_and_replayed_segment_by_segment_on_request(source, replay_target, work_dir):
+    target, config, pipeline, group = replay_target
     flags = ["--source-sandbox", "source", "--target-sandbox", target.name, "--kafka-bootstrap-servers",
-             broker.bootstrap_servers, "--kafka-topic-prefix", config.kafka.topic_prefix, "replay", "--once"]
-    try:
-        reset_tables(source)
-        run_workload(source, WorkloadSpec(threads=1, transactions=20, hot_keys=3, seed=6))
-        bootstrap(source, pipeline, "snapshot")
-        group.start()
-        spec = dict(threads=3, transactions=150, hot_keys=3, update_share=0.3, delete_share=0.1, move_share=0.05,
-                    legacy_markers=True)
-        run_workload(source, WorkloadSpec(seed=7, **spec))
-        with Session(source, legacy_markers=True) as session:
-            session.ddl(f"ALTER TABLE {EVENTS} ADD COLUMN note text")
-        run_workload(source, WorkloadSpec(seed=8, **spec))
-        wait_until_acknowledged(source, pipeline.slot)
+         config.kafka.bootstrap_servers, "--kafka-topic-prefix", config.kafka.topic_prefix, "replay", "--once"]
+    reset_tables(source)
+    run_workload(source, WorkloadSpec(threads=1, transactions=20, hot_keys=3, seed=6))
+    bootstrap(source, pipeline, "snapshot")
+    group.start()
+    spec = dict(threads=3, transactions=150, hot_keys=3, update_share=0.3, delete_share=0.1, move_share=0.05,
+                legacy_markers=True)
+    run_workload(source, WorkloadSpec(seed=7, **spec))
+    with Session(source, legacy_markers=True) as session:
+        session.ddl(f"ALTER TABLE {EVENTS} ADD COLUMN note text")
+    run_workload(source, WorkloadSpec(seed=8, **spec))
+    wait_until_acknowledged(source, pipeline.slot)
 
-        refused = gpcdc(work_dir, *flags)
-        assert refused.returncode != 0
-        line = one_line_error(refused)
-        assert "legacy markers" in line and "--legacy-per-segment" in line
+    refused = gpcdc(work_dir, *flags)
+    assert refused.returncode != 0
+    line = one_line_error(refused)
+    assert "legacy markers" in line and "--legacy-per-segment" in line
 
-        done = gpcdc(work_dir, *flags, "--legacy-per-segment")
-        assert done.returncode == 0, done.stderr
-        assert "segment by segment (legacy markers)" in done.stderr
-        target_cluster = target.cluster()
-        for table in (ACCOUNTS, EVENTS):
-            assert table_rows(target_cluster, table) == table_rows(source, table), f"{table} differs"
-        # Run again: the checkpoint alone keeps every part applied once.
-        again = gpcdc(work_dir, *flags, "--legacy-per-segment")
-        assert again.returncode == 0 and "applied 0 transactions" in again.stdout, again.stderr
-        for table in (ACCOUNTS, EVENTS):
-            assert table_rows(target_cluster, table) == table_rows(source, table), f"{table} differs"
-    finally:
-        group.stop()
-        drop_slots(source, pipeline.slot, publication=pipeline.publication)
-        target.down(remove=True)
+    done = gpcdc(work_dir, *flags, "--legacy-per-segment")
+    assert done.returncode == 0, done.stderr
+    assert "segment by segment (legacy markers)" in done.stderr
+    target_cluster = target.cluster()
+    for table in (ACCOUNTS, EVENTS):
+        assert table_rows(target_cluster, table) == table_rows(source, table), f"{table} differs"
+    # Run again: the checkpoint alone keeps every part applied once.
+    again = gpcdc(work_dir, *flags, "--legacy-per-segment")
+    assert again.returncode == 0 and "applied 0 transactions" in again.stdout, again.stderr
+    for table in (ACCOUNTS, EVENTS):
+        assert table_rows(target_cluster, table) == table_rows(source, table), f"{table} differs"
 
 
 def test_replay_errors_are_one_line_and_write_nothing_first(broker, work_dir):
@@ -137,36 +114,28 @@ def test_replay_errors_are_one_line_and_write_nothing_first(broker, work_dir):
         target.down(remove=True)
 
 
-def test_a_table_without_a_primary_key_replays_twins_and_nulls(source, broker, work_dir):
+def test_a_table_without_a_primary_key_replays_twins_and_nulls(source, replay_target):
     from gpcdc_toolkit.cluster import segment_for
 
-    target = Sandbox(f"target-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
-    config = replay_config(work_dir, broker, target)
-    pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
-    group = CaptureGroup(config, heartbeat_interval=0.3)
+    target, config, pipeline, group = replay_target
     table = f"kl_{uuid.uuid4().hex[:6]}"
-    try:
-        bootstrap(source, pipeline, "snapshot")
-        group.start()
-        with Session(source) as session:
-            session.ddl(f"CREATE TABLE {table} (a int, b text) DISTRIBUTED BY (a)")
-            session.ddl(f"ALTER TABLE {table} REPLICA IDENTITY FULL")
-            with session.transaction() as tx:
-                tx.insert(table, [{"a": 1, "b": "x"}, {"a": 1, "b": "x"}, {"a": 2, "b": None}, {"a": 3, "b": "y"},
-                                  {"a": 4, "b": None}])
-            with session.transaction() as tx:  # one of two twins, a row with a NULL, a row moved
-                tx.execute(segment_for([1], 3), f"UPDATE {table} SET b = 'w' WHERE ctid = "
-                                                 f"(SELECT ctid FROM {table} WHERE a = 1 LIMIT 1)")
-                tx.execute(segment_for([2], 3), f"DELETE FROM {table} WHERE a = 2")
-                tx.update(table, {"a": 3, "b": "y"}, {"a": 30})
-                tx.execute(segment_for([4], 3), f"UPDATE {table} SET b = 'v' WHERE a = 4")
-        wait_until_acknowledged(source, pipeline.slot)
-        with Replayer(config) as replayer:
-            replayer.run()
-        target_rows = sorted(sum(target.cluster().rows_by_segment(table).values(), []), key=repr)
-        source_rows = sorted(sum(source.rows_by_segment(table).values(), []), key=repr)
-        assert target_rows == source_rows == sorted([(1, "w"), (1, "x"), (30, "y"), (4, "v")], key=repr)
-    finally:
-        group.stop()
-        drop_slots(source, pipeline.slot, publication=pipeline.publication)
-        target.down(remove=True)
+    bootstrap(source, pipeline, "snapshot")
+    group.start()
+    with Session(source) as session:
+        session.ddl(f"CREATE TABLE {table} (a int, b text) DISTRIBUTED BY (a)")
+        session.ddl(f"ALTER TABLE {table} REPLICA IDENTITY FULL")
+        with session.transaction() as tx:
+            tx.insert(table, [{"a": 1, "b": "x"}, {"a": 1, "b": "x"}, {"a": 2, "b": None}, {"a": 3, "b": "y"},
+                              {"a": 4, "b": None}])
+        with session.transaction() as tx:  # one of two twins, a row with a NULL, a row moved
+            tx.execute(segment_for([1], 3), f"UPDATE {table} SET b = 'w' WHERE ctid = "
+                                             f"(SELECT ctid FROM {table} WHERE a = 1 LIMIT 1)")
+            tx.execute(segment_for([2], 3), f"DELETE FROM {table} WHERE a = 2")
+            tx.update(table, {"a": 3, "b": "y"}, {"a": 30})
+            tx.execute(segment_for([4], 3), f"UPDATE {table} SET b = 'v' WHERE a = 4")
+    wait_until_acknowledged(source, pipeline.slot)
+    with Replayer(config) as replayer:
+        replayer.run()
+    target_rows = sorted(sum(target.cluster().rows_by_segment(table).values(), []), key=repr)
+    source_rows = sorted(sum(source.rows_by_segment(table).values(), []), key=repr)
+    assert target_rows == source_rows == sorted([(1, "w"), (1, "x"), (30, "y"), (4, "v")], key=repr)

@@ -7,54 +7,40 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 
 import orjson
 import pytest
 from confluent_kafka import Producer
 
-from gpcdc_toolkit.bootstrap import Pipeline, bootstrap, drop_slots
-from gpcdc_toolkit.capture import CaptureGroup, ensure_topics, read_captured, wait_until_acknowledged
-from gpcdc_toolkit.cluster import Session
+from gpcdc_toolkit.bootstrap import Pipeline, bootstrap
+from gpcdc_toolkit.capture import ensure_topics, read_captured, wait_until_acknowledged
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.connect import kafka_client_settings
 from gpcdc_toolkit.ingest import read_values
 from gpcdc_toolkit.protocol import Topics
 from gpcdc_toolkit.replay import APPLIED, Applier, MissingPartError, Replayer, ReplaySettings
-from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, reset_tables, run_workload
 
-from .test_replay_apply import replay_config, table_rows
+from .test_replay_apply import table_rows
 
 
 @pytest.fixture
-def target(work_dir):
-    sandbox = Sandbox(f"target-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
-    yield sandbox
-    sandbox.down(remove=True)
-
-
-@pytest.fixture
-def captured_pipeline(source, broker, work_dir, target):
-    """A pipeline with capture running on the source; its config names the target."""
-    config = replay_config(work_dir, broker, target)
-    pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+def captured_pipeline(source, replay_target):
+    """Capture running on the source into a fresh pipeline; (target, config, pipeline)."""
+    target, config, pipeline, group = replay_target
     reset_tables(source)
     run_workload(source, WorkloadSpec(threads=1, transactions=20, hot_keys=3, seed=3))
     bootstrap(source, pipeline, "snapshot")
-    group = CaptureGroup(config, heartbeat_interval=0.2)
     group.start()
-    yield config, pipeline
-    group.stop()
-    drop_slots(source, pipeline.slot, publication=pipeline.publication)
+    return target, config, pipeline
 
 
 def applied_count(cluster):
     return sum(len(r) for r in cluster.rows_by_segment(APPLIED).values())
 
 
-def test_replayer_killed_at_random_moments_applies_everything_once(source, work_dir, target, captured_pipeline):
-    config, pipeline = captured_pipeline
+def test_replayer_killed_at_random_moments_applies_everything_once(source, work_dir, captured_pipeline):
+    target, config, pipeline = captured_pipeline
     target_cluster = target.cluster()
     Applier(target_cluster, config.kafka.topic_prefix).close()  # its tables, to count what it applies
     spec = WorkloadSpec(threads=3, duration=8.0, rate=120, hot_keys=3, update_share=0.3, delete_share=0.1,
@@ -123,8 +109,8 @@ def copy_dropping_a_part(config, gxid, segment):
                         "target.sandbox": config.target.sandbox}, environ={})
 
 
-def test_a_missing_part_stops_the_replay_with_a_report_and_nothing_partial(source, target, captured_pipeline):
-    config, pipeline = captured_pipeline
+def test_a_missing_part_stops_the_replay_with_a_report_and_nothing_partial(source, captured_pipeline):
+    target, config, pipeline = captured_pipeline
     run_workload(source, WorkloadSpec(threads=2, transactions=120, hot_keys=3, multi_segment_share=0.8, seed=5))
     wait_until_acknowledged(source, pipeline.slot)
     captured = read_captured(config)

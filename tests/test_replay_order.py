@@ -30,7 +30,6 @@ def simulate(rng, segments=3, transactions=30, keys=6):
     pending_commits = {}
     logs = [[] for _ in range(segments)]
     coordinator = []
-    lsn = [0]
 
     def segs(g):
         return sorted({s for s, _ in writes[g]})
@@ -80,7 +79,6 @@ def feed_in_random_interleaving(rng, logs, coordinator, writes, duplicates=False
                 q.extend(q[rng.randrange(len(q)):])
     r = Reassembler(len(logs))
     out = []
-    lsn = {}
     while any(queues):
         q = rng.choice([q for q in queues if q])
         event = q.pop(0)
