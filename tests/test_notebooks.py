@@ -37,41 +37,29 @@ def test_bootstrap_notebook(work_dir, broker, source_sandbox, source, tmp_path):
         drop_slots(source, pipeline.slot, publication=pipeline.publication)
 
 
-def test_replay_notebook(work_dir, broker, source, tmp_path):
+def test_replay_notebook(work_dir, source, replay_target, tmp_path):
     from gpcdc_toolkit.bootstrap import bootstrap
-    from gpcdc_toolkit.capture import CaptureGroup, wait_until_acknowledged
-    from gpcdc_toolkit.config import load_config
-    from gpcdc_toolkit.sandbox import Sandbox
+    from gpcdc_toolkit.capture import wait_until_acknowledged
     from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, reset_tables, run_workload
 
     from .test_replay_apply import table_rows
 
-    prefix = f"nb{uuid.uuid4().hex[:6]}"
-    config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
-                          "kafka.topic_prefix": prefix, "source.sandbox": "source"}, environ={})
-    pipeline = Pipeline(work_dir, prefix)
-    target = Sandbox(f"nbtarget-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
-    group = CaptureGroup(config, heartbeat_interval=0.3)
+    target, config, pipeline, group = replay_target
+    reset_tables(source)
+    run_workload(source, WorkloadSpec(threads=1, transactions=30, hot_keys=2, seed=4))
+    bootstrap(source, pipeline, "snapshot")
+    group.start()
+    run_workload(source, WorkloadSpec(threads=2, transactions=100, hot_keys=2, seed=5))
+    wait_until_acknowledged(source, pipeline.slot)
     out = tmp_path / "replay.ipynb"
-    try:
-        reset_tables(source)
-        run_workload(source, WorkloadSpec(threads=1, transactions=30, hot_keys=2, seed=4))
-        bootstrap(source, pipeline, "snapshot")
-        group.start()
-        run_workload(source, WorkloadSpec(threads=2, transactions=100, hot_keys=2, seed=5))
-        wait_until_acknowledged(source, pipeline.slot)
-        papermill.execute_notebook(
-            str(NOTEBOOKS / "replay.ipynb"), str(out), kernel_name="python3", progress_bar=False,
-            parameters={"work_dir": str(work_dir), "source_sandbox": "source", "target_sandbox": target.name,
-                        "topic_prefix": prefix, "kafka_bootstrap_servers": broker.bootstrap_servers},
-        )
-        assert cell_errors(out) == []
-        text = out.read_text()
-        assert "Transactions applied and pending" in text and "Rows per table, target and source" in text
-        target_cluster = target.cluster()
-        for table in (ACCOUNTS, EVENTS):
-            assert table_rows(target_cluster, table) == table_rows(source, table)
-    finally:
-        group.stop()
-        drop_slots(source, pipeline.slot, publication=pipeline.publication)
-        target.down(remove=True)
+    papermill.execute_notebook(
+        str(NOTEBOOKS / "replay.ipynb"), str(out), kernel_name="python3", progress_bar=False,
+        parameters={"work_dir": str(work_dir), "source_sandbox": "source", "target_sandbox": target.name,
+                    "topic_prefix": config.kafka.topic_prefix, "kafka_bootstrap_servers": config.kafka.bootstrap_servers},
+    )
+    assert cell_errors(out) == []
+    text = out.read_text()
+    assert "Transactions applied and pending" in text and "Rows per table, target and source" in text
+    target_cluster = target.cluster()
+    for table in (ACCOUNTS, EVENTS):
+        assert table_rows(target_cluster, table) == table_rows(source, table)
