@@ -3,6 +3,7 @@
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -39,6 +40,47 @@ def applied_count(cluster):
     return sum(len(r) for r in cluster.rows_by_segment(APPLIED).values())
 
 
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("GPCDC_")}
+
+
+def replay_command(work_dir, target, config, *args):
+    return [sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(work_dir), "--source-sandbox", "source",
+            "--target-sandbox", target.name, "--kafka-bootstrap-servers", config.kafka.bootstrap_servers,
+            "--kafka-topic-prefix", config.kafka.topic_prefix, "replay", *args]
+
+
+def wait_for_first_commit(target_cluster, replayer, before):
+    deadline = time.monotonic() + 60
+    while applied_count(target_cluster) == before and replayer.poll() is None and time.monotonic() < deadline:
+        threading.Event().wait(0.05)  # polling the target for the replayer's first commit
+    assert replayer.poll() is None, replayer.stderr.read()
+
+
+def test_following_replay_stops_cleanly_on_sigterm(source, work_dir, captured_pipeline):
+    target, config, pipeline = captured_pipeline
+    target_cluster = target.cluster()
+    Applier(target_cluster, config.kafka.topic_prefix).close()  # its tables, to count what it applies
+    replayer = subprocess.Popen(replay_command(work_dir, target, config), env=ENV, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        run_workload(source, WorkloadSpec(threads=2, transactions=60, hot_keys=3, seed=9))
+        wait_for_first_commit(target_cluster, replayer, 0)
+        wait_until_acknowledged(source, pipeline.slot)
+        deadline = time.monotonic() + 60
+        while table_rows(target_cluster, ACCOUNTS) != table_rows(source, ACCOUNTS) and time.monotonic() < deadline:
+            threading.Event().wait(0.1)  # polling the target while the replayer follows
+        replayer.send_signal(signal.SIGTERM)
+        out, err = replayer.communicate(timeout=60)
+    finally:
+        if replayer.poll() is None:
+            replayer.kill()
+            replayer.wait()
+    assert replayer.returncode == 0, err
+    assert out.startswith("applied ") and "transactions" in out
+    for table in (ACCOUNTS, EVENTS):
+        assert table_rows(target_cluster, table) == table_rows(source, table), f"{table} differs"
+
+
 def test_replayer_killed_at_random_moments_applies_everything_once(source, work_dir, captured_pipeline):
     target, config, pipeline = captured_pipeline
     target_cluster = target.cluster()
@@ -47,22 +89,15 @@ def test_replayer_killed_at_random_moments_applies_everything_once(source, work_
                         move_share=0.05, abort_share=0.05)
     load = threading.Thread(target=run_workload, args=(source, spec))
     load.start()
-    command = [sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(work_dir), "--source-sandbox", "source",
-               "--target-sandbox", target.name, "--kafka-bootstrap-servers", config.kafka.bootstrap_servers,
-               "--kafka-topic-prefix", config.kafka.topic_prefix, "replay", "--batch", "7"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPCDC_")}
+    command = replay_command(work_dir, target, config, "--batch", "7")
     rng = random.Random(11)
     kills = 0
     replayer = None
     try:
         while load.is_alive() or kills < 5:
-            replayer = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            replayer = subprocess.Popen(command, env=ENV, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.PIPE, text=True)
-            before = applied_count(target_cluster)
-            deadline = time.monotonic() + 60
-            while applied_count(target_cluster) == before and replayer.poll() is None and time.monotonic() < deadline:
-                threading.Event().wait(0.05)  # polling the target for the replayer's first commit
-            assert replayer.poll() is None, replayer.stderr.read()
+            wait_for_first_commit(target_cluster, replayer, applied_count(target_cluster))
             threading.Event().wait(rng.uniform(0.0, 0.6))  # a random moment while it applies
             replayer.kill()
             replayer.wait()
