@@ -27,13 +27,13 @@ from .test_replay_apply import table_rows
 
 @pytest.fixture
 def captured_pipeline(source, replay_target):
-    """Capture running on the source into a fresh pipeline; (target, config, pipeline)."""
+    """Capture running on the source into a fresh pipeline; (target, config, pipeline, group)."""
     target, config, pipeline, group = replay_target
     reset_tables(source)
     run_workload(source, WorkloadSpec(threads=1, transactions=20, hot_keys=3, seed=3))
     bootstrap(source, pipeline, "snapshot")
     group.start()
-    return target, config, pipeline
+    return target, config, pipeline, group
 
 
 def applied_count(cluster):
@@ -57,7 +57,7 @@ def wait_for_first_commit(target_cluster, replayer, before):
 
 
 def test_following_replay_stops_cleanly_on_sigterm(source, work_dir, captured_pipeline):
-    target, config, pipeline = captured_pipeline
+    target, config, pipeline, group = captured_pipeline
     target_cluster = target.cluster()
     Applier(target_cluster, config.kafka.topic_prefix).close()  # its tables, to count what it applies
     replayer = subprocess.Popen(replay_command(work_dir, target, config), env=ENV, stdin=subprocess.DEVNULL,
@@ -81,8 +81,8 @@ def test_following_replay_stops_cleanly_on_sigterm(source, work_dir, captured_pi
         assert table_rows(target_cluster, table) == table_rows(source, table), f"{table} differs"
 
 
-def test_replayer_killed_at_random_moments_applies_everything_once(source, work_dir, captured_pipeline):
-    target, config, pipeline = captured_pipeline
+def test_replayer_and_capture_killed_at_random_moments_apply_everything_once(source, work_dir, captured_pipeline):
+    target, config, pipeline, group = captured_pipeline
     target_cluster = target.cluster()
     Applier(target_cluster, config.kafka.topic_prefix).close()  # its tables, to count what it applies
     spec = WorkloadSpec(threads=3, duration=8.0, rate=120, hot_keys=3, update_share=0.3, delete_share=0.1,
@@ -102,6 +102,11 @@ def test_replayer_killed_at_random_moments_applies_everything_once(source, work_
             replayer.kill()
             replayer.wait()
             kills += 1
+            # A capture worker killed too, so the stream holds resends for the next
+            # replayer to recognise, across its own restart.
+            node = rng.choice([-1, 0, 1, 2])
+            group.kill(node)
+            group.start_node(node, group.log_file(node))
     finally:
         if replayer is not None and replayer.poll() is None:
             replayer.kill()
@@ -115,6 +120,7 @@ def test_replayer_killed_at_random_moments_applies_everything_once(source, work_
         assert table_rows(target_cluster, table) == table_rows(source, table), f"{table} differs"
     # Every committed transaction of the stream is recorded once (the key forbids twice).
     captured = read_captured(config)
+    assert captured.duplicates > 0  # capture did resend, and the replay recognised it
     committed = {end["gxid"] for end in captured.ends.values()} | set(captured.records)
     applied = [row[1] for row in table_rows(target_cluster, APPLIED)]
     assert sorted(applied) == sorted(committed)
@@ -145,7 +151,7 @@ def copy_dropping_a_part(config, gxid, segment):
 
 
 def test_a_missing_part_stops_the_replay_with_a_report_and_nothing_partial(source, captured_pipeline):
-    target, config, pipeline = captured_pipeline
+    target, config, pipeline, group = captured_pipeline
     run_workload(source, WorkloadSpec(threads=2, transactions=120, hot_keys=3, multi_segment_share=0.8, seed=5))
     wait_until_acknowledged(source, pipeline.slot)
     captured = read_captured(config)
