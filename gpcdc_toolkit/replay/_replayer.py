@@ -15,7 +15,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -197,7 +196,7 @@ class _Run:
                              + [TopicPartition(self.topics.dtx, 0, self.next[COORDINATOR])])
         self.reassembler: Reassembler | SegmentOrder | None = None
         self.applied_lsn = dict(checkpoint.applied_lsn)  # legacy replay: everything up to these is applied
-        self.window: list[tuple[int, int, Any]] = []  # framed while reading the window
+        self.window: list[Part | Record | Watermark] = []  # framed while reading the window
         self.in_hand: deque[Whole] = deque()  # handed out by the reassembler, not applied yet
         self.ends = EndTracker(list(self.next), idle=self.settings.idle, began_ms=self.began_ms)
 
@@ -239,16 +238,15 @@ class _Run:
         if partition not in self.first_offsets_seen:
             self.first_offsets_seen.add(partition)
             if offset != self.next[partition]:
-                name = self.topics.dtx if partition == COORDINATOR else f"{self.topics.changes} partition {partition}"
-                raise StreamError(f"{name} starts at offset {offset}, not at offset {self.next[partition]} where this "
+                raise StreamError(f"{self._name(partition)} starts at offset {offset}, not at offset {self.next[partition]} where this "
                                   "replay resumes: events were deleted (retention) or the topic was recreated",
                                   fix="bootstrap the pipeline again and replay into a fresh target")
         try:
             value = orjson.loads(message.value())
         except orjson.JSONDecodeError as e:
-            raise GpcdcError(f"message at offset {offset} of {message.topic()} partition {message.partition()} "
-                             f"is not JSON ({e})", fix="the topic holds something capture did not write; check "
-                             "kafka.topic_prefix") from None
+            raise StreamError(f"message at offset {offset} of {message.topic()} partition {message.partition()} "
+                              f"is not JSON ({e})", fix="the topic holds something capture did not write; check "
+                              "kafka.topic_prefix") from None
         self.next[partition] = offset + 1
         framed = self.framer.feed(partition, offset, value)
         if framed is not None:
@@ -256,17 +254,19 @@ class _Run:
                 self._add(framed)
             else:
                 self.window.append(framed)
-        if self.window_end.get(partition, -1) <= offset + 1:
-            self.window_end.pop(partition, None)
+        if partition in self.window_end and offset + 1 >= self.window_end[partition]:
+            del self.window_end[partition]  # the window of this partition is read
 
     def _notice_ends(self) -> None:
         self.ends.check(what=self.topics.changes)
         # Only silence counts here: a message's timestamp comes from another host's clock.
         for partition in [p for p in self.window_end if self.ends.silent(p)]:
-            name = self.topics.dtx if partition == COORDINATOR else f"{self.topics.changes} partition {partition}"
-            raise StreamError(f"{name} ends at offset {self.next[partition]}, before offset "
+            raise StreamError(f"{self._name(partition)} ends at offset {self.next[partition]}, before offset "
                               f"{self.window_end[partition]} that this target's replay had read",
                               fix="the topics were recreated: replay into a fresh target, or bootstrap again")
+
+    def _name(self, partition: int) -> str:
+        return self.topics.dtx if partition == COORDINATOR else f"{self.topics.changes} partition {partition}"
 
     def _open_reassembler(self) -> None:
         if self.settings.legacy_per_segment:
