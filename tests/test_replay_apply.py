@@ -2,7 +2,7 @@
 
 import uuid
 
-from gpcdc_toolkit.bootstrap import bootstrap
+from gpcdc_toolkit.bootstrap import InitialSnapshot, bootstrap
 from gpcdc_toolkit.capture import wait_until_acknowledged
 from gpcdc_toolkit.cluster import Session
 from gpcdc_toolkit.replay import APPLIED, Replayer
@@ -34,6 +34,9 @@ def test_initial_load_and_replay_reproduce_the_source_on_two_segments_exactly_on
     target_cluster = target.cluster()
     with Replayer(config) as replayer:
         done = replayer.run()
+    snapshot = InitialSnapshot(pipeline.snapshot_dir)
+    assert replayer.initial_load == (sum(sum(snapshot.row_counts(t).values()) for t in snapshot.tables),
+                                     len(snapshot.tables))
     assert done.pending == 0 and done.ddl == 1 and done.transactions > 250
     for table in (ACCOUNTS, EVENTS):
         assert table_rows(target_cluster, table) == table_rows(source, table), f"{table} differs"

@@ -76,7 +76,8 @@ def test_following_replay_stops_cleanly_on_sigterm(source, work_dir, captured_pi
             replayer.kill()
             replayer.wait()
     assert replayer.returncode == 0, err
-    assert out.startswith("applied ") and "transactions" in out
+    lines = out.splitlines()
+    assert lines[0].startswith("initial load: ") and lines[-1].startswith("applied ") and "transactions" in lines[-1]
     for table in (ACCOUNTS, EVENTS):
         assert table_rows(target_cluster, table) == table_rows(source, table), f"{table} differs"
 

@@ -257,6 +257,8 @@ class Demo(Command):
             with Replayer(config) as replayer:
                 replayed = replayer.run(progress=status)
             status.close()
+            if replayer.initial_load is not None:
+                _print("replay: initial load of {} rows into {} tables".format(*replayer.initial_load))
             _print(f"replay: {replayed.line()}")
             target_cluster = target.cluster()
             for table in (ACCOUNTS, EVENTS):
@@ -429,6 +431,8 @@ class Replay(Command):
                 final = replayer.run(follow=not args.once, progress=status, should_stop=lambda: bool(stop))
             finally:
                 status.close()
+            if replayer.initial_load is not None:
+                _print("initial load: {} rows into {} tables".format(*replayer.initial_load))
         _print(final.line())
         return 0
 

@@ -93,9 +93,9 @@ def compact(events: Iterable[Mapping[str, Any]], primary_keys: Mapping[str, Sequ
             elif kind == "row":
                 changes.upserts.append(image)  # type: ignore[arg-type]
             else:
-                columns = {c: v for c, v in image.items() if c not in key_values}  # type: ignore[union-attr]
-                if columns:
-                    changes.updates.append((key_values, columns))
+                values = {c: v for c, v in image.items() if c not in key_values}  # type: ignore[union-attr]
+                if values:
+                    changes.updates.append((key_values, values))
     return list(tables.values())
 
 

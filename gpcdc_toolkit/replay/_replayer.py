@@ -96,6 +96,7 @@ class Replayer:
         self.kafka = kafka_client_settings(config)
         self.target = target or open_cluster(config, "target")
         self.applier = Applier(self.target, config.kafka.topic_prefix)
+        self.initial_load: tuple[int, int] | None = None  # (rows, tables) when this replayer made the load
 
     def close(self) -> None:
         self.applier.close()
@@ -161,7 +162,9 @@ class Replayer:
                                  "--no-initial-load if the target already holds the data as of the start point")
         loaded = InitialSnapshot(snapshot)
         prepare_target(self.applier.session, loaded)
-        self.applier.start(lambda tx: load_rows(tx, loaded), loaded_tables=len(loaded.tables))
+        counted: list[int] = []
+        self.applier.start(lambda tx: counted.append(load_rows(tx, loaded)), loaded_tables=len(loaded.tables))
+        self.initial_load = (sum(counted), len(loaded.tables))
         return Checkpoint()
 
 
