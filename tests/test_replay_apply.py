@@ -98,7 +98,7 @@ def test_replay_errors_are_one_line_and_write_nothing_first(broker, work_dir):
              "--kafka-topic-prefix", prefix, "replay", "--once"]
     try:
         line = one_line_error(gpcdc(work_dir, *flags))
-        assert f"cannot read topic '{prefix}.changes'" in line and "start capture first" in line
+        assert f"cannot read topic '{prefix}.changes'" in line and "gpcdc bootstrap create" in line
 
         kafka = {"bootstrap.servers": broker.bootstrap_servers}
         ensure_topics(kafka, Topics(prefix), 2)
@@ -142,3 +142,37 @@ def test_a_table_without_a_primary_key_replays_twins_and_nulls(source, replay_ta
     target_rows = sorted(sum(target.cluster().rows_by_segment(table).values(), []), key=repr)
     source_rows = sorted(sum(source.rows_by_segment(table).values(), []), key=repr)
     assert target_rows == source_rows == sorted([(1, "w"), (1, "x"), (30, "y"), (4, "v")], key=repr)
+
+
+def test_a_target_refuses_the_replay_of_a_pipeline_bootstrapped_again(source, replay_target, work_dir):
+    import shutil
+
+    from gpcdc_toolkit.bootstrap import drop_slots
+    from gpcdc_toolkit.capture import delete_topics
+    from gpcdc_toolkit.connect import kafka_client_settings
+    from gpcdc_toolkit.protocol import Topics
+
+    target, config, pipeline, group = replay_target
+    flags = ["--target-sandbox", target.name, "--kafka-bootstrap-servers", config.kafka.bootstrap_servers,
+             "--kafka-topic-prefix", config.kafka.topic_prefix, "replay", "--once"]
+    reset_tables(source)
+    bootstrap(source, pipeline, "snapshot")
+    group.start()
+    run_workload(source, WorkloadSpec(threads=1, transactions=20, hot_keys=2, seed=10))
+    wait_until_acknowledged(source, pipeline.slot)
+    assert gpcdc(work_dir, *flags).returncode == 0
+    # The pipeline starts over: new slots, new start point, new topics.
+    group.stop()
+    drop_slots(source, pipeline.slot, publication=pipeline.publication)
+    shutil.rmtree(pipeline.directory)
+    delete_topics(kafka_client_settings(config), Topics(pipeline.prefix))
+    bootstrap(source, pipeline, "snapshot")
+    group.start()
+    run_workload(source, WorkloadSpec(threads=1, transactions=5, hot_keys=2, seed=11))
+    wait_until_acknowledged(source, pipeline.slot)
+    line = one_line_error(gpcdc(work_dir, *flags))
+    assert "bootstrapped again" in line and "fresh target" in line
+    # A target that is down says how to start it.
+    target.down()
+    line = one_line_error(gpcdc(work_dir, *flags))
+    assert f"sandbox {target.name!r} does not answer" in line and f"gpcdc sandbox up --name {target.name}" in line

@@ -318,8 +318,11 @@ class BootstrapDrop(Command):
         if CaptureGroup(config).stop():
             _print("stopped the capture workers")
         dropped = drop_slots(open_cluster(config, "source"), pipeline.slot, publication=pipeline.publication)
+        existed = pipeline.directory.exists()
         shutil.rmtree(pipeline.directory, ignore_errors=True)
-        _print(f"dropped slot {pipeline.slot} on {len(dropped)} nodes; removed {pipeline.directory}")
+        _print(f"dropped slot {pipeline.slot} on {len(dropped)} nodes" if dropped else f"no slot {pipeline.slot} on any node")
+        if existed:
+            _print(f"removed {pipeline.directory}")
         if args.delete_topics:
             deleted = delete_topics(kafka_client_settings(config), Topics(pipeline.prefix))
             _print(f"deleted topics {', '.join(deleted) or '(none existed)'}")

@@ -26,7 +26,8 @@ def partitions_of(consumer: Consumer, topic: str, timeout: float = 10.0) -> list
     info = metadata.topics.get(topic)
     if info is None or info.error is not None or not info.partitions:
         reason = info.error.str() if info is not None and info.error is not None else "it does not exist"
-        raise BrokerError(f"cannot read topic {topic!r}: {reason}", fix="check kafka.topic_prefix, or start capture first")
+        raise BrokerError(f"cannot read topic {topic!r}: {reason}", fix="check kafka.topic_prefix, or create the pipeline first "
+                         "(`gpcdc bootstrap create`, then `gpcdc capture start`)")
     return sorted(info.partitions)
 
 

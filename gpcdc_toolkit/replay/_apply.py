@@ -30,7 +30,7 @@ _TABLES = {
     APPLIED: f"CREATE TABLE {APPLIED} (pipeline text NOT NULL, gxid bigint NOT NULL, parts int NOT NULL, "
              "PRIMARY KEY (gxid, pipeline)) DISTRIBUTED BY (gxid)",
     STATE: f"CREATE TABLE {STATE} (pipeline text PRIMARY KEY, positions text NOT NULL, "
-           "loaded_tables int NOT NULL) DISTRIBUTED BY (pipeline)",
+           "loaded_tables int NOT NULL, start_point text NOT NULL) DISTRIBUTED BY (pipeline)",
 }
 
 
@@ -65,6 +65,13 @@ class Checkpoint:
         return cls(*({int(k): v for k, v in data.get(name, {}).items()} for name in _CHECKPOINT_FIELDS))
 
 
+@dataclass(frozen=True)
+class ReplayState:
+    checkpoint: Checkpoint
+    loaded_tables: int  # by the initial load (0: none)
+    start_point: str  # fingerprint of the bootstrap's start point it replays from ("": unknown)
+
+
 @dataclass
 class ApplyStats:
     transactions: int = 0
@@ -97,32 +104,25 @@ class Applier:
         self.close()
 
     # -- state --------------------------------------------------------------------------
-    def _state_row(self, tx: DistributedTransaction) -> tuple[str, int] | None:
-        rows = tx.execute(self._state_segment, f"SELECT positions, loaded_tables FROM {STATE} WHERE pipeline = %s",
-                          (self.pipeline,))
-        return rows[0] if rows else None
+    def _state_row(self, tx: DistributedTransaction) -> ReplayState | None:
+        rows = tx.execute(self._state_segment, f"SELECT positions, loaded_tables, start_point FROM {STATE} "
+                          "WHERE pipeline = %s", (self.pipeline,))
+        return ReplayState(Checkpoint.from_json(rows[0][0]), rows[0][1], rows[0][2]) if rows else None
 
     @property
     def _state_segment(self) -> int:
         return segment_for([self.pipeline], self.target.segment_count)
 
-    def checkpoint(self) -> tuple[Checkpoint | None, int | None]:
-        """The last checkpoint, and how many tables the initial load wrote (None: no load)."""
+    def state(self) -> ReplayState | None:
+        """Where this pipeline's replay into the target stands (None: not begun)."""
         with self.session.transaction() as tx:
-            row = self._state_row(tx)
-        if row is None:
-            return None, None
-        return Checkpoint.from_json(row[0]), row[1]
+            return self._state_row(tx)
 
-    def _write_state(self, tx: DistributedTransaction, checkpoint: Checkpoint, loaded_tables: int | None = None) -> None:
-        if loaded_tables is None:
-            tx.execute(self._state_segment, f"UPDATE {STATE} SET positions = %s WHERE pipeline = %s",
-                       (checkpoint.to_json(), self.pipeline))
-        else:
-            tx.execute(self._state_segment, f"INSERT INTO {STATE} (pipeline, positions, loaded_tables) VALUES (%s, %s, %s)",
-                       (self.pipeline, checkpoint.to_json(), loaded_tables))
+    def _write_state(self, tx: DistributedTransaction, checkpoint: Checkpoint) -> None:
+        tx.execute(self._state_segment, f"UPDATE {STATE} SET positions = %s WHERE pipeline = %s",
+                   (checkpoint.to_json(), self.pipeline))
 
-    def start(self, write: Any = None, *, loaded_tables: int = 0) -> None:
+    def start(self, write: Any = None, *, loaded_tables: int = 0, start_point: str = "") -> None:
         """Create the pipeline's state row, in one transaction with ``write(tx)`` (the
         initial load), so that a load is done once or not at all."""
         with self.session.transaction() as tx:
@@ -130,7 +130,8 @@ class Applier:
                 raise ApplyError(f"pipeline {self.pipeline!r} has already started replaying into this target")
             if write is not None:
                 write(tx)
-            self._write_state(tx, Checkpoint(), loaded_tables)
+            tx.execute(self._state_segment, f"INSERT INTO {STATE} (pipeline, positions, loaded_tables, start_point) "
+                       "VALUES (%s, %s, %s, %s)", (self.pipeline, Checkpoint().to_json(), loaded_tables, start_point))
 
     def applied_among(self, gxids: Iterable[int]) -> set[int]:
         """Those of ``gxids`` this pipeline has applied."""

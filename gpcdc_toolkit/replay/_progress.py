@@ -11,13 +11,14 @@ from ._replayer import Progress
 
 class StatusLine:
     """Rewrites one line on a terminal; elsewhere (a log, CI) prints a line every
-    ``every`` seconds, and the last one always."""
+    ``every`` seconds, the first after ``every`` seconds (the caller prints the final
+    figures)."""
 
     def __init__(self, stream: TextIO | None = None, every: float = 10.0) -> None:
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self.every = every
-        self._printed = 0.0
+        self._printed = time.monotonic()
 
     def __call__(self, progress: Progress) -> None:
         if self.tty:

@@ -10,6 +10,7 @@ meets may have been applied, so it asks the target which, and passes over those.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections import deque
@@ -137,6 +138,11 @@ class Replayer:
             progress(final)
         return final
 
+    def _start_point_fingerprint(self) -> str:
+        """Which bootstrap of the pipeline this is ("" where its start point is not here)."""
+        path = self.pipeline.start_point_file
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else ""
+
     def _check_topics(self) -> None:
         consumer = Consumer({**self.kafka, "group.id": f"gpcdc-replay-{self.topics.prefix}"})
         try:
@@ -148,12 +154,19 @@ class Replayer:
     def _start(self) -> Checkpoint:
         # A replayer killed in a commit leaves prepared parts that hold row locks.
         resolve_in_doubt(self.target)
-        checkpoint, _loaded = self.applier.checkpoint()
-        if checkpoint is not None:
-            return checkpoint
+        state = self.applier.state()
+        start_point = self._start_point_fingerprint()
+        if state is not None:
+            if state.start_point and start_point and state.start_point != start_point:
+                raise GpcdcError(
+                    f"this target holds the replay of an earlier bootstrap of pipeline {self.topics.prefix!r}; "
+                    "the pipeline was bootstrapped again since, so its topics start over",
+                    fix="replay into a fresh target (`gpcdc sandbox down --name <target> --remove`, then "
+                        "`gpcdc sandbox up --name <target>`)")
+            return state.checkpoint
         snapshot = self.pipeline.snapshot_dir
         if not self.settings.initial_load:
-            self.applier.start()
+            self.applier.start(start_point=start_point)
             return Checkpoint()
         if not (snapshot / "manifest.json").is_file():
             raise GpcdcError(f"pipeline {self.topics.prefix!r} has no initial snapshot in {snapshot} to load into "
@@ -163,7 +176,8 @@ class Replayer:
         loaded = InitialSnapshot(snapshot)
         prepare_target(self.applier.session, loaded)
         counted: list[int] = []
-        self.applier.start(lambda tx: counted.append(load_rows(tx, loaded)), loaded_tables=len(loaded.tables))
+        self.applier.start(lambda tx: counted.append(load_rows(tx, loaded)), loaded_tables=len(loaded.tables),
+                           start_point=start_point)
         self.initial_load = (sum(counted), len(loaded.tables))
         return Checkpoint()
 

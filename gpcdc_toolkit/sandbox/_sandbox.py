@@ -27,7 +27,7 @@ import psycopg
 
 from .._runtime import free_port, pid_alive, port_in_use, read_json, write_json
 from ..cluster import Cluster
-from ..errors import SandboxError
+from ..errors import SandboxError, UnreachableError
 
 PG_MAJOR = 15
 SUPERUSER = "gpcdc"
@@ -149,7 +149,11 @@ class Sandbox:
         return f"host=127.0.0.1 port={coordinator.port} user={SUPERUSER} dbname={DATABASE}"
 
     def cluster(self) -> Cluster:
-        return Cluster.connect(self.dsn)
+        try:
+            return Cluster.connect(self.dsn)
+        except UnreachableError as e:
+            raise UnreachableError(f"sandbox {self.name!r} does not answer: {e.message}",
+                                   fix=f"start it with `gpcdc sandbox up --name {self.name}`") from None
 
     def status(self) -> list[tuple[SandboxNode, int | None]]:
         """Each node with its postmaster pid, or None when it is not running."""
