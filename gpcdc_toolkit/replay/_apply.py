@@ -11,7 +11,7 @@ record in the DDL's own transaction.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,7 +122,8 @@ class Applier:
         tx.execute(self._state_segment, f"UPDATE {STATE} SET positions = %s WHERE pipeline = %s",
                    (checkpoint.to_json(), self.pipeline))
 
-    def start(self, write: Any = None, *, loaded_tables: int = 0, start_point: str = "") -> None:
+    def start(self, write: Callable[[DistributedTransaction], object] | None = None, *, loaded_tables: int = 0,
+              start_point: str = "") -> None:
         """Create the pipeline's state row, in one transaction with ``write(tx)`` (the
         initial load), so that a load is done once or not at all."""
         with self.session.transaction() as tx:

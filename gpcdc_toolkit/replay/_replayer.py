@@ -114,15 +114,15 @@ class Replayer:
         """Apply what the topics hold; with ``follow``, keep applying what comes until
         ``should_stop()``. Raises :class:`MissingPartError` rather than apply part of a
         transaction; everything before it is applied."""
-        self._check_topics()  # before anything is written to the target
-        checkpoint = self._start()
-        if self.settings.legacy_per_segment:
-            log.warning("replaying %s segment by segment (legacy markers): each row's history is replayed in order and "
-                        "the target is exact once every segment is caught up, but until then it can show part of a "
-                        "distributed transaction, and a missing part cannot be detected", self.topics.prefix)
-        run = _Run(self, checkpoint)
+        run = _Run(self)  # finds the topics before anything is written to the target
         last_report = 0.0
         try:
+            run.begin(self._start())
+            if self.settings.legacy_per_segment:
+                log.warning("replaying %s segment by segment (legacy markers): each row's history is replayed in "
+                            "order and the target is exact once every segment is caught up, but until then it can "
+                            "show part of a distributed transaction, and a missing part cannot be detected",
+                            self.topics.prefix)
             for _ in run.steps():
                 now = time.monotonic()
                 done = run.caught_up and not run.in_hand and not follow
@@ -142,14 +142,6 @@ class Replayer:
         """Which bootstrap of the pipeline this is ("" where its start point is not here)."""
         path = self.pipeline.start_point_file
         return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else ""
-
-    def _check_topics(self) -> None:
-        consumer = Consumer({**self.kafka, "group.id": f"gpcdc-replay-{self.topics.prefix}"})
-        try:
-            partitions_of(consumer, self.topics.changes)
-            partitions_of(consumer, self.topics.dtx)
-        finally:
-            consumer.close()
 
     def _start(self) -> Checkpoint:
         # A replayer killed in a commit leaves prepared parts that hold row locks.
@@ -183,24 +175,31 @@ class Replayer:
 
 
 class _Run:
-    """One run's reading, ordering and applying; ``steps`` yields after each poll."""
+    """One run's reading, ordering and applying: made (the topics found), then ``begin``
+    from a checkpoint; ``steps`` yields after each poll."""
 
-    def __init__(self, replayer: Replayer, checkpoint: Checkpoint) -> None:
-        self.replayer = replayer
+    def __init__(self, replayer: Replayer) -> None:
         self.settings = replayer.settings
         self.applier = replayer.applier
         self.topics = replayer.topics
-        self.framer = Framer(replayer.topics.prefix, legacy=self.settings.legacy_per_segment,
+        self.consumer = Consumer({**replayer.kafka, "group.id": f"gpcdc-replay-{self.topics.prefix}",
+                                  "enable.auto.commit": False, "enable.partition.eof": True,
+                                  "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100})
+        try:
+            self.partitions = partitions_of(self.consumer, self.topics.changes)
+            partitions_of(self.consumer, self.topics.dtx)
+        except BaseException:
+            self.consumer.close()
+            raise
+        self.segments = len(self.partitions)
+
+    def begin(self, checkpoint: Checkpoint) -> None:
+        segments = self.partitions
+        self.framer = Framer(self.topics.prefix, legacy=self.settings.legacy_per_segment,
                              read=checkpoint.read, lsn=checkpoint.lsn)
         self.began_ms = int(time.time() * 1000)
         self.started = time.monotonic()
         self.stats_at_start = (self.applier.stats.transactions, self.applier.stats.rows, self.applier.stats.ddl)
-        self.consumer = Consumer({**replayer.kafka, "group.id": f"gpcdc-replay-{self.topics.prefix}",
-                                  "enable.auto.commit": False, "enable.partition.eof": True,
-                                  "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100})
-        segments = partitions_of(self.consumer, self.topics.changes)
-        partitions_of(self.consumer, self.topics.dtx)
-        self.segments = len(segments)
         unknown = sorted(set(checkpoint.read) - {COORDINATOR, *segments})
         if unknown:
             raise StreamError(f"{self.topics.changes} has {len(segments)} partitions, but this target's replay read "
@@ -310,7 +309,9 @@ class _Run:
     def _apply_ready(self) -> None:
         while self.in_hand:
             batch = self._next_batch()
-            self.applier.apply(batch, self._checkpoint(after=len(batch)))
+            checkpoint = self._checkpoint(after=len(batch))
+            self.applier.apply(batch, checkpoint)
+            self.applied_lsn = dict(checkpoint.applied_lsn)
             for _ in batch:
                 self.in_hand.popleft()
 
@@ -332,13 +333,14 @@ class _Run:
         assert self.reassembler is not None
         unapplied = list(self.in_hand)[after:]
         resume = resume_point(self.next, self.reassembler, unapplied, self.framer.resume_offsets())
+        applied_lsn = dict(self.applied_lsn)
         if self.settings.legacy_per_segment:
             for whole in list(self.in_hand)[:after]:
-                for part in whole.parts:
-                    self.applied_lsn[part.segment] = max(self.applied_lsn.get(part.segment, -1), part.commit_lsn)
-                if whole.record is not None:
-                    self.applied_lsn[COORDINATOR] = max(self.applied_lsn.get(COORDINATOR, -1), whole.record.commit_lsn)
-        return Checkpoint(resume, dict(self.next), dict(self.framer.last_lsn), dict(self.applied_lsn))
+                lsns = [(p.segment, p.commit_lsn) for p in whole.parts]
+                lsns += [(COORDINATOR, whole.record.commit_lsn)] if whole.record is not None else []
+                for partition, lsn in lsns:
+                    applied_lsn[partition] = max(applied_lsn.get(partition, -1), lsn)
+        return Checkpoint(resume, dict(self.next), dict(self.framer.last_lsn), applied_lsn)
 
     def progress(self) -> Progress:
         stats = self.applier.stats
