@@ -127,28 +127,31 @@ def test_replayer_and_capture_killed_at_random_moments_apply_everything_once(sou
     assert sorted(applied) == sorted(committed)
 
 
-def copy_dropping_a_part(config, gxid, segment):
-    """The pipeline's topics copied under a new prefix, without ``gxid``'s part on ``segment``."""
+def copy_dropping(config, drop, suffix="x"):
+    """The pipeline's topics copied under a new prefix, without the changes-topic
+    messages for which ``drop(partition, value)`` is true; returns (config, dropped)."""
     kafka = kafka_client_settings(config)
-    old, new = Topics(config.kafka.topic_prefix), Topics(f"{config.kafka.topic_prefix}x")
+    old, new = Topics(config.kafka.topic_prefix), Topics(f"{config.kafka.topic_prefix}{suffix}")
     changes = read_values(kafka, old.changes)
     ensure_topics(kafka, new, max(p for p, _o, _v in changes) + 1)
     producer = Producer(kafka)
     dropped = 0
     for partition, _offset, value in changes:
-        gx = value["source"]["gxid"] if "op" in value else value.get("gxid")
-        if partition == segment and gx == gxid:
+        if drop(partition, value):
             dropped += 1
             continue
         producer.produce(new.changes, orjson.dumps(value), partition=partition)
     for _partition, _offset, value in read_values(kafka, old.dtx):
         producer.produce(new.dtx, orjson.dumps(value), partition=0)
     assert producer.flush(30) == 0
-    assert dropped >= 2  # at least its BEGIN and END
     shutil.copytree(Pipeline(config.work_dir, old.prefix).directory, Pipeline(config.work_dir, new.prefix).directory)
     return load_config({"work_dir": str(config.work_dir), "kafka.bootstrap_servers": config.kafka.bootstrap_servers,
                         "kafka.topic_prefix": new.prefix, "source.sandbox": "source",
-                        "target.sandbox": config.target.sandbox}, environ={})
+                        "target.sandbox": config.target.sandbox}, environ={}), dropped
+
+
+def gxid_of(value):
+    return value["source"]["gxid"] if "op" in value else value.get("gxid")
 
 
 def test_a_missing_part_stops_the_replay_with_a_report_and_nothing_partial(source, captured_pipeline):
@@ -159,14 +162,15 @@ def test_a_missing_part_stops_the_replay_with_a_report_and_nothing_partial(sourc
     two_phase = [g for g, segments in captured.records.items() if segments and len(segments) >= 2]
     victim = two_phase[len(two_phase) // 2]
     dropped_segment = captured.records[victim][0]
-    # Wait for a watermark of that segment past the victim's commit record, which is
-    # what lets the replayer call the part missing instead of late.
+    # Wait for a watermark of that segment whose list of prepared parts was read after
+    # the victim's commit record: what lets the replayer call the part missing, not late.
     record_ts = next(v["commit_ts_ms"] for _p, _o, v in read_values(kafka_client_settings(config), Topics(config.kafka.topic_prefix).dtx)
                      if v.get("type") == "commit" and v["gxid"] == victim)
     deadline = time.monotonic() + 30
-    while not any(w["resolved_ts_ms"] > record_ts for w in read_captured(config).watermarks[dropped_segment]):
+    while not any(w.get("prepared_ts_ms", -1) > record_ts for w in read_captured(config).watermarks[dropped_segment]):
         assert time.monotonic() < deadline, "no watermark past the record"
-    broken = copy_dropping_a_part(config, victim, dropped_segment)
+    broken, dropped = copy_dropping(config, lambda p, v: p == dropped_segment and gxid_of(v) == victim)
+    assert dropped >= 2  # at least its BEGIN and END
     target_cluster = target.cluster()
     with Replayer(broken, settings=ReplaySettings(clock_skew_ms=0)) as replayer, \
             pytest.raises(MissingPartError) as raised:
@@ -184,3 +188,31 @@ def test_a_missing_part_stops_the_replay_with_a_report_and_nothing_partial(sourc
         table = f"{row['source']['schema']}.{row['source']['table']}"
         key = " AND ".join(f"{c} = %s" for c in row["after"])
         assert target_cluster.fetch_all(f"SELECT 1 FROM {table} WHERE {key}", list(row["after"].values())) == []
+
+
+def test_a_part_damaged_inside_stops_the_replay_before_it(source, captured_pipeline):
+    target, config, pipeline, group = captured_pipeline
+    run_workload(source, WorkloadSpec(threads=2, transactions=120, hot_keys=3, multi_segment_share=0.8,
+                                      large_transaction_rows=40, seed=12))
+    wait_until_acknowledged(source, pipeline.slot)
+    captured = read_captured(config)
+    rows_per_part = {}
+    for row in captured.rows:
+        key = (row["source"]["segment"], row["source"]["gxid"])
+        rows_per_part.setdefault(key, []).append(row["source"]["seq"])
+    (segment, victim), seqs = next((k, v) for k, v in sorted(rows_per_part.items(), key=lambda kv: -len(kv[1]))
+                                   if len(v) >= 3)
+    middle = sorted(seqs)[len(seqs) // 2]
+    # One row event from the middle of the part goes; its BEGIN and END stay.
+    broken, dropped = copy_dropping(config, lambda p, v: p == segment and "op" in v and gxid_of(v) == victim
+                                    and v["source"]["seq"] == middle)
+    assert dropped >= 1
+    target_cluster = target.cluster()
+    with Replayer(broken) as replayer, pytest.raises(MissingPartError) as raised:
+        replayer.run()
+    line = str(raised.value)
+    assert raised.value.missing.gxid == victim and raised.value.missing.segment == segment
+    assert f"segment {segment}'s part at offset" in line and "is damaged" in line
+    assert f"sequence numbers {middle} are absent" in line and "\n" not in line
+    applied = {row[1] for row in table_rows(target_cluster, APPLIED)}
+    assert victim not in applied and applied

@@ -1,6 +1,8 @@
 """Framing the pipeline's messages into parts, records and watermarks (no servers)."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpcdc_toolkit.replay import Framer, LegacyStreamError, Part, Record, StreamError, Watermark
 
@@ -11,12 +13,13 @@ def begin(segment, lsn, gxid=5):
 
 def row(segment, lsn, seq, gxid=5):
     return {"op": "c", "after": {"id": seq}, "before": None,
-            "source": {"segment": segment, "commit_lsn": lsn, "seq": seq, "gxid": gxid, "schema": "public", "table": "t"}}
+            "source": {"version": 2, "segment": segment, "commit_lsn": lsn, "seq": seq, "gxid": gxid, "schema": "public",
+                       "table": "t"}}
 
 
-def end(segment, lsn, gxid=5, one_phase=False):
+def end(segment, lsn, gxid=5, one_phase=False, count=0):
     return {"status": "END", "segment": segment, "commit_lsn": lsn, "gxid": gxid, "one_phase": one_phase,
-            "commit_ts_ms": 1000 + lsn}
+            "commit_ts_ms": 1000 + lsn, "event_count": count}
 
 
 def feed_all(framer, partition, messages, first_offset=0):
@@ -28,8 +31,9 @@ def test_a_part_keeps_each_row_once_and_where_it_began():
     framer = Framer("p")
     # A capture restart in the middle of the transaction sends it again from BEGIN.
     (part,) = feed_all(framer, 1, [begin(1, 100), row(1, 100, 1), begin(1, 100), row(1, 100, 1), row(1, 100, 2),
-                                   end(1, 100)], first_offset=40)
+                                   end(1, 100, count=2)], first_offset=40)
     assert isinstance(part, Part) and part.offset == 40 and [r["source"]["seq"] for r in part.payload] == [1, 2]
+    assert part.damage is None
     assert framer.resume_offsets() == {}
 
 
@@ -48,7 +52,7 @@ def test_after_a_restart_a_resend_past_the_read_offset_is_dropped_but_the_window
     # Before the restart: read to offset 6 of partition 0; highest commit LSN 200.
     framer = Framer("p", read={0: 6}, lsn={0: 200})
     window = feed_all(framer, 0, [begin(0, 200), end(0, 200)], first_offset=4)
-    resent = feed_all(framer, 0, [begin(0, 200), row(0, 200, 1), end(0, 200)], first_offset=6)
+    resent = feed_all(framer, 0, [begin(0, 200), row(0, 200, 1), end(0, 200, count=1)], first_offset=6)
     new = feed_all(framer, 0, [begin(0, 300), end(0, 300)], first_offset=9)
     assert [p.commit_lsn for p in window] == [200] and resent == [] and [p.commit_lsn for p in new] == [300]
     assert framer.last_lsn == {0: 300}
@@ -63,3 +67,35 @@ def test_legacy_and_key_dispatched_streams_are_refused_in_one_line():
         feed_all(Framer("p"), 0, [begin(2, 1)])
     (part,) = feed_all(Framer("p", legacy=True), 0, [begin(0, 1, gxid=None), end(0, 1, gxid=None, one_phase=None)])
     assert part.gxid is None
+
+
+@given(count=st.integers(0, 40), data=st.data())
+def test_a_part_is_whole_only_with_every_sequence_number_up_to_its_count(count, data):
+    seqs = data.draw(st.sets(st.integers(1, 45)), label="sequence numbers received")
+    framer = Framer("p")
+    (part,) = feed_all(framer, 0, [begin(0, 7), *(row(0, 7, s) for s in sorted(seqs)), end(0, 7, count=count)])
+    whole = seqs == set(range(1, count + 1))
+    assert (part.damage is None) == whole
+    if not whole:
+        assert f"{len(seqs)} of its {count} row events" in part.damage
+
+
+def test_an_end_without_a_count_is_damage():
+    (part,) = feed_all(Framer("p"), 0, [begin(0, 7), row(0, 7, 1), {**end(0, 7), "event_count": None}])
+    assert "no event count" in part.damage
+
+
+def test_a_transaction_whose_end_was_lost_stops_the_framing_before_the_next():
+    framer = Framer("p")
+    feed_all(framer, 0, [begin(0, 7), row(0, 7, 1)], first_offset=3)
+    with pytest.raises(StreamError, match="offset 3 of p.changes .*gxid 5.* has no END before the next transaction at offset 5"):
+        feed_all(framer, 0, [begin(0, 9)], first_offset=5)
+
+
+def test_a_resend_that_starts_over_from_an_earlier_transaction_is_not_damage():
+    framer = Framer("p")
+    # Capture restarts in the middle of the large transaction at 9 and sends again from 7.
+    partial = feed_all(framer, 0, [begin(0, 7), end(0, 7), begin(0, 9), row(0, 9, 1)])
+    again = feed_all(framer, 0, [begin(0, 7), end(0, 7), begin(0, 9), row(0, 9, 1), row(0, 9, 2), end(0, 9, count=2)],
+                     first_offset=4)
+    assert [p.commit_lsn for p in partial + again] == [7, 7, 9] and all(p.damage is None for p in partial + again)

@@ -157,16 +157,54 @@ def test_a_one_phase_transaction_follows_its_anchor():
     assert [w.gxid for w in r.ready()] == [5, 6]
 
 
-def test_a_part_is_late_until_its_watermark_passes_the_record():
+def test_a_part_is_missing_only_when_its_segment_no_longer_holds_it_prepared_past_the_record():
     r = Reassembler(2, clock_skew_ms=100)
     r.add_record(Record(9, (0, 1), commit_ts_ms=1_000))
     r.add_part(Part(0, 9, False, 1))
-    r.add_watermark(1, 1_050)
+    r.add_watermark(1, 1_050, prepared=[], prepared_ts_ms=1_040)
     assert r.ready() == [] and r.missing() == []  # late, not missing
-    r.add_watermark(1, 1_200)
+    r.add_watermark(1, 9_000)
+    assert r.missing() == [], "a watermark that does not say what is prepared proves nothing"
+    r.add_watermark(1, 9_000, prepared=[9], prepared_ts_ms=8_990)
+    assert r.missing() == [] and r.in_doubt() == [(9, 1)], "still prepared there: in doubt, not missing"
+    r.add_watermark(1, 9_500, prepared=[3], prepared_ts_ms=9_490)
     [missing] = r.missing()
-    assert (missing.gxid, missing.segment, missing.present) == (9, 1, (0,))
+    assert (missing.gxid, missing.segment, missing.present, missing.damage) == (9, 1, (0,), None)
     assert r.ready() == [], "nothing partial is handed out"
+
+
+def test_a_late_part_that_arrives_after_a_long_doubt_is_applied():
+    r = Reassembler(2, clock_skew_ms=100)
+    r.add_record(Record(9, (0, 1), commit_ts_ms=1_000))
+    r.add_part(Part(0, 9, False, 1))
+    r.add_watermark(1, 7_000, prepared=[9], prepared_ts_ms=6_990)  # a slow segment: 6 s later, still prepared
+    assert r.missing() == [] and r.ready() == []
+    r.add_part(Part(1, 9, False, 1))
+    assert [w.gxid for w in r.ready()] == [9] and r.missing() == []
+
+
+def test_a_damaged_part_stops_the_order_where_it_stands():
+    r = Reassembler(2)
+    r.add_record(Record(1, (0, 1), offset=3))
+    r.add_record(Record(2, (0, 1), offset=4))
+    r.add_part(Part(0, 1, False, 1, offset=10))
+    r.add_part(Part(1, 1, False, 1, offset=20))
+    r.add_part(Part(0, 2, False, 2, offset=11, damage="it holds 7 of its 9 row events"))
+    r.add_part(Part(1, 2, False, 2, offset=21))
+    r.add_part(Part(1, 3, True, 3, offset=22))  # one-phase after 2: must wait for it
+    assert [w.gxid for w in r.ready()] == [1]
+    [damaged] = r.missing()
+    assert (damaged.gxid, damaged.segment, damaged.damage) == (2, 0, "it holds 7 of its 9 row events")
+    assert dict(damaged.offsets) == {-1: 4, 0: 11, 1: 21}
+    assert r.ready() == []
+
+
+def test_a_damaged_one_phase_part_is_not_handed_out():
+    r = Reassembler(1)
+    r.add_part(Part(0, 1, True, 1))
+    r.add_part(Part(0, 2, True, 2, damage="sequence numbers 3 are absent"))
+    r.add_part(Part(0, 3, True, 3))
+    assert [w.gxid for w in r.ready()] == [1] and r.missing()[0].gxid == 2
 
 
 def test_contradictions_are_refused():

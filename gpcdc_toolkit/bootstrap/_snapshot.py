@@ -9,7 +9,9 @@ as equals.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -43,10 +45,10 @@ def export_tables(conn: psycopg.Connection[Any], content: int, tables: list[Tabl
     node_dir.mkdir(parents=True, exist_ok=True)
     for table in tables:
         entry = manifest["tables"].setdefault(table.name, {
-            "columns": list(table.columns), "types": list(table.types), "type_oids": _type_oids(conn, table),
+            "schema": table.parts[0], "name": table.parts[1], "columns": list(table.columns), "types": list(table.types), "type_oids": _type_oids(conn, table),
             "distribution_key": list(table.distribution_key), "primary_key": list(table.primary_key), "files": {},
         })
-        path = node_dir / f"{table.name}.copy"
+        path = node_dir / _file_name(table)
         rows = 0
         with path.open("wb") as f, conn.cursor().copy(
             sql.SQL("COPY {} TO STDOUT").format(table.identifier)
@@ -55,6 +57,12 @@ def export_tables(conn: psycopg.Connection[Any], content: int, tables: list[Tabl
                 f.write(chunk)
                 rows += bytes(chunk).count(b"\n")
         entry["files"][str(content)] = {"path": str(path.relative_to(directory)), "rows": rows}
+
+
+def _file_name(table: Table) -> str:
+    """A file name for any table name (which may hold slashes, quotes, anything)."""
+    digest = hashlib.blake2b(table.name.encode(), digest_size=4).hexdigest()
+    return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', table.name)[:60]}-{digest}.copy"
 
 
 def write_manifest(directory: Path, manifest: Mapping[str, Any]) -> None:

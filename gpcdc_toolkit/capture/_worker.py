@@ -34,7 +34,7 @@ import psycopg2.extras
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from .._runtime import write_json
-from ..cluster import Cluster, Node
+from ..cluster import Cluster, Node, gxid_of
 from ..errors import GpcdcError
 from ..protocol import (
     COORDINATOR,
@@ -48,6 +48,8 @@ from ..protocol import (
 )
 
 log = logging.getLogger(__name__)
+
+_CLOCK_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
 
 class DeliveryFailed(RuntimeError):
@@ -197,7 +199,8 @@ class CaptureWorker:
                                          start=self.start, max_buffered=settings.max_buffered)
         produced_end = acked  # end LSN of the last transaction whose events were all produced
         resolved = acked
-        clock_probes: deque[tuple[int, int]] = deque(maxlen=64)  # (flush LSN, server ms), oldest first
+        # (flush LSN, server ms, ms before the prepared list was read, gxids prepared), oldest first
+        clock_probes: deque[tuple[int, int, int, list[int]]] = deque(maxlen=64)
         next_ack = next_beat = time.monotonic()
         self._set_state("streaming")
         produce = self._producer(producer)
@@ -212,16 +215,18 @@ class CaptureWorker:
             now = time.monotonic()
             if now >= next_beat and not assembler.in_transaction:
                 next_beat = now + settings.heartbeat_interval
-                lsn, server_ms = probe.execute(
-                    "SELECT pg_current_wal_flush_lsn()::text, (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
-                ).fetchone()  # type: ignore[misc]
-                clock_probes.append((parse_lsn(lsn), int(server_ms)))
+                clock_probes.append(self._probe(probe))
                 candidate = max(produced_end, cur.wal_end if caught_up else 0)
                 resolved = max(resolved, candidate)
-                covered = [ms for flush_lsn, ms in clock_probes if flush_lsn <= resolved]
-                stats.resolved_ts_ms = max([stats.resolved_ts_ms, *covered])
+                covered = [p for p in clock_probes if p[0] <= resolved]
+                if covered and covered[-1][1] >= stats.resolved_ts_ms:
+                    _lsn, stats.resolved_ts_ms, prepared_ms, prepared = covered[-1]
+                    beat = assembler.resolved(resolved, stats.resolved_ts_ms, prepared=prepared,
+                                              prepared_ts_ms=prepared_ms)
+                else:
+                    beat = assembler.resolved(resolved, stats.resolved_ts_ms or None)
                 stats.resolved_lsn = resolved
-                produce(assembler.resolved(resolved, stats.resolved_ts_ms))
+                produce(beat)
                 cur.send_feedback(reply=True)  # a keepalive tells how far the server has sent
                 self._write_status()
             if now >= next_ack:
@@ -236,6 +241,17 @@ class CaptureWorker:
                 wait = max(0.0, min(next_ack, next_beat) - time.monotonic())
                 select.select([conn], [], [], wait)
         self._acknowledge(producer, cur, acked, max(produced_end, resolved))
+
+    def _probe(self, probe: psycopg.Connection[Any]) -> tuple[int, int, int, list[int]]:
+        """The node's clock, then the parts it holds prepared, then its flush LSN and
+        clock: three statements, so that the list is read after the first clock reading
+        and before the second."""
+        prepared_ms = probe.execute(f"SELECT {_CLOCK_MS}").fetchone()[0]  # type: ignore[index]
+        gxids = [g for (name,) in probe.execute(
+            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")
+            if (g := gxid_of(name)) is not None]
+        lsn, server_ms = probe.execute(f"SELECT pg_current_wal_flush_lsn()::text, {_CLOCK_MS}").fetchone()  # type: ignore[misc]
+        return parse_lsn(lsn), int(server_ms), int(prepared_ms), gxids
 
     def _producer(self, producer: Producer) -> Any:
         content = self.node.content

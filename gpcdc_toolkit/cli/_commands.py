@@ -418,6 +418,9 @@ class Replay(Command):
         parser.add_argument("--legacy-per-segment", action="store_true",
                             help="replay a stream written with legacy markers segment by segment: exact once caught "
                                  "up, but parts of distributed transactions can show until then")
+        parser.add_argument("--skip-ddl", type=int, action="append", default=[], metavar="GXID",
+                            help="record a refused DDL transaction as applied without running it, once its change "
+                                 "was given to the target by hand (repeatable)")
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
         if args.batch < 1:
@@ -428,7 +431,7 @@ class Replay(Command):
             signal.signal(signum, lambda *_: stop.append(True))
         status = StatusLine()
         settings = ReplaySettings(batch_transactions=args.batch, initial_load=args.initial_load,
-                                  legacy_per_segment=args.legacy_per_segment)
+                                  legacy_per_segment=args.legacy_per_segment, skip_ddl=frozenset(args.skip_ddl))
         with Replayer(config, settings=settings) as replayer:
             try:
                 final = replayer.run(follow=not args.once, progress=status, should_stop=lambda: bool(stop))

@@ -36,24 +36,25 @@ class Node:
         return f"{self.name} ({self.host}:{self.port})"
 
 
+TableRef = str | tuple[str, str]
+"""A table named as SQL names it (``'sales."Order Items"'``, case folded unless quoted),
+or as a (schema, name) pair exactly as the catalog has them (``("sales", "Order Items")``)."""
+
+
 @dataclass(frozen=True)
 class Table:
     """A distributed table as the coordinator's catalog describes it."""
 
-    name: str  # schema-qualified, quoted where needed
+    name: str  # schema-qualified, quoted where needed (as PostgreSQL prints it)
     columns: tuple[str, ...]
     types: tuple[str, ...]
     distribution_key: tuple[str, ...]
     primary_key: tuple[str, ...]
+    parts: tuple[str, str] = ("", "")  # (schema, name) exactly as the catalog has them
 
     @property
     def identifier(self) -> sql.Composable:
-        return sql.SQL(".").join(sql.Identifier(p) for p in self.parts)
-
-    @property
-    def parts(self) -> tuple[str, str]:
-        schema, _, table = self.name.rpartition(".")
-        return (schema.strip('"') or "public", table.strip('"'))
+        return sql.Identifier(*self.parts)
 
 
 def connect_dsn(dsn: str, what: str, **kwargs: Any) -> psycopg.Connection[Any]:
@@ -146,22 +147,30 @@ class Cluster:
                     fix="set max_replication_slots to at least 2 in its postgresql.conf and restart it",
                 )
 
-    def table(self, name: str) -> Table:
+    def table(self, name: TableRef) -> Table:
         """A distributed table's columns and keys, from the coordinator's catalog."""
         with self.coordinator_connection() as conn:
-            try:
-                oid = conn.execute("SELECT %s::regclass::oid", (name,)).fetchone()[0]  # type: ignore[index]
-            except psycopg.errors.UndefinedTable:
-                raise ClusterError(f"no table {name} on the coordinator") from None
-            except psycopg.errors.InvalidName:
-                raise ClusterError(f"{name!r} is not a valid table name") from None
-            qualified, = conn.execute("SELECT %s::regclass::text", (oid,)).fetchone()  # type: ignore[misc]
-            if "." not in qualified:
-                schema, = conn.execute(  # type: ignore[misc]
-                    "SELECT quote_ident(nspname) FROM pg_class c JOIN pg_namespace n ON n.oid = relnamespace "
-                    "WHERE c.oid = %s", (oid,)
-                ).fetchone()
-                qualified = f"{schema}.{qualified}"
+            if isinstance(name, tuple):
+                found = conn.execute(
+                    "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE n.nspname = %s AND c.relname = %s", name).fetchone()
+                if found is None:
+                    raise ClusterError(f"no table {quoted(*name)} on the coordinator")
+                oid = found[0]
+            else:
+                try:
+                    oid = conn.execute("SELECT %s::regclass::oid", (name,)).fetchone()[0]  # type: ignore[index]
+                except psycopg.errors.UndefinedTable:
+                    raise ClusterError(f"no table {name} on the coordinator",
+                                       fix="a name is read as SQL reads it: quote one with capitals or spaces "
+                                           "('\"Order Items\"'), or pass (schema, name)") from None
+                except (psycopg.errors.InvalidName, psycopg.errors.SyntaxError):
+                    raise ClusterError(f"{name!r} is not a valid table name",
+                                       fix="a name is read as SQL reads it: quote one with capitals or spaces "
+                                           "('\"Order Items\"'), or pass (schema, name)") from None
+            schema, relname, qualified = conn.execute(  # type: ignore[misc]
+                "SELECT nspname, relname, quote_ident(nspname) || '.' || quote_ident(relname) "
+                "FROM pg_class c JOIN pg_namespace n ON n.oid = relnamespace WHERE c.oid = %s", (oid,)).fetchone()
             columns = conn.execute(
                 "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
                 "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
@@ -187,6 +196,7 @@ class Cluster:
             types=tuple(t for _, t in columns),
             distribution_key=tuple(c for c, in distkey),
             primary_key=tuple(c for c, in pkey),
+            parts=(schema, relname),
         )
 
     def fetch_all(self, query: str | sql.Composable, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
@@ -215,6 +225,11 @@ class Cluster:
                 for gid, database in conn.execute("SELECT gid, database FROM pg_prepared_xacts ORDER BY gid"):
                     found.append((node, gid, database))
         return found
+
+
+def quoted(schema: str, name: str) -> str:
+    """A (schema, name) pair as SQL text, both quoted."""
+    return sql.Identifier(schema, name).as_string(None)
 
 
 def _first_line(error: Exception) -> str:

@@ -27,7 +27,7 @@ from psycopg import sql
 
 from ..errors import DistributedTransactionError, GpcdcError
 from . import _markers as markers
-from ._cluster import COORDINATOR, Cluster, Node, Table
+from ._cluster import COORDINATOR, Cluster, Node, Table, TableRef
 from ._ddl import DdlError, parse_create_table
 from ._routing import segment_for
 
@@ -36,9 +36,18 @@ log = logging.getLogger(__name__)
 _DDL_LOCK_WAIT = "500ms"
 
 
+_GID_PREFIX = "gpcdc_"
+
+
 def gid(gxid: int) -> str:
     """The GID under which a segment prepares its part of a distributed transaction."""
-    return f"gpcdc_{gxid}"
+    return f"{_GID_PREFIX}{gxid}"
+
+
+def gxid_of(name: str) -> int | None:
+    """The gxid of a prepared part's GID; None for a GID the toolkit did not give."""
+    digits = name.removeprefix(_GID_PREFIX)
+    return int(digits) if digits != name and digits.isascii() and digits.isdigit() else None
 
 
 def _emit(marker: markers.Marker) -> sql.Composed:
@@ -53,7 +62,7 @@ class Session:
         self.cluster = cluster
         self.legacy_markers = legacy_markers
         self._connections: dict[int, psycopg.Connection[Any]] = {}
-        self._tables: dict[str, Table] = {}
+        self._tables: dict[TableRef, Table] = {}
 
     def __enter__(self) -> Session:
         return self
@@ -73,7 +82,8 @@ class Session:
             conn = self._connections[content] = self.cluster.connect_node(node)
         return conn
 
-    def table(self, name: str) -> Table:
+    def table(self, name: TableRef) -> Table:
+        """A table's catalog entry, cached until this session runs DDL (see :data:`TableRef`)."""
         if name not in self._tables:
             self._tables[name] = self.cluster.table(name)
         return self._tables[name]
@@ -192,7 +202,7 @@ class DistributedTransaction:
             raise DistributedTransactionError(f"a row for {table.name} lacks distribution-key column {e.args[0]}") from None
         return segment_for(values, self.session.cluster.segment_count)
 
-    def insert(self, table_name: str, rows: Iterable[Mapping[str, Any]]) -> int:
+    def insert(self, table_name: TableRef, rows: Iterable[Mapping[str, Any]]) -> int:
         """Insert rows (mappings of column to value); returns the number inserted."""
         table = self.session.table(table_name)
         by_segment: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
@@ -220,7 +230,7 @@ class DistributedTransaction:
         clause = sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in key)
         return clause, list(key.values())
 
-    def update(self, table_name: str, key: Mapping[str, Any], values: Mapping[str, Any]) -> int:
+    def update(self, table_name: TableRef, key: Mapping[str, Any], values: Mapping[str, Any]) -> int:
         """Update the rows matching ``key`` (which includes the distribution key).
 
         When ``values`` changes the distribution key so that the row belongs on another
@@ -245,13 +255,13 @@ class DistributedTransaction:
         moved = [{**dict(zip(table.columns, row)), **values} for row in deleted]
         return self.insert(table_name, moved)
 
-    def delete(self, table_name: str, key: Mapping[str, Any]) -> int:
+    def delete(self, table_name: TableRef, key: Mapping[str, Any]) -> int:
         table = self.session.table(table_name)
         where, params = self._where(table, key)
         query = sql.SQL("DELETE FROM {} WHERE {}").format(table.identifier, where)
         return self._segment(self.route(table, key)).execute(query, params).rowcount
 
-    def upsert(self, table_name: str, rows: Iterable[Mapping[str, Any]]) -> int:
+    def upsert(self, table_name: TableRef, rows: Iterable[Mapping[str, Any]]) -> int:
         """Insert rows, or overwrite the row with the same primary key; in bulk, one
         pipelined statement per segment and column set. Returns the rows written."""
         table = self.session.table(table_name)
@@ -272,7 +282,7 @@ class DistributedTransaction:
                 cur.executemany(query, [[r[c] for c in columns] for r in seg_rows])
         return sum(len(r) for r in groups.values())
 
-    def delete_keys(self, table_name: str, keys: Iterable[Mapping[str, Any]]) -> None:
+    def delete_keys(self, table_name: TableRef, keys: Iterable[Mapping[str, Any]]) -> None:
         """Delete the rows with these keys (each including the distribution key), in
         bulk: one pipelined statement per segment and key shape."""
         table = self.session.table(table_name)
@@ -459,8 +469,8 @@ def resolve_in_doubt(cluster: Cluster, *, timeout: float = 30.0) -> tuple[list[s
 
 
 def _prepared_parts(cluster: Cluster, database: str) -> list[tuple[Node, int]]:
-    return [(node, int(name.removeprefix("gpcdc_"))) for node, name, in_database in cluster.prepared_transactions()
-            if node.content != COORDINATOR and in_database == database and name.startswith("gpcdc_")]
+    return [(node, gxid) for node, name, in_database in cluster.prepared_transactions()
+            if node.content != COORDINATOR and in_database == database and (gxid := gxid_of(name)) is not None]
 
 
 def _prune_commit_records(cluster: Cluster, database: str) -> None:
@@ -485,4 +495,4 @@ def _finish_prepared(cluster: Cluster, node: Node, gxid: int, *, commit: bool) -
     return True
 
 
-__all__ = ["Session", "DistributedTransaction", "gid", "Node", "resolve_in_doubt"]
+__all__ = ["Session", "DistributedTransaction", "gid", "gxid_of", "Node", "resolve_in_doubt"]

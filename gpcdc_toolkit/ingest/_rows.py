@@ -41,6 +41,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("resolved_lsn", "bigint"),
     ("resolved_ts", "timestamp"),
     ("_corrupt_record", "string"),
+    ("unchanged", "array<string>"),  # columns an update left out of "after" (TOASTed, not in the WAL)
 )
 SCHEMA_DDL = ", ".join(f"`{name}` {kind}" for name, kind in COLUMNS)
 WIDTH = len(COLUMNS)
@@ -75,23 +76,23 @@ def to_row(topic: str, partition: int, offset: int, timestamp_ms: int | None,
             return head + ("row", s["segment"], s["gxid"], s["txId"], s["commit_lsn"], s["ts_ms"], v["op"],
                            s["schema"], s["table"], s["seq"], s["one_phase"],
                            key.decode() if key is not None else None, _image(v["before"]), _image(v["after"]),
-                           None, None, None, None, None, None, None)
+                           None, None, None, None, None, None, None, v.get("unchanged"))
         if "status" in v:
             return head + (v["status"].lower(), v["segment"], v["gxid"], v["xid"], v["commit_lsn"],
                            v["commit_ts_ms"], None, None, None, None, v.get("one_phase"), None, None, None,
-                           v["event_count"], v.get("end_lsn"), None, None, None, None, None)
+                           v["event_count"], v.get("end_lsn"), None, None, None, None, None, None)
         if "resolved" in v:
             return head + ("resolved", v["segment"], None, None, None, None, None, None, None, None, None, None,
-                           None, None, None, None, None, None, v["resolved"], v.get("resolved_ts_ms"), None)
+                           None, None, None, None, None, None, v["resolved"], v.get("resolved_ts_ms"), None, None)
         kind = v["type"]
         if kind in ("commit", "ddl"):
             return head + (kind, v["segment"], v["gxid"], v["xid"], v["commit_lsn"], v["commit_ts_ms"],
                            None, None, None, None, None, None, None, None, None, None,
-                           v.get("segments"), v.get("statement"), None, None, None)
+                           v.get("segments"), v.get("statement"), None, None, None, None)
         raise ValueError(f"unknown message type {kind!r}")
     except (ValueError, KeyError, TypeError, AttributeError):
         raw = value.decode("utf-8", errors="replace") if value is not None else None
-        return head + (None,) * (WIDTH - 5) + (raw,)
+        return head + (None,) * (WIDTH - 6) + (raw, None)
 
 
 def arrow_schema() -> Any:
@@ -99,7 +100,7 @@ def arrow_schema() -> Any:
 
     types = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "boolean": pa.bool_(),
              "timestamp": pa.timestamp("us", tz="UTC"), "map<string,string>": pa.map_(pa.string(), pa.string()),
-             "array<int>": pa.list_(pa.int32())}
+             "array<int>": pa.list_(pa.int32()), "array<string>": pa.list_(pa.string())}
     return pa.schema([(name, types[kind]) for name, kind in COLUMNS])
 
 

@@ -24,8 +24,9 @@ from ..cluster import _markers as markers
 from . import _pgoutput as pg
 from ._startpoint import StartPoint
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: unchanged TOASTed values are listed in "unchanged", not written as a placeholder
 COORDINATOR = -1
+UNCHANGED = "unchanged"  # row event field: columns an update left out of "after" (TOASTed, not in the WAL)
 
 
 class ProtocolError(ValueError):
@@ -193,6 +194,14 @@ class TransactionAssembler:
             op, after = "u", table.image(message.new)
             before = table.image(message.old) if message.old is not None else None
             key = table.key(after)
+            if pg.UNCHANGED_TOAST in message.new:
+                # Not in the WAL: listed apart, so that no value can pass for the marker.
+                unchanged = [c for c, v in zip(table.columns, message.new) if v is pg.UNCHANGED_TOAST]
+                for column in unchanged:
+                    del after[column]
+                if before is not None:
+                    before = {c: v for c, v in before.items() if v is not pg.UNCHANGED_TOAST}
+                return self._emit_row(txn, table.qualified, table.schema, table.name, op, before, after, key, unchanged)
         else:
             op, before, after = "d", table.image(message.old), None
             key = table.key(before)
@@ -212,7 +221,8 @@ class TransactionAssembler:
         return out
 
     def _emit_row(self, txn: _Txn, qualified: str, schema: str, name: str, op: str,
-                  before: dict[str, Any] | None, after: dict[str, Any] | None, key: bytes | None) -> list[Outbound]:
+                  before: dict[str, Any] | None, after: dict[str, Any] | None, key: bytes | None,
+                  unchanged: list[str] | None = None) -> list[Outbound]:
         if txn.dropped:
             return []
         txn.seq += 1
@@ -230,6 +240,8 @@ class TransactionAssembler:
             "ts_ms": int(self.clock() * 1000),
             "transaction": {"id": self._txid(txn), "total_order": txn.seq, "data_collection_order": order},
         }
+        if unchanged:
+            event[UNCHANGED] = unchanged
         self.row_events += 1
         if txn.streaming:
             return [Outbound("row", key, orjson.dumps(event))]
@@ -282,13 +294,22 @@ class TransactionAssembler:
         out.append(Outbound("end", None, orjson.dumps(end)))
         return out
 
-    def resolved(self, lsn: int, resolved_ts_ms: int | None = None) -> Outbound:
+    def resolved(self, lsn: int, resolved_ts_ms: int | None = None, *, prepared: list[int] | None = None,
+                 prepared_ts_ms: int | None = None) -> Outbound:
         """A watermark: every commit of this node below ``lsn`` has been handed out, and
-        so has every commit made before ``resolved_ts_ms`` by the node's clock."""
+        so has every commit made before ``resolved_ts_ms`` by the node's clock.
+
+        ``prepared`` lists the gxids whose parts the node held prepared (not committed)
+        when read, no earlier than ``prepared_ts_ms`` by its clock and no later than
+        ``resolved_ts_ms``: a part prepared before then and not listed had committed, so
+        it is before this watermark, or it was rolled back."""
         if self._txn is not None:
             raise ProtocolError(f"node {self.content}: a watermark inside xid {self._txn.begin.xid}")
         body: dict[str, Any] = {"resolved": lsn, "resolved_ts_ms": resolved_ts_ms, "segment": self.content,
                                 "ts_ms": int(self.clock() * 1000)}
+        if prepared is not None:
+            body["prepared"] = sorted(prepared)
+            body["prepared_ts_ms"] = prepared_ts_ms
         if self.content == COORDINATOR:
             body["type"] = "resolved"
         return Outbound("resolved", None, orjson.dumps(body))

@@ -23,7 +23,17 @@ _COMMIT = struct.Struct(">BQQq")
 # Microseconds between the Unix epoch and PostgreSQL's (2000-01-01).
 PG_EPOCH_US = 946_684_800_000_000
 
-UNCHANGED_TOAST = "__gpcdc_unchanged_toast__"  # an unchanged TOASTed value the WAL does not carry
+class _Unchanged:
+    """The value of a TOASTed column an update did not change: the WAL does not carry it.
+    A distinct object, never a string, so that no data can be mistaken for it."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNCHANGED_TOAST"
+
+
+UNCHANGED_TOAST: Any = _Unchanged()
 
 
 class PgoutputError(ValueError):

@@ -18,10 +18,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..cluster import Cluster, DistributedTransaction, Session, Table, segment_for
+from ..cluster import Cluster, DistributedTransaction, Session, Table, quoted, segment_for
 from ..errors import ClusterError, GpcdcError
-from ..protocol import UNCHANGED_TOAST
-from ._compact import compact
+from ._compact import compact, table_of
+from ._ddl_policy import SYSTEM_SCHEMAS, DdlRefused, check_ddl
 from ._order import Whole
 
 APPLIED = "gpcdc_replay_applied"
@@ -36,6 +36,19 @@ _TABLES = {
 
 class ApplyError(GpcdcError):
     """A transaction could not be applied; nothing of it was."""
+
+
+class DdlRefusedError(ApplyError):
+    """A DDL record the replayer will not run on the target (see ``_ddl_policy``)."""
+
+    def __init__(self, whole: Whole, statement: str, reason: str, topic: str) -> None:
+        offset = whole.record.offset if whole.record is not None else -1
+        super().__init__(
+            f"gxid {whole.gxid}'s DDL at offset {offset} of {topic} is refused: {reason} "
+            f"(statement {statement[:120]!r}); nothing of gxid {whole.gxid} was applied, nor anything after it",
+            fix="if the statement is genuine, give the target the same change by hand, then replay again with "
+                f"--skip-ddl {whole.gxid}; if it is not, the topics were written by someone other than capture")
+        self.gxid, self.offset, self.statement, self.reason = whole.gxid, offset, statement, reason
 
 
 _CHECKPOINT_FIELDS = ("resume", "read", "lsn", "applied_lsn")
@@ -84,9 +97,10 @@ class ApplyStats:
 class Applier:
     """Applies batches of whole transactions of one pipeline to ``target``."""
 
-    def __init__(self, target: Cluster, pipeline: str) -> None:
+    def __init__(self, target: Cluster, pipeline: str, *, skip_ddl: Iterable[int] = ()) -> None:
         self.target = target
         self.pipeline = pipeline
+        self.skip_ddl = frozenset(skip_ddl)  # gxids whose DDL was given to the target by hand
         self.session = Session(target)
         self.stats = ApplyStats()
         with target.coordinator_connection() as conn:
@@ -185,23 +199,49 @@ class Applier:
         self.stats.batches += 1
         self.stats.last_commit_ts_ms = max(self.stats.last_commit_ts_ms, *(commit_ts_ms(w) for w in batch))
 
-    def _apply_ddl(self, whole: Whole, record: Any) -> None:
+    def _apply_ddl(self, whole: Whole, record: Callable[[DistributedTransaction], None]) -> None:
         statements = whole.record.ddl  # type: ignore[union-attr]
+        if whole.gxid in self.skip_ddl:
+            with self.session.transaction() as tx:  # applied by hand: only recorded
+                record(tx)
+            self.stats.ddl += 1
+            return
         if len(statements) > 1:
             # The target's DDL path runs one statement per distributed transaction, so
             # these could not be applied together, nor exactly once.
             raise ApplyError(f"gxid {whole.gxid} holds {len(statements)} DDL statements; replay applies one per "
-                             "transaction", fix="apply them on the target by hand, record the gxid in "
-                             f"{APPLIED}, and replay again")
+                             "transaction", fix="apply them on the target by hand, then replay again with "
+                             f"--skip-ddl {whole.gxid}")
+        self.check_ddl(whole, statements[0])
         self.session.ddl(statements[0], then=record)
         self.stats.ddl += 1
+
+    def check_ddl(self, whole: Whole, statement: str) -> None:
+        """Refuse a statement the policy refuses, or one whose unqualified names the
+        target resolves into a system schema."""
+        topic = f"{self.pipeline}.dtx"
+        try:
+            checked = check_ddl(statement, reserved=frozenset({APPLIED, STATE}))
+        except DdlRefused as e:
+            raise DdlRefusedError(whole, statement, str(e), topic) from None
+        unqualified = [name for schema, name in checked.names if schema is None]
+        if unqualified:
+            with self.target.coordinator_connection() as conn:
+                found = conn.execute(
+                    "SELECT c.relname, n.nspname FROM unnest(%s::text[]) AS u(name) "
+                    "JOIN pg_class c ON c.oid = to_regclass(quote_ident(u.name)) "
+                    "JOIN pg_namespace n ON n.oid = c.relnamespace", (unqualified,)).fetchall()
+            for name, schema in found:
+                if schema in SYSTEM_SCHEMAS or schema.startswith("pg_"):
+                    raise DdlRefusedError(whole, statement, f"{checked.kind} names {name}, which the target "
+                                          f"resolves to {schema}.{name}, in a system schema", topic)
 
     def _apply_rows(self, tx: DistributedTransaction, batch: Sequence[Whole]) -> int:
         """Apply the net effect of the batch's row events; returns how many events."""
         events = [e for whole in batch for part in whole.parts for e in part.payload or ()]
         primary_keys = {}
         for event in events:
-            table = f"{event['source']['schema']}.{event['source']['table']}"
+            table = table_of(event)
             if table not in primary_keys:
                 primary_keys[table] = self._table(table, event["source"].get("gxid")).primary_key
         for changes in compact(events, primary_keys):
@@ -214,7 +254,8 @@ class Applier:
             self._apply_in_order(tx, changes.table, changes.ordered)
         return len(events)
 
-    def _apply_in_order(self, tx: DistributedTransaction, table: str, events: Sequence[Mapping[str, Any]]) -> None:
+    def _apply_in_order(self, tx: DistributedTransaction, table: tuple[str, str],
+                        events: Sequence[Mapping[str, Any]]) -> None:
         inserts: list[Mapping[str, Any]] = []
         for event in events:
             if event["op"] == "c":
@@ -232,39 +273,44 @@ class Applier:
         if old is None:
             raise ApplyError(f"{table.name} has no primary key and its events carry no old row",
                              fix=f"run ALTER TABLE {table.name} REPLICA IDENTITY FULL on the source")
+        if set(old) != set(table.columns):
+            raise ApplyError(f"a change of {table.name} (gxid {event['source'].get('gxid')}) carries its old row "
+                             f"without columns {sorted(set(table.columns) - set(old))}, so the row it changed cannot "
+                             "be told from others", fix=f"give {table.name} a primary key on the source")
         segment = tx.route(table, old)
         match, params = _keyless_match(table, old)
         if event["op"] == "d":
             return len(tx.execute(segment, sql.SQL("DELETE FROM {} WHERE {} RETURNING 1").format(table.identifier, match),
                                   params))
-        new = {**old, **{c: v for c, v in event["after"].items() if v != UNCHANGED_TOAST}}
+        new = {**old, **event["after"]}
         if tx.route(table, new) != segment:  # the row moves: out of one segment, into another
             tx.execute(segment, sql.SQL("DELETE FROM {} WHERE {} RETURNING 1").format(table.identifier, match), params)
-            return tx.insert(table.name, [new])
+            return tx.insert(table.parts, [new])
         update = sql.SQL("UPDATE {} SET {} WHERE {} RETURNING 1").format(
             table.identifier, sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in new), match)
         return len(tx.execute(segment, update, [*new.values(), *params]))
 
-    def _table(self, table: str, gxid: int | None) -> Table:
+    def _table(self, table: tuple[str, str], gxid: int | None) -> Table:
         try:
             return self.session.table(table)
         except ClusterError:
-            raise ApplyError(f"the target has no table {table}, which gxid {gxid} writes",
-                             fix=f"create {table} on the target, or replay from a bootstrap whose initial load creates it") from None
+            raise ApplyError(f"the target has no table {quoted(*table)}, which gxid {gxid} writes",
+                             fix=f"create {quoted(*table)} on the target, or replay from a bootstrap whose initial "
+                                 "load creates it") from None
 
-    def _apply_change(self, tx: DistributedTransaction, table: str, event: Mapping[str, Any]) -> int:
+    def _apply_change(self, tx: DistributedTransaction, table: tuple[str, str], event: Mapping[str, Any]) -> int:
         info = self.session.table(table)
         key_columns = info.primary_key
         op = event["op"]
         if not key_columns and op in ("u", "d"):
             return self._apply_keyless(tx, info, event)
         if op == "u":
-            values = {c: v for c, v in event["after"].items() if v != UNCHANGED_TOAST}
+            values = event["after"]
             old = event["before"] or event["after"]
             return tx.update(table, {c: old[c] for c in key_columns}, values)
         if op == "d":
             return tx.delete(table, {c: event["before"][c] for c in key_columns})
-        raise ApplyError(f"cannot replay operation {op!r} on {table} (gxid {event['source'].get('gxid')})",
+        raise ApplyError(f"cannot replay operation {op!r} on {info.name} (gxid {event['source'].get('gxid')})",
                          fix="replay TRUNCATE by hand on the target")
 
 

@@ -16,14 +16,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..protocol import UNCHANGED_TOAST
+from ..protocol import UNCHANGED
 
 Key = tuple[Any, ...]
 
 
 @dataclass
 class TableChanges:
-    table: str
+    table: tuple[str, str]  # (schema, name) as the catalog has them
     key_columns: tuple[str, ...]
     deletes: list[dict[str, Any]] = field(default_factory=list)  # keys
     upserts: list[dict[str, Any]] = field(default_factory=list)  # whole rows
@@ -31,21 +31,23 @@ class TableChanges:
     ordered: list[Mapping[str, Any]] = field(default_factory=list)  # or all its events, in order, unfolded
 
 
-def _table_of(event: Mapping[str, Any]) -> str:
+def table_of(event: Mapping[str, Any]) -> tuple[str, str]:
+    """The (schema, name) a row event changes, exactly as the source's catalog has them."""
     source = event["source"]
-    return f"{source['schema']}.{source['table']}"
+    return source["schema"], source["table"]
 
 
-def compact(events: Iterable[Mapping[str, Any]], primary_keys: Mapping[str, Sequence[str]]) -> list[TableChanges]:
+def compact(events: Iterable[Mapping[str, Any]],
+            primary_keys: Mapping[tuple[str, str], Sequence[str]]) -> list[TableChanges]:
     """Fold row events (in source order) into each table's net changes.
 
     ``primary_keys`` maps each table to its primary-key columns (empty: none)."""
-    tables: dict[str, TableChanges] = {}
+    tables: dict[tuple[str, str], TableChanges] = {}
     # Per table and key: ("row", image) | ("gone", None) | ("patch", columns)
-    state: dict[str, dict[Key, tuple[str, dict[str, Any] | None]]] = {}
-    unfoldable: set[str] = set()
+    state: dict[tuple[str, str], dict[Key, tuple[str, dict[str, Any] | None]]] = {}
+    unfoldable: set[tuple[str, str]] = set()
     for event in events:
-        table = _table_of(event)
+        table = table_of(event)
         changes = tables.get(table)
         if changes is None:
             changes = tables[table] = TableChanges(table, tuple(primary_keys[table]))
@@ -62,25 +64,27 @@ def compact(events: Iterable[Mapping[str, Any]], primary_keys: Mapping[str, Sequ
             rows[tuple(before[c] for c in columns)] = ("gone", None)
             continue
         key = tuple(after[c] for c in columns)
+        partial = bool(event.get(UNCHANGED))  # some columns were not in the WAL
         if op == "u" and before is not None:
             old = tuple(before[c] for c in columns)
             if old != key:  # the key changed: the old row goes
                 previous = rows.get(old)
-                if UNCHANGED_TOAST in after.values():
+                if partial:
                     if previous is None or previous[0] != "row":
                         # The moved row takes a value only the target has: apply in order.
                         unfoldable.add(table)
                         continue
-                    after = {**previous[1], **_known(after)}  # type: ignore[dict-item]
+                    after = {**previous[1], **after}  # type: ignore[dict-item]
+                    partial = False
                 rows[old] = ("gone", None)
-        if op == "c" or UNCHANGED_TOAST not in after.values():
+        if op == "c" or not partial:
             rows[key] = ("row", dict(after))
             continue
         kind, known = rows.get(key, ("patch", {}))
         if kind == "row":
-            rows[key] = ("row", {**known, **_known(after)})  # type: ignore[dict-item]
+            rows[key] = ("row", {**known, **after})  # type: ignore[dict-item]
         else:
-            rows[key] = ("patch", {**(known or {}), **_known(after)})
+            rows[key] = ("patch", {**(known or {}), **after})
     for table, rows in state.items():
         changes = tables[table]
         if table in unfoldable:
@@ -98,6 +102,3 @@ def compact(events: Iterable[Mapping[str, Any]], primary_keys: Mapping[str, Sequ
                     changes.updates.append((key_values, values))
     return list(tables.values())
 
-
-def _known(image: Mapping[str, Any]) -> dict[str, Any]:
-    return {c: v for c, v in image.items() if v != UNCHANGED_TOAST}

@@ -49,6 +49,7 @@ class SegmentOrder:
         self._ddl: deque[Record] = deque()
         self._coordinator_lsn = (applied_lsn or {}).get(-1, -1)
         self._coordinator_watermark_ts_ms = -1
+        self._damaged: Missing | None = None
 
     def add_part(self, part: Part) -> None:
         log = self.logs[part.segment]
@@ -63,7 +64,8 @@ class SegmentOrder:
         self._coordinator_lsn = record.commit_lsn
         self._ddl.append(record)
 
-    def add_watermark(self, segment: int, resolved_ts_ms: int) -> None:
+    def add_watermark(self, segment: int, resolved_ts_ms: int, prepared: object = None,
+                      prepared_ts_ms: int | None = None) -> None:
         if segment == -1:
             self._coordinator_watermark_ts_ms = max(self._coordinator_watermark_ts_ms, resolved_ts_ms)
             return
@@ -76,6 +78,12 @@ class SegmentOrder:
             barrier = self._ddl[0].commit_ts_ms if self._ddl else None
             for log in self.logs:
                 while log.parts and self._may_pass(log.parts[0], barrier):
+                    head = log.parts[0]
+                    if head.damage:  # nothing of this segment goes out from here on
+                        self._damaged = self._damaged or Missing(
+                            head.gxid, head.segment, (head.segment,), head.commit_ts_ms, log.watermark_ts_ms,
+                            ((head.segment, head.offset),), head.damage)
+                        break
                     out.append(Whole(None, (log.parts.popleft(),), None))
             if barrier is None:
                 return out
@@ -93,7 +101,8 @@ class SegmentOrder:
         return part.commit_ts_ms + self.clock_skew_ms <= self._coordinator_watermark_ts_ms
 
     def missing(self) -> list[Missing]:
-        return []  # without participant lists, a missing part cannot be told from none
+        # Without participant lists a missing part cannot be told from none; a damaged one can.
+        return [self._damaged] if self._damaged is not None else []
 
     def resume_offsets(self) -> dict[int, int]:
         out = {s: log.parts[0].offset for s, log in enumerate(self.logs) if log.parts}

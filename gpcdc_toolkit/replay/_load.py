@@ -31,6 +31,10 @@ def prepare_target(session: Session, snapshot: InitialSnapshot) -> None:
     """Create the snapshot's tables the target lacks; refuse a table that has rows."""
     with session.cluster.coordinator_connection() as conn:
         for table in snapshot.tables:
+            schema = snapshot.manifest["tables"][table].get("schema")
+            if schema is not None and not conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s",
+                                                       (schema,)).fetchone():
+                session.ddl(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)).as_string(None))
             exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()[0]  # type: ignore[index]
             if not exists:
                 session.ddl(create_statement(snapshot, table))

@@ -42,6 +42,7 @@ class Part:
     commit_ts_ms: int = 0
     payload: Any = None  # the row events, opaque here
     offset: int = -1  # where the part begins in its segment's partition
+    damage: str | None = None  # why its rows are not whole (see Framer); None: whole
 
 
 @dataclass(frozen=True)
@@ -72,14 +73,17 @@ class Whole:
 
 @dataclass(frozen=True)
 class Missing:
-    """A part that a segment's watermark shows will never come."""
+    """A part that is proven never to come whole: the segment's watermark has passed
+    the record while the segment no longer holds the transaction prepared, or the part
+    arrived damaged (``damage`` says how)."""
 
-    gxid: int
+    gxid: int | None
     segment: int
     present: tuple[int, ...]  # segments whose part did arrive
     record_ts_ms: int
     watermark_ts_ms: int
     offsets: tuple[tuple[int, int], ...] = ()  # (segment, offset) of the parts present; -1: the record
+    damage: str | None = None  # the part arrived, but not whole
 
 
 class ReassemblyError(ValueError):
@@ -91,6 +95,10 @@ class _Segment:
     log: deque[Part] = field(default_factory=deque)  # arrived, not yet passed by the cursor
     anchor: int = -1  # coordinator position of the latest two-phase part passed so far
     watermark_ts_ms: int = -1
+    # From the latest watermark: the gxids the segment held prepared, read at
+    # prepared_ts_ms by its clock (None: the watermark did not say, so nothing is proven).
+    prepared: frozenset[int] | None = None
+    prepared_ts_ms: int = -1
     last_lsn: int = -1  # commit LSN of the last part arrived: partitions are in commit order
 
 
@@ -111,6 +119,7 @@ class Reassembler:
         self._coordinator_lsn = -1  # commit LSN of the last record added
         self._parts: dict[int, dict[int, Part]] = {}  # gxid -> segment -> part (two-phase)
         self._next = 0  # coordinator position of the next record to hand out
+        self._damaged: Missing | None = None  # the first damaged part met where it would go out
 
     # -- input ----------------------------------------------------------------------------
     def add_part(self, part: Part) -> None:
@@ -148,11 +157,14 @@ class Reassembler:
         self._added += 1
         self._records.append(record)
 
-    def add_watermark(self, segment: int, resolved_ts_ms: int) -> None:
+    def add_watermark(self, segment: int, resolved_ts_ms: int, prepared: Iterable[int] | None = None,
+                      prepared_ts_ms: int | None = None) -> None:
         if segment < 0:
             return  # the coordinator's: records come in their own order, nothing waits on it
         seg = self.segments[segment]
         seg.watermark_ts_ms = max(seg.watermark_ts_ms, resolved_ts_ms)
+        if prepared is not None and prepared_ts_ms is not None and prepared_ts_ms >= seg.prepared_ts_ms:
+            seg.prepared, seg.prepared_ts_ms = frozenset(prepared), prepared_ts_ms
 
     def _record_of(self, gxid: int) -> Record | None:
         position = self._position.get(gxid)
@@ -171,6 +183,10 @@ class Reassembler:
                 record = self._records[0]
                 parts = self._parts.get(record.gxid, {})
                 if all(s in parts for s in record.segments):
+                    damaged = [parts[s] for s in sorted(record.segments) if parts[s].damage]
+                    if damaged:
+                        self._hold_damaged(damaged[0], record, parts)
+                        break
                     out.append(Whole(record.gxid, tuple(parts[s] for s in sorted(record.segments)), record))
                     del self._parts[record.gxid]
                     self._records.popleft()
@@ -194,6 +210,9 @@ class Reassembler:
             if head.one_phase:
                 if segment.anchor >= self._next:
                     break  # its anchor has not been handed out yet
+                if head.damage:
+                    self._hold_damaged(head, None, {head.segment: head})
+                    break
                 out.append(Whole(head.gxid, (head,), None))
             elif head.gxid not in self.applied:
                 # A two-phase part goes out with its record, in coordinator order;
@@ -206,19 +225,43 @@ class Reassembler:
             moved = True
         return moved
 
+    def _hold_damaged(self, part: Part, record: Record | None, parts: Mapping[int, Part]) -> None:
+        """Hand out nothing from here on: a damaged part stops the order where it stands."""
+        if self._damaged is None:
+            offsets = ((-1, record.offset),) if record is not None else ()
+            offsets += tuple((c, parts[c].offset) for c in sorted(parts))
+            self._damaged = Missing(part.gxid, part.segment, tuple(sorted(parts)),
+                                    record.commit_ts_ms if record is not None else part.commit_ts_ms,
+                                    self.segments[part.segment].watermark_ts_ms, offsets, part.damage)
+
     def missing(self) -> list[Missing]:
-        """Parts of the next record that the segments' watermarks show will not come."""
+        """Parts of the next transaction proven never to come whole: damaged, or
+        missing (see :class:`Missing`). Until then a part that has not arrived is late."""
+        if self._damaged is not None:
+            return [self._damaged]
         if not self._records:
             return []
         record = self._records[0]
         parts = self._parts.get(record.gxid, {})
         out = []
         for s in record.segments:
-            watermark = self.segments[s].watermark_ts_ms
-            if s not in parts and watermark >= record.commit_ts_ms + self.clock_skew_ms:
+            segment = self.segments[s]
+            if s in parts or segment.prepared is None or record.gxid in segment.prepared:
+                continue  # arrived, not provable, or still prepared there: it can still commit
+            if segment.prepared_ts_ms >= record.commit_ts_ms + self.clock_skew_ms:
                 offsets = ((-1, record.offset), *((c, parts[c].offset) for c in sorted(parts)))
-                out.append(Missing(record.gxid, s, tuple(sorted(parts)), record.commit_ts_ms, watermark, offsets))
+                out.append(Missing(record.gxid, s, tuple(sorted(parts)), record.commit_ts_ms,
+                                   segment.watermark_ts_ms, offsets))
         return out
+
+    def in_doubt(self) -> list[tuple[int, int]]:
+        """(gxid, segment) of the next record's parts that have not arrived and cannot be
+        called missing yet: late, or still prepared on their segment."""
+        if not self._records:
+            return []
+        record = self._records[0]
+        parts = self._parts.get(record.gxid, {})
+        return [(record.gxid, s) for s in record.segments if s not in parts]
 
     def resume_offsets(self) -> dict[int, int]:
         """Per segment, and for the coordinator (key -1), the first offset of anything

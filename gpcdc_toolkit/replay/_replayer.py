@@ -27,7 +27,7 @@ from ..connect import kafka_client_settings, open_cluster
 from ..errors import GpcdcError
 from ..ingest import EndTracker, partitions_of
 from ..protocol import Topics
-from ._apply import Applier, Checkpoint, commit_ts_ms
+from ._apply import Applier, Checkpoint, DdlRefusedError, commit_ts_ms
 from ._legacy import SegmentOrder
 from ._load import load_rows, prepare_target
 from ._order import Missing, Part, Reassembler, Record, Whole, resume_point
@@ -37,17 +37,26 @@ log = logging.getLogger(__name__)
 
 
 class MissingPartError(GpcdcError):
-    """A segment's part of a distributed transaction will never arrive."""
+    """A segment's part of a distributed transaction is proven never to arrive whole:
+    missing, or damaged."""
 
     def __init__(self, missing: Missing, topics: Topics, read_to: int) -> None:
         present = ", ".join(f"segment {s} at offset {o}" for s, o in missing.offsets if s != COORDINATOR) or "none"
-        record = dict(missing.offsets).get(COORDINATOR, -1)
+        record = dict(missing.offsets).get(COORDINATOR)
+        what = f"gxid {missing.gxid}" if missing.gxid is not None else "a legacy part"
+        where = (f"the commit record at offset {record} of {topics.dtx}" if record is not None
+                 else "its one-phase commit")
+        if missing.damage is not None:
+            offset = dict(missing.offsets).get(missing.segment)
+            why = (f"segment {missing.segment}'s part at offset {offset} of {topics.changes} partition "
+                   f"{missing.segment} is damaged: {missing.damage}; {where}")
+        else:
+            why = (f"segment {missing.segment}'s part is missing (read to offset {read_to} of {topics.changes} "
+                   f"partition {missing.segment}, whose watermark is {missing.watermark_ts_ms - missing.record_ts_ms} "
+                   f"ms past {where}, and the segment no longer holds gxid {missing.gxid} prepared)")
         super().__init__(
-            f"gxid {missing.gxid} cannot be replayed whole: segment {missing.segment}'s part is missing "
-            f"(read to offset {read_to} of {topics.changes} partition {missing.segment}, whose watermark is "
-            f"{missing.watermark_ts_ms - missing.record_ts_ms} ms past the commit record at offset {record} of "
-            f"{topics.dtx}); parts present: {present}",
-            fix=f"nothing of gxid {missing.gxid} was applied, nor anything that must follow it; restore segment {missing.segment}'s "
+            f"{what} cannot be replayed whole: {why}; parts present: {present}",
+            fix=f"nothing of {what} was applied, nor anything that must follow it; restore segment {missing.segment}'s "
                 "events to the topic, or bootstrap the pipeline again")
         self.missing = missing
 
@@ -84,6 +93,7 @@ class ReplaySettings:
     idle: float = 1.0  # seconds of silence after which a partition counts as read to its end
     initial_load: bool = True  # load the bootstrap's snapshot before the first transaction
     legacy_per_segment: bool = False  # replay a legacy-marker stream segment by segment (see _legacy.py)
+    skip_ddl: frozenset[int] = frozenset()  # gxids whose refused DDL was given to the target by hand
 
 
 class Replayer:
@@ -96,7 +106,7 @@ class Replayer:
         self.pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
         self.kafka = kafka_client_settings(config)
         self.target = target or open_cluster(config, "target")
-        self.applier = Applier(self.target, config.kafka.topic_prefix)
+        self.applier = Applier(self.target, config.kafka.topic_prefix, skip_ddl=self.settings.skip_ddl)
         self.initial_load: tuple[int, int] | None = None  # (rows, tables) when this replayer made the load
 
     def close(self) -> None:
@@ -182,6 +192,7 @@ class _Run:
         self.settings = replayer.settings
         self.applier = replayer.applier
         self.topics = replayer.topics
+        self.quarantine = replayer.pipeline.directory / "quarantine.jsonl"
         self.consumer = Consumer({**replayer.kafka, "group.id": f"gpcdc-replay-{self.topics.prefix}",
                                   "enable.auto.commit": False, "enable.partition.eof": True,
                                   "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100})
@@ -304,16 +315,29 @@ class _Run:
         elif isinstance(framed, Record):
             self.reassembler.add_record(framed)
         else:
-            self.reassembler.add_watermark(framed.segment, framed.resolved_ts_ms)
+            self.reassembler.add_watermark(framed.segment, framed.resolved_ts_ms, framed.prepared,
+                                           framed.prepared_ts_ms)
 
     def _apply_ready(self) -> None:
         while self.in_hand:
             batch = self._next_batch()
             checkpoint = self._checkpoint(after=len(batch))
-            self.applier.apply(batch, checkpoint)
+            try:
+                self.applier.apply(batch, checkpoint)
+            except DdlRefusedError as refused:
+                self._quarantine(refused)
+                raise
             self.applied_lsn = dict(checkpoint.applied_lsn)
             for _ in batch:
                 self.in_hand.popleft()
+
+    def _quarantine(self, refused: DdlRefusedError) -> None:
+        """Keep the refused record where an operator finds it, one JSON line each."""
+        self.quarantine.parent.mkdir(parents=True, exist_ok=True)
+        with self.quarantine.open("ab") as f:
+            f.write(orjson.dumps({"gxid": refused.gxid, "topic": self.topics.dtx, "offset": refused.offset,
+                                  "statement": refused.statement, "reason": refused.reason,
+                                  "refused_ms": int(time.time() * 1000)}) + b"\n")
 
     def _next_batch(self) -> list[Whole]:
         batch: list[Whole] = []

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import GpcdcError
+from ..protocol import PROTOCOL_VERSION
 from ._order import Part, Record
 
 COORDINATOR = -1
@@ -33,6 +34,44 @@ class LegacyStreamError(StreamError):
 class Watermark:
     segment: int
     resolved_ts_ms: int
+    prepared: frozenset[int] | None = None  # gxids the node held prepared at prepared_ts_ms (None: not said)
+    prepared_ts_ms: int | None = None
+
+
+def _watermark(partition: int, value: Mapping[str, Any]) -> Watermark | None:
+    if value.get("resolved_ts_ms") is None:
+        return None
+    prepared = value.get("prepared")
+    return Watermark(partition, value["resolved_ts_ms"], frozenset(prepared) if prepared is not None else None,
+                     value.get("prepared_ts_ms"))
+
+
+def _damage(rows: Mapping[int, Any], event_count: Any) -> str | None:
+    """Why a part's rows are not whole, or None: a part is whole when it holds exactly
+    the END's count of row events, numbered 1..count."""
+    if not isinstance(event_count, int) or isinstance(event_count, bool):
+        return f"its END carries no event count ({event_count!r})"
+    absent = [seq for seq in range(1, event_count + 1) if seq not in rows]
+    extra = [seq for seq in rows if not 1 <= seq <= event_count]
+    if not absent and not extra:
+        return None
+    what = f"it holds {len(rows)} of its {event_count} row events"
+    if absent:
+        what += f"; sequence numbers {_ranges(absent)} are absent"
+    if extra:
+        what += f"; sequence numbers {_ranges(sorted(extra))} lie past its count"
+    return what
+
+
+def _ranges(numbers: list[int]) -> str:
+    spans: list[list[int]] = []
+    for n in numbers:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    shown = [f"{a}" if a == b else f"{a}..{b}" for a, b in spans[:5]]
+    return ", ".join(shown) + (", ..." if len(spans) > 5 else "")
 
 
 @dataclass
@@ -69,11 +108,18 @@ class Framer:
     def _segment(self, partition: int, offset: int, value: Mapping[str, Any]) -> Part | Watermark | None:
         if "op" in value:
             source = value["source"]
+            if source.get("version") != PROTOCOL_VERSION:
+                raise StreamError(
+                    f"the row event at offset {offset} of {self.topic_prefix}.changes partition {partition} was written "
+                    f"with protocol version {source.get('version')}, and this replayer reads version {PROTOCOL_VERSION} "
+                    "(version 1 wrote unchanged TOASTed values as a string that data can equal)",
+                    fix="capture the pipeline again with this version of the toolkit (gpcdc bootstrap create) and "
+                        "replay into a fresh target")
             key = (source["segment"], source["commit_lsn"])
             self._open.setdefault(key, _Open(offset)).rows[source["seq"]] = value
             return None
         if value.get("resolved") is not None:
-            return Watermark(partition, value["resolved_ts_ms"]) if value.get("resolved_ts_ms") is not None else None
+            return _watermark(partition, value)
         status = value.get("status")
         if status is None:
             return None
@@ -81,6 +127,7 @@ class Framer:
             raise StreamError(f"partition {partition} of {self.topic_prefix}.changes holds events of segment {value['segment']}",
                               fix="replay needs a pipeline captured with the segment dispatcher (the default)")
         key = (value["segment"], value["commit_lsn"])
+        self._check_unended(partition, value["commit_lsn"], offset)
         if status == "BEGIN":
             self._open.setdefault(key, _Open(offset))
             return None
@@ -93,12 +140,25 @@ class Framer:
                 fix=_LEGACY_FIX)
         rows = tuple(opened.rows[k] for k in sorted(opened.rows))
         return Part(partition, value["gxid"], bool(value["one_phase"]), value["commit_lsn"], value["commit_ts_ms"], rows,
-                    opened.offset)
+                    opened.offset, _damage(opened.rows, value.get("event_count")))
+
+    def _check_unended(self, segment: int, commit_lsn: int, offset: int) -> None:
+        """A segment's transactions come one after another, each ended before the next
+        begins; one left open below a later one lost its END (a resend after a capture
+        restart starts over from an earlier transaction, never skips ahead)."""
+        for (s, lsn), opened in self._open.items():
+            if s == segment and lsn < commit_lsn:
+                gxids = {row["source"].get("gxid") for row in opened.rows.values()} - {None}
+                raise StreamError(
+                    f"segment {segment}'s transaction at offset {opened.offset} of {self.topic_prefix}.changes "
+                    f"(commit LSN {lsn}{', gxid ' + str(min(gxids)) if gxids else ''}) has no END before the next "
+                    f"transaction at offset {offset}: its rows cannot be proven whole, and nothing of it or after it "
+                    "was applied", fix="restore the partition's events from capture, or bootstrap the pipeline again")
 
     def _coordinator(self, offset: int, value: Mapping[str, Any]) -> Record | Watermark | None:
         kind = value.get("type")
         if kind == "resolved":
-            return Watermark(COORDINATOR, value["resolved_ts_ms"]) if value.get("resolved_ts_ms") is not None else None
+            return _watermark(COORDINATOR, value)
         if kind == "ddl":
             first, statements = self._ddl.setdefault(value["gxid"], (offset, []))
             if value["statement"] not in statements:  # a resend after a capture restart
