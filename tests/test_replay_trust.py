@@ -35,14 +35,15 @@ def test_quoted_names_case_twins_and_values_that_look_like_markers_replay_exactl
     target, config, pipeline, group = replay_target
     rng = random.Random(4)
     tag = uuid.uuid4().hex[:6]
-    items = ("public", f"Order Items {tag}")
+    items = ("public", f"Order Items/{tag}")
     upper, lower = ("public", f"Acct{tag}"), ("public", f"acct{tag}")
     schema = f"Sales Data {tag}"
     lines = (schema, f'Line "Items" {tag}')
     q = lambda parts: ".".join('"' + p.replace('"', '""') + '"' for p in parts)  # noqa: E731
     with Session(source) as session:
         # Before the bootstrap: reaches the target through the initial load.
-        session.ddl(f'CREATE TABLE {q(items)} (id int PRIMARY KEY, "Big Text" text, n int) DISTRIBUTED BY (id)')
+        session.ddl(f'CREATE TABLE {q(items)} (id int PRIMARY KEY, "Big Text" text, n int, '
+                    f'"Twice" int GENERATED ALWAYS AS (n * 2) STORED) DISTRIBUTED BY (id)')
         session.ddl(f'ALTER TABLE {q(items)} ALTER COLUMN "Big Text" SET STORAGE EXTERNAL')  # TOASTed, uncompressed
         with session.transaction() as tx:
             tx.insert(items, [{"id": i, "Big Text": incompressible(rng, 5000), "n": i} for i in range(8)])

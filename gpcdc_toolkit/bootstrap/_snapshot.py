@@ -35,7 +35,7 @@ def distributed_tables(cluster: Cluster) -> list[Table]:
 def _type_oids(conn: psycopg.Connection[Any], table: Table) -> list[int]:
     return [r[0] for r in conn.execute(
         "SELECT atttypid::int FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
-        "AND NOT attisdropped ORDER BY attnum", (table.name,))]
+        "AND NOT attisdropped AND attgenerated = '' ORDER BY attnum", (table.name,))]
 
 
 def export_tables(conn: psycopg.Connection[Any], content: int, tables: list[Table], directory: Path,
@@ -45,13 +45,15 @@ def export_tables(conn: psycopg.Connection[Any], content: int, tables: list[Tabl
     node_dir.mkdir(parents=True, exist_ok=True)
     for table in tables:
         entry = manifest["tables"].setdefault(table.name, {
-            "schema": table.parts[0], "name": table.parts[1], "columns": list(table.columns), "types": list(table.types), "type_oids": _type_oids(conn, table),
+            "schema": table.parts[0], "name": table.parts[1], "columns": list(table.columns),
+            "generated": dict(table.generated), "types": list(table.types), "type_oids": _type_oids(conn, table),
             "distribution_key": list(table.distribution_key), "primary_key": list(table.primary_key), "files": {},
         })
         path = node_dir / _file_name(table)
         rows = 0
-        with path.open("wb") as f, conn.cursor().copy(
-            sql.SQL("COPY {} TO STDOUT").format(table.identifier)
+        # The columns named: generated ones are the server's to compute.
+        with path.open("wb") as f, conn.cursor().copy(sql.SQL("COPY {} ({}) TO STDOUT").format(
+            table.identifier, sql.SQL(", ").join(map(sql.Identifier, table.writable)))
         ) as copy:
             for chunk in copy:
                 f.write(chunk)
@@ -111,7 +113,9 @@ class InitialSnapshot:
         return sorted(self.manifest["tables"])
 
     def columns(self, table: str) -> list[str]:
-        return list(self.manifest["tables"][table]["columns"])
+        """The columns of the table's rows: all but generated ones."""
+        entry = self.manifest["tables"][table]
+        return [c for c in entry["columns"] if c not in entry.get("generated", {})]
 
     def rows(self, table: str, segment: int | None = None) -> Iterator[tuple[Any, ...]]:
         """Rows of a table (of one segment, or of all), as the stream's value types."""
@@ -130,7 +134,7 @@ class InitialSnapshot:
         entry = self.manifest["tables"][table]
         frames = []
         for content in sorted(int(c) for c in entry["files"]):
-            frame = pd.DataFrame(list(self.rows(table, content)), columns=entry["columns"], dtype=object)
+            frame = pd.DataFrame(list(self.rows(table, content)), columns=self.columns(table), dtype=object)
             frame["gp_segment_id"] = content
             frames.append(frame)
-        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=entry["columns"])
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=self.columns(table))

@@ -8,9 +8,9 @@ that another MPP flavour can plug in by subclassing it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -51,10 +51,17 @@ class Table:
     distribution_key: tuple[str, ...]
     primary_key: tuple[str, ...]
     parts: tuple[str, str] = ("", "")  # (schema, name) exactly as the catalog has them
+    generated: Mapping[str, str] = field(default_factory=dict)  # stored generated column -> its expression
 
     @property
     def identifier(self) -> sql.Composable:
         return sql.Identifier(*self.parts)
+
+    @property
+    def writable(self) -> tuple[str, ...]:
+        """The columns a row is written with: all but generated ones (which the server
+        computes, and logical decoding does not carry)."""
+        return tuple(c for c in self.columns if c not in self.generated)
 
 
 def connect_dsn(dsn: str, what: str, **kwargs: Any) -> psycopg.Connection[Any]:
@@ -172,7 +179,9 @@ class Cluster:
                 "SELECT nspname, relname, quote_ident(nspname) || '.' || quote_ident(relname) "
                 "FROM pg_class c JOIN pg_namespace n ON n.oid = relnamespace WHERE c.oid = %s", (oid,)).fetchone()
             columns = conn.execute(
-                "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+                "SELECT attname, format_type(atttypid, atttypmod), "
+                "CASE WHEN attgenerated <> '' THEN pg_get_expr(d.adbin, d.adrelid) END FROM pg_attribute a "
+                "LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
                 "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
                 (oid,),
             ).fetchall()
@@ -192,11 +201,12 @@ class Cluster:
                                fix="create it through the toolkit with DISTRIBUTED BY (...)")
         return Table(
             name=qualified,
-            columns=tuple(c for c, _ in columns),
-            types=tuple(t for _, t in columns),
+            columns=tuple(c for c, _, _ in columns),
+            types=tuple(t for _, t, _ in columns),
             distribution_key=tuple(c for c, in distkey),
             primary_key=tuple(c for c, in pkey),
             parts=(schema, relname),
+            generated={c: expression for c, _, expression in columns if expression is not None},
         )
 
     def fetch_all(self, query: str | sql.Composable, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:

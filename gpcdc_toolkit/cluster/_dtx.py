@@ -249,10 +249,11 @@ class DistributedTransaction:
             return self._segment(old_segment).execute(query, [*values.values(), *params]).rowcount
         deleted = self.execute(
             old_segment,
-            sql.SQL("DELETE FROM {} WHERE {} RETURNING *").format(table.identifier, where),
+            sql.SQL("DELETE FROM {} WHERE {} RETURNING {}").format(
+                table.identifier, where, sql.SQL(", ").join(map(sql.Identifier, table.writable))),
             params,
         )
-        moved = [{**dict(zip(table.columns, row)), **values} for row in deleted]
+        moved = [{**dict(zip(table.writable, row)), **values} for row in deleted]
         return self.insert(table_name, moved)
 
     def delete(self, table_name: TableRef, key: Mapping[str, Any]) -> int:

@@ -273,9 +273,9 @@ class Applier:
         if old is None:
             raise ApplyError(f"{table.name} has no primary key and its events carry no old row",
                              fix=f"run ALTER TABLE {table.name} REPLICA IDENTITY FULL on the source")
-        if set(old) != set(table.columns):
+        if set(old) != set(table.writable):
             raise ApplyError(f"a change of {table.name} (gxid {event['source'].get('gxid')}) carries its old row "
-                             f"without columns {sorted(set(table.columns) - set(old))}, so the row it changed cannot "
+                             f"without columns {sorted(set(table.writable) - set(old))}, so the row it changed cannot "
                              "be told from others", fix=f"give {table.name} a primary key on the source")
         segment = tx.route(table, old)
         match, params = _keyless_match(table, old)

@@ -13,13 +13,17 @@ from psycopg import sql
 from ..bootstrap import InitialSnapshot
 from ..cluster import DistributedTransaction, Session
 from ._apply import ApplyError
+from ._ddl_policy import DdlRefused, check_ddl
 
 _LOAD_BATCH = 5000  # rows per INSERT round
 
 
 def create_statement(snapshot: InitialSnapshot, table: str) -> str:
     entry = snapshot.manifest["tables"][table]
-    parts = [sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t)) for c, t in zip(entry["columns"], entry["types"])]
+    generated = entry.get("generated", {})
+    parts = [sql.SQL("{} {}{}").format(sql.Identifier(c), sql.SQL(t), sql.SQL(
+        f" GENERATED ALWAYS AS ({generated[c]}) STORED" if c in generated else ""))
+        for c, t in zip(entry["columns"], entry["types"])]
     if entry["primary_key"]:
         parts.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, entry["primary_key"]))))
     body = sql.SQL(", ").join(parts).as_string(None)
@@ -37,7 +41,13 @@ def prepare_target(session: Session, snapshot: InitialSnapshot) -> None:
                 session.ddl(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)).as_string(None))
             exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()[0]  # type: ignore[index]
             if not exists:
-                session.ddl(create_statement(snapshot, table))
+                statement = create_statement(snapshot, table)
+                try:  # the manifest is a file: its types and expressions pass the same check as the stream's DDL
+                    check_ddl(statement)
+                except DdlRefused as e:
+                    raise ApplyError(f"the initial snapshot's table {table} cannot be created on the target: {e}",
+                                     fix="create it on the target by hand, empty, then replay again") from None
+                session.ddl(statement)
                 continue
             rows = session.cluster.fetch_all(f"SELECT 1 FROM {table} LIMIT 1")
             if rows:
