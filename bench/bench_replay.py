@@ -10,14 +10,22 @@
 3. Follow: the workload again while a replayer follows; the largest lag seen and how
    long the replayer needs after the workload stops.
 
-    .venv/bin/python bench/bench_replay.py [--seconds 20] [--batch 1,50,500]
+4. With --large-mb N: the replayer's peak memory on one source transaction of N MB
+   (rows of about 1 kB), against its peak on a transaction of 1 MB in the same run;
+   `gpcdc replay --once` runs as a child process, and its peak RSS is the kernel's.
+
+    .venv/bin/python bench/bench_replay.py [--seconds 20] [--batch 1,50,500] [--large-mb 1024]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
+import string
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -61,11 +69,84 @@ class Timeline:
         return self.last - self.first if self.first is not None else 0.0
 
 
+def replay_peak_rss(work: Path, config_flags: list[str]) -> tuple[int, float]:
+    """Run `gpcdc replay --once` as a child; (its peak RSS in bytes, seconds)."""
+    began = time.perf_counter()
+    child = subprocess.Popen([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(work), *config_flags,
+                              "replay", "--once"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    _pid, status, usage = os.wait4(child.pid, 0)
+    if status != 0:
+        raise SystemExit(f"replay exited with status {status}")
+    return usage.ru_maxrss * 1024, time.perf_counter() - began
+
+
+def large_transaction(mb: int) -> None:
+    """Peak replayer memory on one transaction of ``mb`` MB against one of 1 MB."""
+    from gpcdc_toolkit.cluster import Session
+
+    work = Path(tempfile.mkdtemp(prefix="gpcdc-bench-"))
+    work.chmod(0o755)
+    source, broker = Sandbox("source", work), EmbeddedBroker(work)
+    targets = {size: Sandbox(f"large{size}", work) for size in (1, mb)}
+    groups: list[CaptureGroup] = []
+    try:
+        cluster = source.up(segments=3).cluster()
+        broker.up()
+        rng = random.Random(7)
+        filler = "".join(rng.choice(string.ascii_letters) for _ in range(4096))
+        with Session(cluster) as session:
+            session.ddl("CREATE TABLE big (id bigint PRIMARY KEY, payload text) DISTRIBUTED BY (id)")
+        for size, target in targets.items():
+            target.up(segments=2)
+            prefix = f"large{size}"
+            flags = ["--source-sandbox", "source", "--target-sandbox", target.name,
+                     "--kafka-bootstrap-servers", broker.bootstrap_servers, "--kafka-topic-prefix", prefix]
+            config = load_config({"work_dir": str(work), "kafka.bootstrap_servers": broker.bootstrap_servers,
+                                  "kafka.topic_prefix": prefix, "source.sandbox": "source"}, environ={})
+            pipeline = Pipeline(work, prefix)
+            bootstrap(cluster, pipeline, "snapshot")
+            group = CaptureGroup(config)
+            groups.append(group)
+            group.start()
+            rows = size * 1000  # about 1 kB each
+            began = time.perf_counter()
+            with Session(cluster) as session, session.transaction() as tx:
+                first = size * 10_000_000
+                for start in range(0, rows, 10_000):
+                    tx.insert("big", [{"id": first + i, "payload": filler[i % 3000:i % 3000 + 1000]}
+                                      for i in range(start, min(rows, start + 10_000))])
+            wait_until_acknowledged(cluster, pipeline.slot, timeout=1800)
+            group.stop()
+            captured = time.perf_counter() - began
+            peak, seconds = replay_peak_rss(work, flags)
+            same = table_rows(target.cluster(), "big") == table_rows(cluster, "big")  # initial load + stream
+            print(f"one transaction of {size} MB ({rows} rows): written and captured in {captured:.1f} s; replayed in "
+                  f"{seconds:.1f} s ({rows / seconds:,.0f} rows/s), replayer peak RSS {peak / 2**20:,.0f} MiB; "
+                  f"target {'equals' if same else 'DIFFERS FROM'} the source", flush=True)
+            if size == 1:
+                baseline = peak
+        print(f"peak RSS ratio, {mb} MB transaction / 1 MB transaction: {peak / baseline:.2f} "
+              f"({peak / 2**20:,.0f} MiB; goal at most 256 MiB)", flush=True)
+    finally:
+        for group in groups:
+            group.stop()
+        broker.down()
+        for sandbox in (source, *targets.values()):
+            sandbox.down(remove=True)
+        if not os.environ.get("GPCDC_BENCH_KEEP"):
+            shutil.rmtree(work)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--batch", default="1,50,500", help="batch sizes to replay with, comma-separated")
+    parser.add_argument("--large-mb", type=int, default=0,
+                        help="only measure the replayer's peak memory on one transaction of this many MB")
     args = parser.parse_args()
+    if args.large_mb:
+        large_transaction(args.large_mb)
+        return
     batches = [int(b) for b in args.batch.split(",")]
     work = Path(tempfile.mkdtemp(prefix="gpcdc-bench-"))
     work.chmod(0o755)

@@ -61,16 +61,26 @@ def runs(pid: int | None, command_part: str) -> bool:
 
 def stop_pid(pid: int, *, timeout: float = 10.0) -> None:
     """SIGTERM a process, then SIGKILL it if it has not exited within ``timeout``."""
+    stop_pids([pid], timeout=timeout)
+
+
+def stop_pids(pids: list[int], *, timeout: float = 10.0) -> None:
+    """SIGTERM processes all at once (they wind down side by side), then SIGKILL those
+    that have not exited within ``timeout``."""
+    alive = list(pids)
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return
+        for pid in alive:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if not pid_alive(pid):
-                return
-            time.sleep(0.05)
+        while alive and time.monotonic() < deadline:
+            alive = [pid for pid in alive if pid_alive(pid)]
+            if alive:
+                time.sleep(0.05)  # polling the processes' exit
+        if not alive:
+            return
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -99,3 +99,49 @@ def test_a_resend_that_starts_over_from_an_earlier_transaction_is_not_damage():
     again = feed_all(framer, 0, [begin(0, 7), end(0, 7), begin(0, 9), row(0, 9, 1), row(0, 9, 2), end(0, 9, count=2)],
                      first_offset=4)
     assert [p.commit_lsn for p in partial + again] == [7, 7, 9] and all(p.damage is None for p in partial + again)
+
+
+class ListSpill:
+    """A Spill in memory, for the framing rules alone."""
+
+    def __init__(self):
+        self.rows = {}
+
+    def put(self, seq, event):
+        self.rows[seq] = event
+
+    def seqs(self):
+        return iter(sorted(self.rows))
+
+    def __iter__(self):
+        return (self.rows[s] for s in sorted(self.rows))
+
+    def __len__(self):
+        return len(self.rows)
+
+
+@given(seqs=st.lists(st.integers(1, 30), max_size=60), count=st.integers(0, 30), limit=st.integers(0, 10))
+def test_a_spilled_part_frames_as_one_held_in_memory(seqs, count, limit):
+    def frame(**spill):
+        framer = Framer("p", **spill)
+        (part,) = feed_all(framer, 0, [begin(0, 7), *(row(0, 7, s) for s in seqs), end(0, 7, count=count)])
+        return part
+
+    held, spilled = frame(), frame(spill=ListSpill, spill_rows=limit)
+    assert list(spilled.payload) == list(held.payload) and spilled.damage == held.damage
+    assert isinstance(spilled.payload, ListSpill) == (len(set(seqs)) > limit)
+
+
+def test_sqlite_spill_keeps_one_row_per_sequence_number_in_order(tmp_path):
+    from gpcdc_toolkit.replay._spill import SqliteSpill
+
+    spill = SqliteSpill(tmp_path)
+    for seq in [3, 1, 2, 1, 5000, *range(4, 4000)]:
+        spill.put(seq, {"seq": seq, "v": "x" * (seq % 7)})
+    spill.put(1, {"seq": 1, "v": "resent"})
+    rows = list(spill)
+    assert len(spill) == len(rows) == 4000 and [r["seq"] for r in rows] == [*range(1, 4000), 5000]
+    assert rows[0]["v"] == "resent" and list(spill.seqs()) == [r["seq"] for r in rows]
+    assert spill.path.exists()
+    spill.close()
+    assert not spill.path.exists()

@@ -198,3 +198,67 @@ def test_a_part_prepared_long_after_its_commit_record_is_late_not_missing(source
         done = replayer.run()
     assert done.pending == 0
     assert table_rows(target_cluster, table) == table_rows(source, table) and len(table_rows(source, table)) == 12
+
+
+def test_a_broker_that_lost_its_data_is_refused_by_capture_status_and_replay(source, work_dir):
+    import os
+    import signal
+
+    import pytest
+
+    from gpcdc_toolkit.bootstrap import Pipeline, drop_slots
+    from gpcdc_toolkit.broker import EmbeddedBroker
+    from gpcdc_toolkit.capture import CaptureGroup
+    from gpcdc_toolkit.config import load_config
+    from gpcdc_toolkit.errors import GpcdcError
+    from gpcdc_toolkit.sandbox import Sandbox
+
+    broker_dir = work_dir / f"lost-{uuid.uuid4().hex[:4]}"
+    broker = EmbeddedBroker(broker_dir).up()
+    target = None
+    table = f"lost_{uuid.uuid4().hex[:6]}"
+    config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
+                          "kafka.topic_prefix": f"l{uuid.uuid4().hex[:8]}", "source.sandbox": "source"}, environ={})
+    pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+    group = CaptureGroup(config, heartbeat_interval=0.3)
+    status = ["--source-sandbox", "source", "--kafka-bootstrap-servers", config.kafka.bootstrap_servers,
+              "--kafka-topic-prefix", config.kafka.topic_prefix, "status"]
+    try:
+        with Session(source) as session:
+            session.ddl(f"CREATE TABLE {table} (id int PRIMARY KEY, v text) DISTRIBUTED BY (id)")
+            bootstrap(source, pipeline, "snapshot")
+            group.start()
+            with session.transaction() as tx:
+                tx.insert(table, [{"id": i, "v": "before"} for i in range(10)])
+            wait_until_acknowledged(source, pipeline.slot)
+            pid = broker.pid
+            os.kill(pid, signal.SIGKILL)
+            while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z":
+                time.sleep(0.01)  # the broker process is going away
+            with session.transaction() as tx:
+                tx.insert(table, [{"id": i, "v": "while away"} for i in range(10, 20)])
+            # While Kafka is away, status says which workers cannot deliver.
+            deadline = time.monotonic() + 60
+            while True:
+                shown = gpcdc(work_dir, *status)
+                if shown.returncode == 3 and ("waiting for Kafka" in shown.stderr or "reconnecting" in shown.stderr):
+                    break
+                assert time.monotonic() < deadline, shown.stderr
+        # The broker comes back on its port, empty; capture, started again, refuses to write on.
+        broker = EmbeddedBroker(broker_dir).up()
+        assert broker.bootstrap_servers == config.kafka.bootstrap_servers
+        group.stop()
+        with pytest.raises(GpcdcError, match="Kafka lost events it had acknowledged"):
+            group.start()
+        shown = gpcdc(work_dir, *status)
+        assert shown.returncode == 3 and "failed" in shown.stderr and "bootstrap the pipeline again" in shown.stderr
+        # A replay into a fresh target loads the snapshot, then refuses the stream.
+        target = Sandbox(f"target-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
+        line = one_line_error(gpcdc(work_dir, "--target-sandbox", target.name, *status[:-1], "replay", "--once"))
+        assert "not even the pipeline's marker" in line and "bootstrap the pipeline again" in line
+    finally:
+        group.stop()
+        drop_slots(source, pipeline.slot, publication=pipeline.publication)
+        broker.down()
+        if target is not None:
+            target.down(remove=True)

@@ -75,7 +75,10 @@ class EmbeddedBroker:
         if port is not None and port_in_use(port):
             raise BrokerError(f"port {port} is taken by another process", fix="choose another --port, or omit it to use a free one")
         binary = broker_binary()
-        port = port or free_port()
+        # Back on the port it had (after a crash), so that clients configured with it
+        # find it again, and find out what it lost.
+        previous = (self._state() or {}).get("port")
+        port = port or (previous if previous and not port_in_use(previous) else free_port())
         self.path.mkdir(parents=True, exist_ok=True)
         url = f"tcp://127.0.0.1:{port}"
         with (self.path / "broker.log").open("ab") as log:

@@ -18,7 +18,7 @@ from typing import Any
 
 from psycopg import conninfo
 
-from .._runtime import pid_alive, read_json, runs, stop_pid
+from .._runtime import pid_alive, read_json, runs, stop_pids
 from ..bootstrap import Pipeline
 from ..config import SETTINGS, Config, flag
 from ..connect import kafka_client_settings, open_cluster
@@ -116,14 +116,11 @@ class CaptureGroup:
         return proc.pid
 
     def stop(self, timeout: float = 30.0) -> list[int]:
-        stopped = []
+        running = {content: pid for content in self._contents() if (pid := self.pid(content))}
+        stop_pids(list(running.values()), timeout=timeout)
         for content in self._contents():
-            pid = self.pid(content)
-            if pid:
-                stop_pid(pid, timeout=timeout)
-                stopped.append(content)
             self.pid_file(content).unlink(missing_ok=True)
-        return stopped
+        return sorted(running)
 
     def kill(self, content: int) -> int:
         """SIGKILL one worker (for fault tests); returns its pid."""

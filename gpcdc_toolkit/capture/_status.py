@@ -24,6 +24,8 @@ class NodeStatus:
     megabytes: float
     acked_lsn: str
     last_commit: str
+    state: str = ""  # the worker's own word: streaming, reconnecting in 4 s, waiting for Kafka, failed: ...
+    last_error: str | None = None
 
 
 def capture_status(cluster: Cluster, group: CaptureGroup) -> list[NodeStatus]:
@@ -51,6 +53,8 @@ def capture_status(cluster: Cluster, group: CaptureGroup) -> list[NodeStatus]:
             acked_lsn=format_lsn(parse_lsn(confirmed)) if confirmed else "no slot",
             last_commit=dt.datetime.fromtimestamp(last_ms / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
             if last_ms else "-",
+            state=str(status.get("state", "")) if pid or str(status.get("state", "")).startswith("failed") else "",
+            last_error=status.get("last_error"),
         ))
     return rows
 

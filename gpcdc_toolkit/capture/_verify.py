@@ -10,7 +10,7 @@ from typing import Any
 from ..config import Config
 from ..connect import kafka_client_settings
 from ..ingest import read_values
-from ..protocol import Topics
+from ..protocol import Topics, is_pipeline_marker
 
 
 @dataclass
@@ -32,6 +32,8 @@ def read_captured(config: Config) -> Captured:
     out = Captured()
     seen: set[tuple[Any, ...]] = set()
     for _partition, _offset, v in read_values(kafka, topics.changes):
+        if is_pipeline_marker(v):
+            continue
         if "op" in v:
             identity: tuple[Any, ...] = (v["source"]["segment"], v["source"]["commit_lsn"], v["source"]["seq"])
         elif "status" in v:
@@ -54,7 +56,7 @@ def read_captured(config: Config) -> Captured:
             out.records[v["gxid"]] = tuple(v["segments"]) if v["segments"] is not None else None
         elif v.get("type") == "ddl":
             out.ddl.append(v)
-        else:
+        elif not is_pipeline_marker(v):
             out.watermarks[-1].append(v)
     return out
 

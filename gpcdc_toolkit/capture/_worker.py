@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
 import psycopg2
 import psycopg2.extras
@@ -36,6 +37,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from .._runtime import write_json
 from ..cluster import Cluster, Node, gxid_of
 from ..errors import GpcdcError
+from ..ingest import first_message
 from ..protocol import (
     COORDINATOR,
     Dispatcher,
@@ -44,7 +46,10 @@ from ..protocol import (
     StartPoint,
     Topics,
     TransactionAssembler,
+    format_lsn,
+    is_pipeline_marker,
     parse_lsn,
+    pipeline_marker,
 )
 
 log = logging.getLogger(__name__)
@@ -54,6 +59,12 @@ _CLOCK_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
 class DeliveryFailed(RuntimeError):
     """Kafka refused or timed out a message: the session restarts from the slot."""
+
+
+class HistoryLost(GpcdcError):
+    """The node's partition no longer holds what capture acknowledged to the slot (a
+    broker that lost its data, a topic deleted and created again), or holds another
+    bootstrap's events: writing on would make the stream silently incomplete."""
 
 
 @dataclass(frozen=True)
@@ -130,8 +141,10 @@ class CaptureWorker:
                 self._session(stop)
                 self._set_state("stopped")
                 return
-            except ProtocolError:
-                raise  # the stream itself is wrong: starting over would meet it again
+            except (ProtocolError, HistoryLost) as e:
+                self.stats.last_error = str(e)
+                self._set_state(f"failed: {e}")
+                raise  # starting over would meet it again
             except Exception as e:  # servers, Kafka, and the Kafka client's own failures
                 reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 if isinstance(e, GpcdcError) and not _retryable(e):
@@ -179,6 +192,7 @@ class CaptureWorker:
                 raise GpcdcError(f"slot {self.slot} does not exist on {self.node}",
                                  fix="run `gpcdc bootstrap create` first")
             acked = parse_lsn(row[0])
+            self._check_history(producer, acked)
             cur = conn.cursor()
             cur.start_replication(slot_name=self.slot, decode=False, options={
                 "proto_version": "1", "publication_names": self.start.publication, "messages": "true"})
@@ -191,6 +205,43 @@ class CaptureWorker:
             if conn is not None:
                 conn.close()
             probe.close()
+
+    def _check_history(self, producer: Producer, acked: int) -> None:
+        """Before streaming: the node's partition must begin with this bootstrap's
+        pipeline marker. An empty one gets it, unless the slot was acknowledged past its
+        start: then Kafka lost what it had acknowledged, and capture stops for good."""
+        if self.dispatcher.kind != "segment":
+            return  # partitions are shared by every node's worker: none of them owns one
+        content = self.node.content
+        topic, partition = (self.topics.dtx, 0) if content == COORDINATOR else (self.topics.changes, content)
+        identity = self.start.identity
+        first = first_message(self.settings.kafka, topic, partition)
+        if first is None:
+            if acked > self.start.node(content).consistent_lsn:
+                raise HistoryLost(
+                    f"{topic} partition {partition} is empty, but {self.node}'s slot was acknowledged to "
+                    f"{format_lsn(acked)}, past the pipeline's start: Kafka lost events it had acknowledged "
+                    "(a broker restarted without its data, or the topic was deleted)",
+                    fix="bootstrap the pipeline again (`gpcdc bootstrap drop --delete-topics`, then "
+                        "`gpcdc bootstrap create`) and replay into a fresh target")
+            marker = pipeline_marker(identity, content)
+            producer.produce(topic, marker.value, partition=partition)
+            if producer.flush(self.settings.flush_timeout) or self._delivery_error is not None:
+                raise DeliveryFailed(f"Kafka did not take the pipeline marker of {topic} partition {partition}")
+            return
+        value = first.value()
+        try:
+            decoded = orjson.loads(value) if value is not None else None
+        except orjson.JSONDecodeError:
+            decoded = None
+        if not is_pipeline_marker(decoded, identity):
+            owner = decoded.get("pipeline") if is_pipeline_marker(decoded) else None
+            raise HistoryLost(
+                f"{topic} partition {partition} begins with "
+                + (f"the events of another bootstrap ({owner}, not {identity})" if owner else
+                   "something other than this pipeline's marker") + ": the topics belong to another pipeline",
+                fix="use another kafka.topic_prefix, or delete the old topics "
+                    "(`gpcdc bootstrap drop --delete-topics`) and bootstrap again")
 
     def _loop(self, stop: threading.Event, cur: Any, conn: Any, producer: Producer,
               probe: psycopg.Connection[Any], acked: int) -> None:

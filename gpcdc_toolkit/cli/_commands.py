@@ -397,12 +397,17 @@ class Status(Command):
         for r in rows:
             _print(f"{r.node:>4} {r.worker:<14} {r.bytes_behind:>12} {r.seconds_behind:>8} {r.events:>10} "
                    f"{r.megabytes:>8.1f} {r.acked_lsn:>12} {r.last_commit:<24}")
+        troubled = [r for r in rows if r.state.startswith(("reconnecting", "waiting", "failed"))]
+        for r in troubled:
+            # A live worker that cannot reach Kafka, or one that stopped for good, says why.
+            print(f"gpcdc: node {r.node}'s capture worker is {r.state.split(':')[0]}"
+                  + (f": {r.last_error}" if r.last_error else ""), file=sys.stderr)
         down = [str(r.node) for r in rows if not r.alive]
         if down:
             print(f"gpcdc: capture workers are not running for nodes {', '.join(down)} "
                   f"(start them with `gpcdc capture start`)", file=sys.stderr)
             return 3
-        return 0
+        return 3 if troubled else 0
 
 
 class Replay(Command):

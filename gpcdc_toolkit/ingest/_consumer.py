@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from ..errors import BrokerError
 
@@ -114,6 +114,33 @@ def read_to_end(
                 ends.end_of_partition(partition)
             else:
                 raise KafkaException(error)
+    finally:
+        consumer.close()
+
+
+def first_message(kafka: Mapping[str, str], topic: str, partition: int, *, idle: float = 1.0,
+                  timeout: float = 30.0) -> Message | None:
+    """The first message a partition holds now, or None when it holds none (by the
+    rules above)."""
+    consumer = Consumer({**kafka, "group.id": "gpcdc-reader", "enable.auto.commit": False,
+                         "enable.partition.eof": True, "fetch.wait.max.ms": 100})
+    try:
+        partitions_of(consumer, topic)
+        consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
+        ends = EndTracker([partition], idle=idle)
+        while not ends.check(timeout, repr(topic)):
+            polling = time.monotonic()
+            message = consumer.poll(0.1)
+            ends.polled(time.monotonic() - polling)
+            if message is None:
+                continue
+            error = message.error()
+            if error is None:
+                return message
+            if error.code() != KafkaError._PARTITION_EOF:
+                raise KafkaException(error)
+            ends.end_of_partition(partition)
+        return None
     finally:
         consumer.close()
 

@@ -20,7 +20,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("partition", "int"),
     ("offset", "bigint"),
     ("timestamp", "timestamp"),  # the Kafka message's timestamp
-    ("kind", "string"),  # row, begin, end, resolved, commit, ddl; null when corrupt
+    ("kind", "string"),  # row, begin, end, resolved, commit, ddl, pipeline; null when corrupt
     ("segment", "int"),  # -1: the coordinator
     ("gxid", "bigint"),
     ("xid", "bigint"),
@@ -85,6 +85,8 @@ def to_row(topic: str, partition: int, offset: int, timestamp_ms: int | None,
             return head + ("resolved", v["segment"], None, None, None, None, None, None, None, None, None, None,
                            None, None, None, None, None, None, v["resolved"], v.get("resolved_ts_ms"), None, None)
         kind = v["type"]
+        if kind == "pipeline":  # the first message of each partition: which bootstrap wrote it
+            return head + ("pipeline", v["segment"]) + (None,) * (WIDTH - 6)
         if kind in ("commit", "ddl"):
             return head + (kind, v["segment"], v["gxid"], v["xid"], v["commit_lsn"], v["commit_ts_ms"],
                            None, None, None, None, None, None, None, None, None, None,

@@ -42,6 +42,18 @@ class Outbound:
     value: bytes
 
 
+def pipeline_marker(identity: str, content: int) -> Outbound:
+    """The first message of each of a pipeline's partitions: which bootstrap wrote it."""
+    return Outbound("pipeline", None, orjson.dumps({"type": "pipeline", "pipeline": identity, "segment": content,
+                                                    "version": PROTOCOL_VERSION}))
+
+
+def is_pipeline_marker(value: Any, identity: str | None = None) -> bool:
+    """Whether a decoded message is a pipeline marker (of ``identity``, when given)."""
+    return (isinstance(value, dict) and value.get("type") == "pipeline"
+            and (identity is None or value.get("pipeline") == identity))
+
+
 def _converter(type_oid: int) -> Callable[[str | None], Any]:
     return lambda text: pg.convert(type_oid, text)
 

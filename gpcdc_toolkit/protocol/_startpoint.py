@@ -3,6 +3,8 @@ and the replayer read (pure)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -68,6 +70,14 @@ class StartPoint:
         if gxid is not None:
             return not self.snapshot.sees(gxid)
         return commit_lsn > self.node(content).snapshot_lsn
+
+    @property
+    def identity(self) -> str:
+        """Names this bootstrap of the pipeline: stamped first on each of its partitions,
+        so that topics that lost their history, or hold another bootstrap's events, are
+        recognised."""
+        canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -10,6 +10,7 @@ record in the DDL's own transaction.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -97,8 +98,10 @@ class ApplyStats:
 class Applier:
     """Applies batches of whole transactions of one pipeline to ``target``."""
 
-    def __init__(self, target: Cluster, pipeline: str, *, skip_ddl: Iterable[int] = ()) -> None:
+    def __init__(self, target: Cluster, pipeline: str, *, skip_ddl: Iterable[int] = (),
+                 chunk_rows: int = 20_000) -> None:
         self.target = target
+        self.chunk_rows = chunk_rows  # row events folded and written at a time
         self.pipeline = pipeline
         self.skip_ddl = frozenset(skip_ddl)  # gxids whose DDL was given to the target by hand
         self.session = Session(target)
@@ -237,22 +240,29 @@ class Applier:
                                           f"resolves to {schema}.{name}, in a system schema", topic)
 
     def _apply_rows(self, tx: DistributedTransaction, batch: Sequence[Whole]) -> int:
-        """Apply the net effect of the batch's row events; returns how many events."""
-        events = [e for whole in batch for part in whole.parts for e in part.payload or ()]
-        primary_keys = {}
-        for event in events:
-            table = table_of(event)
-            if table not in primary_keys:
-                primary_keys[table] = self._table(table, event["source"].get("gxid")).primary_key
-        for changes in compact(events, primary_keys):
-            if changes.deletes:
-                tx.delete_keys(changes.table, changes.deletes)
-            if changes.upserts:
-                tx.upsert(changes.table, changes.upserts)
-            for key, values in changes.updates:
-                tx.update(changes.table, key, values)
-            self._apply_in_order(tx, changes.table, changes.ordered)
-        return len(events)
+        """Apply the net effect of the batch's row events; returns how many events.
+
+        Events are folded and written ``chunk_rows`` at a time, in order, so that a
+        transaction of any size is applied in bounded memory: folding consecutive runs
+        one after the other leaves what folding them all at once leaves."""
+        events = (e for whole in batch for part in whole.parts for e in part.payload or ())
+        count = 0
+        primary_keys: dict[tuple[str, str], tuple[str, ...]] = {}
+        while chunk := list(itertools.islice(events, self.chunk_rows)):
+            count += len(chunk)
+            for event in chunk:
+                table = table_of(event)
+                if table not in primary_keys:
+                    primary_keys[table] = self._table(table, event["source"].get("gxid")).primary_key
+            for changes in compact(chunk, primary_keys):
+                if changes.deletes:
+                    tx.delete_keys(changes.table, changes.deletes)
+                if changes.upserts:
+                    tx.upsert(changes.table, changes.upserts)
+                for key, values in changes.updates:
+                    tx.update(changes.table, key, values)
+                self._apply_in_order(tx, changes.table, changes.ordered)
+        return count
 
     def _apply_in_order(self, tx: DistributedTransaction, table: tuple[str, str],
                         events: Sequence[Mapping[str, Any]]) -> None:

@@ -10,8 +10,8 @@ meets may have been applied, so it asks the target which, and passes over those.
 
 from __future__ import annotations
 
-import hashlib
 import logging
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -26,12 +26,13 @@ from ..config import Config
 from ..connect import kafka_client_settings, open_cluster
 from ..errors import GpcdcError
 from ..ingest import EndTracker, partitions_of
-from ..protocol import Topics
+from ..protocol import Topics, is_pipeline_marker
 from ._apply import Applier, Checkpoint, DdlRefusedError, commit_ts_ms
 from ._legacy import SegmentOrder
 from ._load import load_rows, prepare_target
 from ._order import Missing, Part, Reassembler, Record, Whole, resume_point
 from ._source import COORDINATOR, Framer, StreamError, Watermark
+from ._spill import SqliteSpill
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,8 @@ class ReplaySettings:
     initial_load: bool = True  # load the bootstrap's snapshot before the first transaction
     legacy_per_segment: bool = False  # replay a legacy-marker stream segment by segment (see _legacy.py)
     skip_ddl: frozenset[int] = frozenset()  # gxids whose refused DDL was given to the target by hand
+    spill_rows: int = 10_000  # rows of one part held in memory; past that it goes to a file
+    spill_dir: str | None = None  # where such files go (default: the system's temporary directory)
 
 
 class Replayer:
@@ -106,7 +109,8 @@ class Replayer:
         self.pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
         self.kafka = kafka_client_settings(config)
         self.target = target or open_cluster(config, "target")
-        self.applier = Applier(self.target, config.kafka.topic_prefix, skip_ddl=self.settings.skip_ddl)
+        self.applier = Applier(self.target, config.kafka.topic_prefix, skip_ddl=self.settings.skip_ddl,
+                               chunk_rows=self.settings.batch_rows)
         self.initial_load: tuple[int, int] | None = None  # (rows, tables) when this replayer made the load
 
     def close(self) -> None:
@@ -127,7 +131,7 @@ class Replayer:
         run = _Run(self)  # finds the topics before anything is written to the target
         last_report = 0.0
         try:
-            run.begin(self._start())
+            run.begin(self._start(), self._start_point_fingerprint())
             if self.settings.legacy_per_segment:
                 log.warning("replaying %s segment by segment (legacy markers): each row's history is replayed in "
                             "order and the target is exact once every segment is caught up, but until then it can "
@@ -139,6 +143,8 @@ class Replayer:
                 if progress is not None and (done or now - last_report >= progress_interval):
                     progress(run.progress())
                     last_report = now
+                if done:
+                    run.check_marked()
                 if done or should_stop():
                     break
         finally:
@@ -150,8 +156,7 @@ class Replayer:
 
     def _start_point_fingerprint(self) -> str:
         """Which bootstrap of the pipeline this is ("" where its start point is not here)."""
-        path = self.pipeline.start_point_file
-        return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else ""
+        return self.pipeline.start_point().identity if self.pipeline.start_point_file.is_file() else ""
 
     def _start(self) -> Checkpoint:
         # A replayer killed in a commit leaves prepared parts that hold row locks.
@@ -195,7 +200,9 @@ class _Run:
         self.quarantine = replayer.pipeline.directory / "quarantine.jsonl"
         self.consumer = Consumer({**replayer.kafka, "group.id": f"gpcdc-replay-{self.topics.prefix}",
                                   "enable.auto.commit": False, "enable.partition.eof": True,
-                                  "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100})
+                                  "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100,
+                                  "queued.max.messages.kbytes": 16384})  # prefetch: 16 MB, not 64
+        self.spill_dir = tempfile.TemporaryDirectory(prefix="gpcdc-spill-", dir=self.settings.spill_dir)
         try:
             self.partitions = partitions_of(self.consumer, self.topics.changes)
             partitions_of(self.consumer, self.topics.dtx)
@@ -204,10 +211,13 @@ class _Run:
             raise
         self.segments = len(self.partitions)
 
-    def begin(self, checkpoint: Checkpoint) -> None:
+    def begin(self, checkpoint: Checkpoint, identity: str) -> None:
+        """Start reading from ``checkpoint``; ``identity`` names the bootstrap whose
+        marker the partitions must begin with ("": not known here)."""
         segments = self.partitions
         self.framer = Framer(self.topics.prefix, legacy=self.settings.legacy_per_segment,
-                             read=checkpoint.read, lsn=checkpoint.lsn)
+                             read=checkpoint.read, lsn=checkpoint.lsn, spill_rows=self.settings.spill_rows,
+                             spill=lambda: SqliteSpill(self.spill_dir.name))
         self.began_ms = int(time.time() * 1000)
         self.started = time.monotonic()
         self.stats_at_start = (self.applier.stats.transactions, self.applier.stats.rows, self.applier.stats.ddl)
@@ -218,6 +228,9 @@ class _Run:
                               "or bootstrap again")
         self.next = {p: checkpoint.resume.get(p, 0) for p in [COORDINATOR, *segments]}
         self.first_offsets_seen: set[int] = set()
+        # Read from their very beginning: each partition must open with the pipeline's marker.
+        self.identity = identity
+        self.unmarked = {p for p, offset in self.next.items() if offset == 0 and not checkpoint.read}
         self.window_end = {p: o for p, o in checkpoint.read.items() if o > self.next.get(p, 0)}
         self.consumer.assign([TopicPartition(self.topics.changes, p, self.next[p]) for p in segments]
                              + [TopicPartition(self.topics.dtx, 0, self.next[COORDINATOR])])
@@ -229,6 +242,7 @@ class _Run:
 
     def close(self) -> None:
         self.consumer.close()
+        self.spill_dir.cleanup()
 
     @property
     def caught_up(self) -> bool:
@@ -275,6 +289,16 @@ class _Run:
                               f"is not JSON ({e})", fix="the topic holds something capture did not write; check "
                               "kafka.topic_prefix") from None
         self.next[partition] = offset + 1
+        if partition in self.unmarked:
+            if not is_pipeline_marker(value, self.identity or None):
+                owner = value.get("pipeline") if is_pipeline_marker(value) else None
+                raise StreamError(
+                    f"{self._name(partition)} does not begin with this pipeline's marker ("
+                    + (f"it holds bootstrap {owner}'s events, not {self.identity}'s" if owner else
+                       "its history is lost, or another writer's events are in it") + ")",
+                    fix="bootstrap the pipeline again and replay into a fresh target")
+            self.unmarked.discard(partition)
+            return
         framed = self.framer.feed(partition, offset, value)
         if framed is not None:
             if self.reassembler is not None:
@@ -283,6 +307,16 @@ class _Run:
                 self.window.append(framed)
         if partition in self.window_end and offset + 1 >= self.window_end[partition]:
             del self.window_end[partition]  # the window of this partition is read
+
+    def check_marked(self) -> None:
+        """Once read to the end: a partition read from its beginning that held nothing
+        at all lost its history (capture writes the marker before anything else)."""
+        if self.unmarked:
+            names = ", ".join(self._name(p) for p in sorted(self.unmarked))
+            raise StreamError(f"{names} hold no events, not even the pipeline's marker: capture has not started, "
+                              "or the topics lost their history",
+                              fix="start capture (`gpcdc capture start`); if it refuses to, bootstrap the pipeline "
+                                  "again and replay into a fresh target")
 
     def _notice_ends(self) -> None:
         self.ends.check(what=self.topics.changes)
@@ -328,8 +362,11 @@ class _Run:
                 self._quarantine(refused)
                 raise
             self.applied_lsn = dict(checkpoint.applied_lsn)
-            for _ in batch:
+            for whole in batch:
                 self.in_hand.popleft()
+                for part in whole.parts:
+                    if isinstance(part.payload, SqliteSpill):
+                        part.payload.close()
 
     def _quarantine(self, refused: DdlRefusedError) -> None:
         """Keep the refused record where an operator finds it, one JSON line each."""

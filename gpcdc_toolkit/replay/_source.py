@@ -7,9 +7,9 @@ coordinator's topic is called partition -1 here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import GpcdcError
 from ..protocol import PROTOCOL_VERSION
@@ -46,20 +46,30 @@ def _watermark(partition: int, value: Mapping[str, Any]) -> Watermark | None:
                      value.get("prepared_ts_ms"))
 
 
-def _damage(rows: Mapping[int, Any], event_count: Any) -> str | None:
+def _damage(seqs: Iterable[int], event_count: Any) -> str | None:
     """Why a part's rows are not whole, or None: a part is whole when it holds exactly
-    the END's count of row events, numbered 1..count."""
+    the END's count of row events, numbered 1..count (``seqs``: its numbers, ascending)."""
     if not isinstance(event_count, int) or isinstance(event_count, bool):
         return f"its END carries no event count ({event_count!r})"
-    absent = [seq for seq in range(1, event_count + 1) if seq not in rows]
-    extra = [seq for seq in rows if not 1 <= seq <= event_count]
-    if not absent and not extra:
+    held, absent, extra = 0, [], []
+    expected = 1
+    for seq in seqs:
+        held += 1
+        if seq > event_count:
+            extra.append(seq)
+            continue
+        if len(absent) < 1000:  # enough to name them
+            absent.extend(range(expected, min(seq, expected + 1000)))
+        expected = seq + 1
+    if len(absent) < 1000:
+        absent.extend(range(expected, min(event_count + 1, expected + 1000)))
+    if held == event_count and not absent and not extra:
         return None
-    what = f"it holds {len(rows)} of its {event_count} row events"
+    what = f"it holds {held} of its {event_count} row events"
     if absent:
         what += f"; sequence numbers {_ranges(absent)} are absent"
     if extra:
-        what += f"; sequence numbers {_ranges(sorted(extra))} lie past its count"
+        what += f"; sequence numbers {_ranges(extra[:1000])} lie past its count"
     return what
 
 
@@ -74,18 +84,56 @@ def _ranges(numbers: list[int]) -> str:
     return ", ".join(shown) + (", ..." if len(spans) > 5 else "")
 
 
+class Spill(Protocol):
+    """Where a large part's row events go instead of memory, by sequence number (a
+    resend replaces); it is then the part's payload, read back in sequence order."""
+
+    def put(self, seq: int, event: Mapping[str, Any]) -> None: ...
+
+    def seqs(self) -> Iterator[int]: ...  # ascending
+
+    def __iter__(self) -> Iterator[Mapping[str, Any]]: ...  # the events, by sequence number
+
+    def __len__(self) -> int: ...
+
+
 @dataclass
 class _Open:
     offset: int  # of its first BEGIN
     rows: dict[int, Mapping[str, Any]] = field(default_factory=dict)  # by sequence: a resend replaces
+    spill: Spill | None = None  # where its rows went once there were too many to hold
+    gxid: int | None = None  # from its rows
+
+    def put(self, seq: int, event: Mapping[str, Any], limit: int, spill: Callable[[], Spill] | None) -> None:
+        self.gxid = event["source"].get("gxid") if self.gxid is None else self.gxid
+        if self.spill is not None:
+            self.spill.put(seq, event)
+            return
+        self.rows[seq] = event
+        if spill is not None and len(self.rows) > limit:
+            self.spill = spill()
+            for number in sorted(self.rows):
+                self.spill.put(number, self.rows[number])
+            self.rows = {}
+
+    def payload(self) -> tuple[Sequence[Mapping[str, Any]] | Spill, Iterable[int]]:
+        """The rows in sequence order, and their sequence numbers."""
+        if self.spill is not None:
+            return self.spill, self.spill.seqs()
+        numbers = sorted(self.rows)
+        return tuple(self.rows[n] for n in numbers), numbers
 
 
 class Framer:
     """Turns messages into :class:`Part`, :class:`Record` and :class:`Watermark`."""
 
     def __init__(self, topic_prefix: str = "", *, legacy: bool = False,
-                 read: Mapping[int, int] | None = None, lsn: Mapping[int, int] | None = None) -> None:
+                 read: Mapping[int, int] | None = None, lsn: Mapping[int, int] | None = None,
+                 spill: Callable[[], Spill] | None = None, spill_rows: int = 10_000) -> None:
         self.topic_prefix = topic_prefix
+        # A part of more than spill_rows rows goes to a spill() (when given) as it comes,
+        # so that memory stays bounded whatever a source transaction's size.
+        self.spill, self.spill_rows = spill, spill_rows
         self.legacy = legacy  # accept parts without gxid and records without segments
         # What a run before a restart had read: per partition, the next offset and the
         # highest commit LSN. A transaction at or past that offset with a commit LSN up
@@ -116,7 +164,7 @@ class Framer:
                     fix="capture the pipeline again with this version of the toolkit (gpcdc bootstrap create) and "
                         "replay into a fresh target")
             key = (source["segment"], source["commit_lsn"])
-            self._open.setdefault(key, _Open(offset)).rows[source["seq"]] = value
+            self._open.setdefault(key, _Open(offset)).put(source["seq"], value, self.spill_rows, self.spill)
             return None
         if value.get("resolved") is not None:
             return _watermark(partition, value)
@@ -138,9 +186,9 @@ class Framer:
                 f"{'gxid' if value['gxid'] is None else 'one-phase flag'} (legacy markers): "
                 "distributed transactions cannot be rebuilt from this stream",
                 fix=_LEGACY_FIX)
-        rows = tuple(opened.rows[k] for k in sorted(opened.rows))
+        rows, numbers = opened.payload()
         return Part(partition, value["gxid"], bool(value["one_phase"]), value["commit_lsn"], value["commit_ts_ms"], rows,
-                    opened.offset, _damage(opened.rows, value.get("event_count")))
+                    opened.offset, _damage(numbers, value.get("event_count")))
 
     def _check_unended(self, segment: int, commit_lsn: int, offset: int) -> None:
         """A segment's transactions come one after another, each ended before the next
@@ -148,10 +196,10 @@ class Framer:
         restart starts over from an earlier transaction, never skips ahead)."""
         for (s, lsn), opened in self._open.items():
             if s == segment and lsn < commit_lsn:
-                gxids = {row["source"].get("gxid") for row in opened.rows.values()} - {None}
+                gxid = f", gxid {opened.gxid}" if opened.gxid is not None else ""
                 raise StreamError(
                     f"segment {segment}'s transaction at offset {opened.offset} of {self.topic_prefix}.changes "
-                    f"(commit LSN {lsn}{', gxid ' + str(min(gxids)) if gxids else ''}) has no END before the next "
+                    f"(commit LSN {lsn}{gxid}) has no END before the next "
                     f"transaction at offset {offset}: its rows cannot be proven whole, and nothing of it or after it "
                     "was applied", fix="restore the partition's events from capture, or bootstrap the pipeline again")
 
