@@ -247,10 +247,13 @@ class DistributedTransaction:
                 where,
             )
             return self._segment(old_segment).execute(query, [*values.values(), *params]).rowcount
+        # As PostgreSQL's text: written back, every type reads as it was (a jsonb string,
+        # an array, bytes), which Python values of some types would not.
         deleted = self.execute(
             old_segment,
             sql.SQL("DELETE FROM {} WHERE {} RETURNING {}").format(
-                table.identifier, where, sql.SQL(", ").join(map(sql.Identifier, table.writable))),
+                table.identifier, where, sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c))
+                                                             for c in table.writable)),
             params,
         )
         moved = [{**dict(zip(table.writable, row)), **values} for row in deleted]

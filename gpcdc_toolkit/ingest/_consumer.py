@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from ..errors import BrokerError
 
@@ -86,16 +86,19 @@ def read_to_end(
     topic: str,
     *,
     start: Mapping[int, int] | None = None,
+    partitions: list[int] | None = None,
     idle: float = 1.0,
     timeout: float = 30.0,
 ) -> Iterator[Message]:
-    """Every message of ``topic`` from ``start`` (partition -> offset; default: the
-    beginning) up to where each partition ended when the read began."""
+    """Every message of ``topic`` (of ``partitions``; default: all) from ``start``
+    (partition -> offset; default: the beginning) up to where each partition ended
+    when the read began."""
     began_ms = int(time.time() * 1000)
     consumer = Consumer({**kafka, "group.id": "gpcdc-reader", "enable.auto.commit": False,
                          "enable.partition.eof": True, "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100})
     try:
-        partitions = partitions_of(consumer, topic)
+        known = partitions_of(consumer, topic)  # which also says clearly when the topic is missing
+        partitions = known if partitions is None else partitions
         offsets = start or {}
         consumer.assign([TopicPartition(topic, p, offsets.get(p, 0)) for p in partitions])
         ends = EndTracker(partitions, idle=idle, began_ms=began_ms)
@@ -120,29 +123,12 @@ def read_to_end(
 
 def first_message(kafka: Mapping[str, str], topic: str, partition: int, *, idle: float = 1.0,
                   timeout: float = 30.0) -> Message | None:
-    """The first message a partition holds now, or None when it holds none (by the
-    rules above)."""
-    consumer = Consumer({**kafka, "group.id": "gpcdc-reader", "enable.auto.commit": False,
-                         "enable.partition.eof": True, "fetch.wait.max.ms": 100})
+    """The first message a partition holds now, or None when it holds none."""
+    messages = read_to_end(kafka, topic, partitions=[partition], idle=idle, timeout=timeout)
     try:
-        partitions_of(consumer, topic)
-        consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
-        ends = EndTracker([partition], idle=idle)
-        while not ends.check(timeout, repr(topic)):
-            polling = time.monotonic()
-            message = consumer.poll(0.1)
-            ends.polled(time.monotonic() - polling)
-            if message is None:
-                continue
-            error = message.error()
-            if error is None:
-                return message
-            if error.code() != KafkaError._PARTITION_EOF:
-                raise KafkaException(error)
-            ends.end_of_partition(partition)
-        return None
+        return next(messages, None)
     finally:
-        consumer.close()
+        messages.close()  # its consumer with it
 
 
 def end_offsets(kafka: Mapping[str, str], topic: str, partitions: list[int] | None = None,

@@ -21,6 +21,7 @@ from psycopg import sql
 
 from ..cluster import Cluster, DistributedTransaction, Session, Table, quoted, segment_for
 from ..errors import ClusterError, GpcdcError
+from ..protocol import Topics
 from ._compact import compact, table_of
 from ._ddl_policy import SYSTEM_SCHEMAS, DdlRefused, check_ddl
 from ._order import Whole
@@ -99,7 +100,7 @@ class Applier:
     """Applies batches of whole transactions of one pipeline to ``target``."""
 
     def __init__(self, target: Cluster, pipeline: str, *, skip_ddl: Iterable[int] = (),
-                 chunk_rows: int = 20_000) -> None:
+                 chunk_rows: int = 5_000) -> None:
         self.target = target
         self.chunk_rows = chunk_rows  # row events folded and written at a time
         self.pipeline = pipeline
@@ -215,14 +216,14 @@ class Applier:
             raise ApplyError(f"gxid {whole.gxid} holds {len(statements)} DDL statements; replay applies one per "
                              "transaction", fix="apply them on the target by hand, then replay again with "
                              f"--skip-ddl {whole.gxid}")
-        self.check_ddl(whole, statements[0])
+        self._refuse_unsafe(whole, statements[0])
         self.session.ddl(statements[0], then=record)
         self.stats.ddl += 1
 
-    def check_ddl(self, whole: Whole, statement: str) -> None:
+    def _refuse_unsafe(self, whole: Whole, statement: str) -> None:
         """Refuse a statement the policy refuses, or one whose unqualified names the
         target resolves into a system schema."""
-        topic = f"{self.pipeline}.dtx"
+        topic = Topics(self.pipeline).dtx
         try:
             checked = check_ddl(statement, reserved=frozenset({APPLIED, STATE}))
         except DdlRefused as e:

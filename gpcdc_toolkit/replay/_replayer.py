@@ -95,7 +95,8 @@ class ReplaySettings:
     initial_load: bool = True  # load the bootstrap's snapshot before the first transaction
     legacy_per_segment: bool = False  # replay a legacy-marker stream segment by segment (see _legacy.py)
     skip_ddl: frozenset[int] = frozenset()  # gxids whose refused DDL was given to the target by hand
-    spill_rows: int = 10_000  # rows of one part held in memory; past that it goes to a file
+    spill_rows: int = 2_000  # rows of one part held in memory; past that it goes to a file
+    chunk_rows: int = 5_000  # row events folded and written at a time within a batch
     spill_dir: str | None = None  # where such files go (default: the system's temporary directory)
 
 
@@ -110,7 +111,7 @@ class Replayer:
         self.kafka = kafka_client_settings(config)
         self.target = target or open_cluster(config, "target")
         self.applier = Applier(self.target, config.kafka.topic_prefix, skip_ddl=self.settings.skip_ddl,
-                               chunk_rows=self.settings.batch_rows)
+                               chunk_rows=self.settings.chunk_rows)
         self.initial_load: tuple[int, int] | None = None  # (rows, tables) when this replayer made the load
 
     def close(self) -> None:
@@ -201,7 +202,8 @@ class _Run:
         self.consumer = Consumer({**replayer.kafka, "group.id": f"gpcdc-replay-{self.topics.prefix}",
                                   "enable.auto.commit": False, "enable.partition.eof": True,
                                   "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100,
-                                  "queued.max.messages.kbytes": 16384})  # prefetch: 16 MB, not 64
+                                  # Prefetch bounded: 16 MB queued, 8 MB per fetch (not 64 and 50).
+                                  "queued.max.messages.kbytes": 16384, "fetch.max.bytes": 8 << 20})
         self.spill_dir = tempfile.TemporaryDirectory(prefix="gpcdc-spill-", dir=self.settings.spill_dir)
         try:
             self.partitions = partitions_of(self.consumer, self.topics.changes)

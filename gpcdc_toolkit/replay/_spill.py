@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-_WRITE_BATCH = 2000  # rows per INSERT round
+_WRITE_BATCH = 500  # rows per INSERT round
 
 
 class SqliteSpill:
