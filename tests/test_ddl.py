@@ -1,6 +1,6 @@
 import pytest
 
-from gpcdc_toolkit.cluster import DdlError, parse_create_table
+from gpcdc_toolkit.protocol import DdlError, parse_create_table
 
 
 def test_distributed_by_is_split_off():

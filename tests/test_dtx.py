@@ -7,7 +7,7 @@ import pytest
 
 from gpcdc_toolkit import DistributedTransactionError, GpcdcError
 from gpcdc_toolkit.cluster import Session, gid, segment_for
-from gpcdc_toolkit.cluster import _markers as markers
+from gpcdc_toolkit.protocol import _markers as markers
 
 from ._decoding import committed_transactions, create_slot, drop_slot
 

@@ -1,7 +1,7 @@
 import pytest
 
-from gpcdc_toolkit.cluster import CommitRecord, DdlRecord, GxidMarker, MarkerError, OnePhaseMarker
-from gpcdc_toolkit.cluster import _markers as markers
+from gpcdc_toolkit.protocol import CommitRecord, DdlRecord, GxidMarker, MarkerError, OnePhaseMarker
+from gpcdc_toolkit.protocol import _markers as markers
 
 
 @pytest.mark.parametrize("marker", [

@@ -26,9 +26,9 @@ import psycopg
 from psycopg import sql
 
 from ..errors import DistributedTransactionError, GpcdcError
-from . import _markers as markers
+from ..protocol import _markers as markers
+from ..protocol import DdlError, parse_create_table
 from ._cluster import COORDINATOR, Cluster, Node, Table, TableRef
-from ._ddl import DdlError, parse_create_table
 from ._routing import segment_for
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from ..cluster import _markers as markers
+from . import _markers as markers
 from . import _pgoutput as pg
 from ._startpoint import StartPoint
 

@@ -1,19 +1,45 @@
-"""Replay: whole distributed transactions, in source order, applied exactly once."""
+"""Replay: whole distributed transactions, in source order, applied exactly once.
 
-from ._apply import APPLIED, STATE, Applier, ApplyError, ApplyStats, Checkpoint, DdlRefusedError, ReplayState
+The pure core (framing, ordering, folding, the DDL policy) is imported with the
+package; what drives it against Kafka and a target loads on first use, so that the
+core can be used, and tested, without psycopg or confluent-kafka.
+"""
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from ._compact import TableChanges, compact
 from ._ddl_policy import CheckedDdl, DdlRefused, check_ddl
-from ._load import create_statement, load_rows, prepare_target
 from ._legacy import SegmentOrder
 from ._order import Missing, Part, ReassemblyError, Reassembler, Record, Whole, resume_point
-from ._progress import ProgressBar, StatusLine
-from ._replayer import MissingPartError, Progress, Replayer, ReplaySettings
-from ._source import Framer, LegacyStreamError, StreamError, Watermark
+from ._source import Framer, LegacyStreamError, Spill, StreamError, Watermark
+
+_DRIVERS = {
+    "_apply": ("APPLIED", "STATE", "Applier", "ApplyError", "ApplyStats", "Checkpoint", "DdlRefusedError",
+               "ReplayState"),
+    "_load": ("create_statement", "load_rows", "prepare_target"),
+    "_progress": ("ProgressBar", "StatusLine"),
+    "_replayer": ("MissingPartError", "Progress", "Replayer", "ReplaySettings"),
+}
+_MODULE_OF = {name: module for module, names in _DRIVERS.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{module}"), name)
+
+
+if TYPE_CHECKING:
+    from ._apply import APPLIED, STATE, Applier, ApplyError, ApplyStats, Checkpoint, DdlRefusedError, ReplayState
+    from ._load import create_statement, load_rows, prepare_target
+    from ._progress import ProgressBar, StatusLine
+    from ._replayer import MissingPartError, Progress, Replayer, ReplaySettings
 
 __all__ = [
-    "APPLIED", "STATE", "Applier", "ApplyError", "ApplyStats", "Checkpoint", "DdlRefusedError", "ReplayState",
-    "CheckedDdl", "DdlRefused", "check_ddl",
-    "create_statement", "load_rows", "prepare_target",
+    "TableChanges", "compact", "CheckedDdl", "DdlRefused", "check_ddl",
     "SegmentOrder", "Missing", "Part", "ReassemblyError", "Reassembler", "Record", "Whole", "resume_point",
-    "ProgressBar", "StatusLine", "MissingPartError", "Progress", "Replayer", "ReplaySettings",
-    "Framer", "LegacyStreamError", "StreamError", "Watermark",
+    "Framer", "LegacyStreamError", "Spill", "StreamError", "Watermark",
+    *_MODULE_OF,
 ]

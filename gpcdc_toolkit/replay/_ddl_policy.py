@@ -38,7 +38,7 @@ import pglast
 from pglast import ast
 from pglast.enums import AlterTableType, ConstrType, ObjectType
 
-from ..cluster import DdlError, parse_create_table
+from ..protocol import DdlError, parse_create_table
 
 SYSTEM_SCHEMAS = frozenset({"pg_catalog", "information_schema", "pg_toast", "gp_dist", "gp_toolkit"})
 

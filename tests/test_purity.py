@@ -1,0 +1,16 @@
+"""The pure core imports no I/O library: it runs, and is tested, without servers."""
+
+import subprocess
+import sys
+
+PURE = ["gpcdc_toolkit.protocol", "gpcdc_toolkit.replay._order", "gpcdc_toolkit.replay._compact",
+        "gpcdc_toolkit.replay._source", "gpcdc_toolkit.replay._legacy", "gpcdc_toolkit.replay._ddl_policy"]
+IO = ["psycopg", "psycopg2", "confluent_kafka", "pyspark", "sqlite3"]
+
+
+def test_the_pure_core_imports_no_io_library():
+    probe = (f"import sys\nfor m in {PURE!r}: __import__(m)\n"
+             f"print(','.join(m for m in {IO!r} if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "", f"the pure core imported {done.stdout.strip()}"
