@@ -1,7 +1,10 @@
 """The toolkit's exceptions.
 
 Every error carries a one-line message that says what happened and, where there is
-one, the fix. The command line prints ``str(error)`` and exits non-zero.
+one, the fix. The command line prints ``str(error)`` and exits with the class's
+``exit_code``: 1 in general, 2 for the configuration, 4 for the stream (3 is
+``gpcdc status`` finding workers down or in trouble). Errors of the pure core derive
+from ``ValueError`` too, as the bad values they are.
 """
 
 from __future__ import annotations
@@ -22,6 +25,13 @@ class ConfigError(GpcdcError):
     """The configuration is malformed, contradictory or incomplete."""
 
     exit_code = 2
+
+
+class StreamError(GpcdcError):
+    """What was read (a replication stream, a topic, a DDL record) breaks the protocol,
+    or cannot be shown whole: nothing past it was applied."""
+
+    exit_code = 4
 
 
 class ClusterError(GpcdcError):

@@ -36,7 +36,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from .._runtime import write_json
 from ..cluster import Cluster, Node, gxid_of
-from ..errors import GpcdcError
+from ..errors import GpcdcError, StreamError
 from ..ingest import first_message
 from ..protocol import (
     COORDINATOR,
@@ -61,7 +61,7 @@ class DeliveryFailed(RuntimeError):
     """Kafka refused or timed out a message: the session restarts from the slot."""
 
 
-class HistoryLost(GpcdcError):
+class HistoryLost(StreamError):
     """The node's partition no longer holds what capture acknowledged to the slot (a
     broker that lost its data, a topic deleted and created again), or holds another
     bootstrap's events: writing on would make the stream silently incomplete."""

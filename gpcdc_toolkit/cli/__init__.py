@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -44,6 +45,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gpcdc: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a client library's error that no layer put words to: one line still
+        if os.environ.get("GPCDC_DEBUG"):
+            raise
+        print(f"gpcdc: error: {_describe(e)} (GPCDC_DEBUG=1 shows where)", file=sys.stderr)
+        return 1
+
+
+def _describe(error: Exception) -> str:
+    from confluent_kafka import KafkaException
+    from psycopg import Error as PostgresError
+
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    if isinstance(error, KafkaException):
+        return f"Kafka: {error.args[0].str() if error.args and hasattr(error.args[0], 'str') else first}"
+    if isinstance(error, PostgresError):
+        return f"PostgreSQL: {first}"
+    return f"unexpected {type(error).__name__}: {first}"
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from ..errors import BrokerError
 
@@ -116,7 +116,8 @@ def read_to_end(
             elif error.code() == KafkaError._PARTITION_EOF:
                 ends.end_of_partition(partition)
             else:
-                raise KafkaException(error)
+                raise BrokerError(f"Kafka failed while reading {topic!r} partition {partition}: {error.str()}",
+                                  fix="check the broker and kafka.bootstrap_servers")
     finally:
         consumer.close()
 

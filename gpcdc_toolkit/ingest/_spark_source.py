@@ -31,13 +31,14 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from ..errors import ConfigError
 from ._rows import SCHEMA_DDL
 
 NAME = "gpcdc"
 EARLIEST, LATEST = -2, -1
 
 
-class SourceOptionError(ValueError):
+class SourceOptionError(ConfigError, ValueError):
     """An option of the gpcdc source is missing or malformed."""
 
 

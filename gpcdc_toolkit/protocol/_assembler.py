@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from ..errors import StreamError
 from . import _markers as markers
 from . import _pgoutput as pg
 from ._startpoint import StartPoint
@@ -29,7 +30,7 @@ COORDINATOR = -1
 UNCHANGED = "unchanged"  # row event field: columns an update left out of "after" (TOASTed, not in the WAL)
 
 
-class ProtocolError(ValueError):
+class ProtocolError(StreamError, ValueError):
     """The stream breaks the protocol: the message says where."""
 
 

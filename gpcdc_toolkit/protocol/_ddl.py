@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..errors import GpcdcError
+
 _IDENT = r'(?:"(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)'
 _CREATE = re.compile(
     rf"^\s*CREATE\s+(?:UNLOGGED\s+)?TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(?P<name>{_IDENT}(?:\.{_IDENT})?)",
@@ -16,7 +18,7 @@ _DISTRIBUTED = re.compile(
 )
 
 
-class DdlError(ValueError):
+class DdlError(GpcdcError, ValueError):
     """A DDL statement the toolkit cannot dispatch."""
 
 

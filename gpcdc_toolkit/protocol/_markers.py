@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from ..errors import StreamError
+
 GXID_PREFIX = "gpcdc.gxid"
 ONE_PHASE_PREFIX = "gpcdc.one_phase"
 COMMIT_PREFIX = "gpcdc.commit"
@@ -25,7 +27,7 @@ DDL_PREFIX = "gpcdc.ddl"
 PREFIXES = (GXID_PREFIX, ONE_PHASE_PREFIX, COMMIT_PREFIX, DDL_PREFIX)
 
 
-class MarkerError(ValueError):
+class MarkerError(StreamError, ValueError):
     """A logical message with a toolkit prefix whose content does not parse."""
 
 

@@ -11,6 +11,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import StreamError
+
 _U8 = struct.Struct(">B")
 _I16 = struct.Struct(">h")
 _U32 = struct.Struct(">I")
@@ -36,7 +38,7 @@ class _Unchanged:
 UNCHANGED_TOAST: Any = _Unchanged()
 
 
-class PgoutputError(ValueError):
+class PgoutputError(StreamError, ValueError):
     """The bytes are not a pgoutput message this decoder knows."""
 
 

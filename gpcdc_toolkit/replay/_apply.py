@@ -20,7 +20,7 @@ import psycopg
 from psycopg import sql
 
 from ..cluster import Cluster, DistributedTransaction, Session, Table, quoted, segment_for
-from ..errors import ClusterError, GpcdcError
+from ..errors import ClusterError, GpcdcError, StreamError
 from ..protocol import Topics
 from ._compact import compact, table_of
 from ._ddl_policy import SYSTEM_SCHEMAS, DdlRefused, check_ddl
@@ -40,7 +40,7 @@ class ApplyError(GpcdcError):
     """A transaction could not be applied; nothing of it was."""
 
 
-class DdlRefusedError(ApplyError):
+class DdlRefusedError(ApplyError, StreamError):
     """A DDL record the replayer will not run on the target (see ``_ddl_policy``)."""
 
     def __init__(self, whole: Whole, statement: str, reason: str, topic: str) -> None:

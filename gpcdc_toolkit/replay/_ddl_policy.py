@@ -38,6 +38,7 @@ import pglast
 from pglast import ast
 from pglast.enums import AlterTableType, ConstrType, ObjectType
 
+from ..errors import GpcdcError
 from ..protocol import DdlError, parse_create_table
 
 SYSTEM_SCHEMAS = frozenset({"pg_catalog", "information_schema", "pg_toast", "gp_dist", "gp_toolkit"})
@@ -75,7 +76,7 @@ _RENAMED = {ObjectType.OBJECT_TABLE, ObjectType.OBJECT_COLUMN, ObjectType.OBJECT
 _DROPPED = {ObjectType.OBJECT_INDEX, ObjectType.OBJECT_TYPE, ObjectType.OBJECT_DOMAIN}
 
 
-class DdlRefused(ValueError):
+class DdlRefused(GpcdcError, ValueError):
     """A DDL statement from the stream that the replayer will not run; the message says why."""
 
 

@@ -30,6 +30,8 @@ from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..errors import StreamError
+
 
 @dataclass(frozen=True)
 class Part:
@@ -86,7 +88,7 @@ class Missing:
     damage: str | None = None  # the part arrived, but not whole
 
 
-class ReassemblyError(ValueError):
+class ReassemblyError(StreamError, ValueError):
     """The stream contradicts itself (a part the record does not list, a duplicate record)."""
 
 

@@ -18,13 +18,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from ..bootstrap import InitialSnapshot, Pipeline
 from ..cluster import Cluster, resolve_in_doubt
 from ..config import Config
 from ..connect import kafka_client_settings, open_cluster
-from ..errors import GpcdcError
+from ..errors import BrokerError, GpcdcError
 from ..ingest import EndTracker, partitions_of
 from ..protocol import Topics, is_pipeline_marker
 from ._apply import Applier, Checkpoint, DdlRefusedError, commit_ts_ms
@@ -37,7 +37,7 @@ from ._spill import SqliteSpill
 log = logging.getLogger(__name__)
 
 
-class MissingPartError(GpcdcError):
+class MissingPartError(StreamError):
     """A segment's part of a distributed transaction is proven never to arrive whole:
     missing, or damaged."""
 
@@ -273,7 +273,8 @@ class _Run:
         partition = COORDINATOR if message.topic() == self.topics.dtx else message.partition()
         if error is not None:
             if error.code() != KafkaError._PARTITION_EOF:
-                raise KafkaException(error)
+                raise BrokerError(f"Kafka failed while the replayer read {self._name(partition)}: {error.str()}",
+                                  fix="check the broker and kafka.bootstrap_servers")
             self.ends.end_of_partition(partition)
             return
         self.ends.message(partition, message.timestamp()[1])

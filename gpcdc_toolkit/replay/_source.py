@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..errors import GpcdcError
+from ..errors import StreamError
 from ..protocol import PROTOCOL_VERSION
 from ._order import Part, Record
 
@@ -19,10 +19,6 @@ COORDINATOR = -1
 _LEGACY_FIX = ("nothing was applied past this point; replay it segment by segment with --legacy-per-segment "
                "(exact once every segment is replayed, but parts of distributed transactions can show until then), "
                "or capture from a cluster that writes the gxid markers")
-
-
-class StreamError(GpcdcError):
-    """The pipeline's topics hold something the replayer cannot rebuild transactions from."""
 
 
 class LegacyStreamError(StreamError):

@@ -1,0 +1,59 @@
+"""Every command, against a stopped source, a stopped broker and a malformed stream:
+one line on stderr, a non-zero exit, never a traceback."""
+
+import socket
+import uuid
+
+import pytest
+from confluent_kafka import Producer
+
+from gpcdc_toolkit.capture import ensure_topics
+from gpcdc_toolkit.protocol import Topics
+
+from .test_cli import gpcdc
+
+COMMANDS = [["bootstrap", "create"], ["bootstrap", "drop", "--delete-topics"], ["capture", "start"],
+            ["capture", "run", "--node", "0"], ["status"], ["workload", "--duration", "1"], ["replay", "--once"],
+            ["broker", "status"]]
+
+
+@pytest.fixture(scope="module")
+def closed_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        yield s.getsockname()[1]
+
+
+def assert_one_line(done):
+    assert done.returncode != 0, done.stdout
+    lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("%")]
+    assert len(lines) == 1 and lines[0].startswith("gpcdc: error: "), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_stopped_servers(work_dir, closed_port, command):
+    dsn = f"host=127.0.0.1 port={closed_port} dbname=postgres user=postgres"
+    assert_one_line(gpcdc(work_dir / "stopped", "--source-dsn", dsn, "--target-dsn", dsn,
+                          "--kafka-bootstrap-servers", f"127.0.0.1:{closed_port}", *command))
+
+
+@pytest.mark.parametrize("garbage", [b"{not json", b"[1, 2]", b'{"op": "c"}', b'{"status": "END"}',
+                                     b'{"type": "commit", "gxid": "x"}', b"\xff\xfe"])
+def test_a_malformed_stream(work_dir, broker, garbage):
+    from gpcdc_toolkit.sandbox import Sandbox
+
+    prefix = f"m{uuid.uuid4().hex[:8]}"
+    kafka = {"bootstrap.servers": broker.bootstrap_servers}
+    ensure_topics(kafka, Topics(prefix), 1)
+    producer = Producer(kafka)
+    producer.produce(f"{prefix}.changes", garbage, partition=0)
+    producer.produce(f"{prefix}.dtx", garbage, partition=0)
+    assert producer.flush(10) == 0
+    target = Sandbox(f"mal-{uuid.uuid4().hex[:4]}", work_dir).up(segments=1)
+    try:
+        done = gpcdc(work_dir, "--target-sandbox", target.name, "--kafka-bootstrap-servers",
+                     broker.bootstrap_servers, "--kafka-topic-prefix", prefix, "replay", "--once", "--no-initial-load")
+        assert_one_line(done)
+    finally:
+        target.down(remove=True)
