@@ -33,6 +33,10 @@ CARRIED = [
     ("CREATE TYPE pair AS (a int, b text)", "CREATE TYPE"),
     ("CREATE DOMAIN posint AS int CHECK (VALUE > 0)", "CREATE DOMAIN"),
     ('CREATE SCHEMA IF NOT EXISTS "Sales Data"', "CREATE SCHEMA"),
+    ("ALTER TYPE mood RENAME VALUE 'sad' TO 'blue'", "ALTER TYPE RENAME VALUE"),
+    ("CREATE DOMAIN posint AS int DEFAULT 1 CHECK (VALUE > 0)", "CREATE DOMAIN"),
+    ("ALTER TABLE c ADD CONSTRAINT fk FOREIGN KEY (p) REFERENCES parent (id) ON DELETE RESTRICT",
+     "ALTER TABLE ADD CONSTRAINT"),
 ]
 
 REFUSED = [
@@ -65,6 +69,16 @@ REFUSED = [
     ("SELECT pg_terminate_backend(1)", "SelectStmt"),
     ("DO $$ BEGIN PERFORM 1; END $$", "DoStmt"),
     ("ALTER TABLE t ADD COLUMN c int DEFAULT 1 -- ; DROP TABLE t", None),  # a comment: one statement, carried
+    ("CREATE DOMAIN d AS timestamptz DEFAULT now()", "the domain's default calls now()"),
+    ("ALTER TABLE child ADD CONSTRAINT fk FOREIGN KEY (pid) REFERENCES parent (id) ON DELETE SET DEFAULT",
+     "ON UPDATE/DELETE SET DEFAULT"),
+    ("CREATE TABLE c (id int PRIMARY KEY, p int REFERENCES parent ON DELETE CASCADE) DISTRIBUTED BY (id)",
+     "ON UPDATE/DELETE CASCADE"),
+    ("ALTER TABLE t ADD COLUMN c timestamptz DEFAULT ('n' || 'ow')::timestamptz", "must be a literal"),
+    ("ALTER TABLE t ADD COLUMN c timestamptz DEFAULT 'tomorrow 10:00'", "'tomorrow 10:00'"),
+    ("ALTER TABLE t ADD COLUMN c oid DEFAULT 't'::regclass", "casts to regclass"),
+    ("ALTER TABLE t ALTER COLUMN a TYPE int USING a::regclass::oid::int", "casts to regclass"),
+    (f"ALTER TABLE t RENAME TO {STATE}", "the replayer's own tables"),
     ("ALTER TABLE (", "does not parse"),
     ("", "0 statements"),
 ]

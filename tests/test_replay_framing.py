@@ -145,3 +145,12 @@ def test_sqlite_spill_keeps_one_row_per_sequence_number_in_order(tmp_path):
     assert spill.path.exists()
     spill.close()
     assert not spill.path.exists()
+
+
+def test_a_commit_record_missing_one_of_its_ddl_records_is_refused():
+    framer = Framer("p")
+    commit = {"type": "commit", "gxid": 9, "segments": [0], "commit_ts_ms": 7, "commit_lsn": 70, "ddl_count": 1}
+    with pytest.raises(StreamError, match="announces 1 DDL records, and 0 came before it"):
+        feed_all(framer, -1, [commit])
+    (record,) = feed_all(Framer("p"), -1, [{"type": "ddl", "gxid": 9, "statement": "ALTER TABLE t ADD c int"}, commit])
+    assert record.ddl == ("ALTER TABLE t ADD c int",)

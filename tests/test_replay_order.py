@@ -290,3 +290,21 @@ def test_legacy_parts_go_segment_by_segment_with_ddl_placed_by_time():
     order.add_watermark(-1, 2600)  # no other DDL before the held part
     assert [w.parts[0].commit_lsn for w in order.ready()] == [2]
     assert order.pending == 0 and order.missing() == []
+
+
+def test_a_part_lost_and_sent_again_after_a_later_one_stops_the_order():
+    r = Reassembler(1)
+    r.add_part(Part(0, 1, True, 10))
+    r.add_part(Part(0, 3, True, 30))
+    r.add_part(Part(0, 1, True, 10))  # a resend of one seen: dropped
+    with pytest.raises(ReassemblyError, match="commit LSN 20.*never seen before: a message was lost and sent again"):
+        r.add_part(Part(0, 2, True, 20))  # never seen, yet below one seen: its place is gone
+
+
+def test_a_commit_record_lost_and_sent_again_stops_the_order():
+    r = Reassembler(2)
+    r.add_record(Record(1, (0, 1), commit_lsn=10))
+    r.add_record(Record(3, (0, 1), commit_lsn=30))
+    r.add_record(Record(1, (0, 1), commit_lsn=10))
+    with pytest.raises(ReassemblyError, match="gxid 2 .*never seen before"):
+        r.add_record(Record(2, (0, 1), commit_lsn=20))

@@ -229,6 +229,8 @@ class CaptureWorker:
             if producer.flush(self.settings.flush_timeout) or self._delivery_error is not None:
                 raise DeliveryFailed(f"Kafka did not take the pipeline marker of {topic} partition {partition}")
             return
+        if first.offset() > 0:
+            return  # retention removed the partition's head, marker included: nothing left to compare
         value = first.value()
         try:
             decoded = orjson.loads(value) if value is not None else None

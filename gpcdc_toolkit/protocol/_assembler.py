@@ -206,7 +206,6 @@ class TransactionAssembler:
         elif isinstance(message, pg.Update):
             op, after = "u", table.image(message.new)
             before = table.image(message.old) if message.old is not None else None
-            key = table.key(after)
             if pg.UNCHANGED_TOAST in message.new:
                 # Not in the WAL: listed apart, so that no value can pass for the marker.
                 unchanged = [c for c, v in zip(table.columns, message.new) if v is pg.UNCHANGED_TOAST]
@@ -214,7 +213,19 @@ class TransactionAssembler:
                     del after[column]
                 if before is not None:
                     before = {c: v for c, v in before.items() if v is not pg.UNCHANGED_TOAST}
-                return self._emit_row(txn, table.qualified, table.schema, table.name, op, before, after, key, unchanged)
+                for i in table.key_positions:  # an unchanged key the WAL left out: from the old row, if logged
+                    column = table.columns[i]
+                    if column not in after:
+                        if before is None or column not in before:
+                            raise ProtocolError(
+                                f"node {self.content}: an update of {table.qualified} leaves out its key column "
+                                f"{column!r} (a TOASTed value the WAL does not carry), so the row cannot be named; "
+                                f"run ALTER TABLE {table.qualified} REPLICA IDENTITY FULL on the source")
+                        after[column] = before[column]
+                        unchanged.remove(column)
+                return self._emit_row(txn, table.qualified, table.schema, table.name, op, before, after,
+                                      table.key(after), unchanged)
+            key = table.key(after)
         else:
             op, before, after = "d", table.image(message.old), None
             key = table.key(before)
@@ -292,7 +303,12 @@ class TransactionAssembler:
         self.transactions += 1
         self.last_commit_ts_ms = txn.begin.commit_ts_us // 1000
         if self.content == COORDINATOR:
-            return [Outbound(body["type"], None, orjson.dumps(body)) for body, _ in txn.pending or []]
+            bodies = [body for body, _ in txn.pending or []]
+            ddl = sum(body["type"] == "ddl" for body in bodies)
+            for body in bodies:
+                if body["type"] == "commit":
+                    body["ddl_count"] = ddl  # so that a reader knows none of them was lost
+            return [Outbound(body["type"], None, orjson.dumps(body)) for body in bodies]
         if txn.seq == 0 and txn.gxid is None:
             return []  # nothing of ours: an empty or catalog-only local transaction
         one_phase = txn.one_phase if txn.gxid is not None else None  # unknown without markers

@@ -23,7 +23,7 @@ from ..cluster import Cluster, DistributedTransaction, Session, Table, quoted, s
 from ..errors import ClusterError, GpcdcError, StreamError
 from ..protocol import Topics
 from ._compact import compact, table_of
-from ._ddl_policy import SYSTEM_SCHEMAS, DdlRefused, check_ddl
+from ._ddl_policy import SYSTEM_SCHEMAS, DdlRefused, check_ddl, check_default
 from ._order import Whole
 
 APPLIED = "gpcdc_replay_applied"
@@ -108,6 +108,11 @@ class Applier:
         self.session = Session(target)
         self.stats = ApplyStats()
         with target.coordinator_connection() as conn:
+            # DDL text from the stream was checked as PostgreSQL parses it with standard strings.
+            if conn.execute("SHOW standard_conforming_strings").fetchone()[0] != "on":  # type: ignore[index]
+                raise ApplyError("the target runs with standard_conforming_strings = off, under which DDL text is "
+                                 "read otherwise than the replayer checked it",
+                                 fix="set standard_conforming_strings = on for the target's database")
             missing = [t for t in _TABLES if not conn.execute("SELECT to_regclass(%s) IS NOT NULL", (t,)).fetchone()[0]]  # type: ignore[index]
         for table in missing:
             self.session.ddl(_TABLES[table])
@@ -228,6 +233,17 @@ class Applier:
             checked = check_ddl(statement, reserved=frozenset({APPLIED, STATE}))
         except DdlRefused as e:
             raise DdlRefusedError(whole, statement, str(e), topic) from None
+        if checked.added_types:
+            with self.target.coordinator_connection() as conn:
+                defaults = conn.execute(
+                    "SELECT t.name, pg_get_expr(d.typdefaultbin, 0) FROM unnest(%s::text[]) AS t(name) "
+                    "JOIN pg_type d ON d.oid = to_regtype(t.name) "
+                    "WHERE d.typtype = 'd' AND d.typdefaultbin IS NOT NULL", (list(checked.added_types),)).fetchall()
+            for name, default in defaults:
+                try:
+                    check_default(default, f"the default of domain {name}, which an added column takes")
+                except DdlRefused as e:
+                    raise DdlRefusedError(whole, statement, str(e), topic) from None
         unqualified = [name for schema, name in checked.names if schema is None]
         if unqualified:
             with self.target.coordinator_connection() as conn:
@@ -261,7 +277,7 @@ class Applier:
                 if changes.upserts:
                     tx.upsert(changes.table, changes.upserts)
                 for key, values in changes.updates:
-                    tx.update(changes.table, key, values)
+                    _one_row(tx.update(changes.table, key, values), changes.table, key, "update")
                 self._apply_in_order(tx, changes.table, changes.ordered)
         return count
 
@@ -318,11 +334,22 @@ class Applier:
         if op == "u":
             values = event["after"]
             old = event["before"] or event["after"]
-            return tx.update(table, {c: old[c] for c in key_columns}, values)
+            key = {c: old[c] for c in key_columns}
+            return _one_row(tx.update(table, key, values), table, key, "update")
         if op == "d":
-            return tx.delete(table, {c: event["before"][c] for c in key_columns})
+            key = {c: event["before"][c] for c in key_columns}
+            return _one_row(tx.delete(table, key), table, key, "delete")
         raise ApplyError(f"cannot replay operation {op!r} on {info.name} (gxid {event['source'].get('gxid')})",
                          fix="replay TRUNCATE by hand on the target")
+
+
+def _one_row(count: int, table: tuple[str, str], key: Mapping[str, Any], what: str) -> int:
+    """An update or delete of a row the source had must find that row on the target."""
+    if count != 1:
+        raise ApplyError(f"an {what} of {quoted(*table)} key {dict(key)} changed {count} rows on the target, where the "
+                         "source had the row: the target differs from the source",
+                         fix="replay into a fresh target; find out who else writes to it")
+    return count
 
 
 def _keyless_match(table: Table, row: Mapping[str, Any]) -> tuple[sql.Composable, list[Any]]:

@@ -34,6 +34,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import re
+
 import pglast
 from pglast import ast
 from pglast.enums import AlterTableType, ConstrType, ObjectType
@@ -52,8 +54,16 @@ IMMUTABLE_FUNCTIONS = frozenset({
     "split_part", "strpos", "substr", "substring", "trim", "trunc", "upper",
 })
 
-# String constants that PostgreSQL turns into the current date or time when read as one.
-_CLOCK_WORDS = frozenset({"now", "today", "tomorrow", "yesterday"})
+# Words that PostgreSQL reads as the current date or time inside a date/time string.
+_CLOCK_WORDS = re.compile(r"\b(now|today|tomorrow|yesterday|allballs)\b", re.IGNORECASE)
+# The nodes a constant (a default every existing row takes) may hold.
+_CONSTANT_NODES = (ast.A_Const, ast.TypeCast, ast.TypeName, ast.A_ArrayExpr, ast.String, ast.Integer, ast.Float,
+                   ast.Boolean, ast.BitString)
+# Casts whose result names catalog objects by number, which differ from cluster to cluster.
+_CATALOG_TYPES = frozenset({"oid", "regclass", "regtype", "regproc", "regprocedure", "regoper", "regoperator",
+                            "regnamespace", "regrole", "regconfig", "regdictionary", "regcollation"})
+# Referential actions other than NO ACTION and RESTRICT make the target change rows itself.
+_FK_ACTIONS = {"c": "CASCADE", "n": "SET NULL", "d": "SET DEFAULT"}
 _SERIAL_TYPES = frozenset({"serial", "serial2", "serial4", "serial8", "smallserial", "bigserial"})
 
 # Nodes an expression may hold: constants, the row's columns, casts, operators, and
@@ -85,6 +95,9 @@ class CheckedDdl:
     statement: str  # as recorded; it runs unchanged
     kind: str  # e.g. "ALTER TABLE ADD COLUMN"
     names: tuple[tuple[str | None, str], ...]  # (schema or None, name) of the objects it names
+    # Types of columns it adds without a default of their own: a domain's default would
+    # fill existing rows, so whoever runs the statement checks that default too.
+    added_types: tuple[str, ...] = ()
 
 
 def check_ddl(statement: str, *, reserved: frozenset[str] = frozenset()) -> CheckedDdl:
@@ -111,7 +124,25 @@ def check_ddl(statement: str, *, reserved: frozenset[str] = frozenset()) -> Chec
             raise DdlRefused(f"{kind} names {schema}.{name}, in a system schema")
         if name.startswith(tuple(reserved)) and reserved:
             raise DdlRefused(f"{kind} names {name}, one of the replayer's own tables")
-    return CheckedDdl(statement, kind, names)
+    return CheckedDdl(statement, kind, names, tuple(_added_types(node)))
+
+
+def check_default(expression: str, where: str) -> None:
+    """Refuse a stored default (as the catalog prints it) that is not a constant."""
+    try:
+        (parsed,) = pglast.parse_sql(f"SELECT {expression}")
+    except (pglast.parser.ParseError, ValueError):
+        raise DdlRefused(f"{where} ({expression!r}) does not parse as one expression") from None
+    _check_expression(parsed.stmt.targetList[0].val, where, constant=True)
+
+
+def _added_types(node: ast.Node) -> Iterator[str]:
+    if isinstance(node, ast.AlterTableStmt):
+        for cmd in node.cmds:
+            column = cmd.def_
+            if (cmd.subtype == AlterTableType.AT_AddColumn and column.typeName is not None
+                    and not any(c.contype == ConstrType.CONSTR_DEFAULT for c in column.constraints or ())):
+                yield ".".join(name.sval for name in column.typeName.names)
 
 
 def _kind(node: ast.Node) -> str:
@@ -147,10 +178,12 @@ def _kind(node: ast.Node) -> str:
     if isinstance(node, (ast.CreateEnumStmt, ast.CompositeTypeStmt)):
         return "CREATE TYPE"
     if isinstance(node, ast.AlterEnumStmt):
-        return "ALTER TYPE ADD VALUE"
+        return "ALTER TYPE RENAME VALUE" if node.oldVal else "ALTER TYPE ADD VALUE"
     if isinstance(node, ast.CreateDomainStmt):
         for constraint in node.constraints or ():
             _check_row_constraint(constraint, "CREATE DOMAIN")
+            if constraint.contype == ConstrType.CONSTR_DEFAULT:  # what a column added of this type takes
+                _check_expression(constraint.raw_expr, "the domain's default", constant=True)
         return "CREATE DOMAIN"
     raise DdlRefused(f"a {type(node).__name__} statement is not a kind of DDL the replay carries")
 
@@ -168,9 +201,15 @@ def _constraints(element: ast.Node) -> list[ast.Constraint]:
 
 
 def _check_row_constraint(constraint: ast.Constraint, where: str) -> None:
-    """A constraint the target evaluates on rows: CHECK and generated expressions."""
+    """A constraint the target evaluates on rows: CHECK and generated expressions, and
+    foreign keys whose actions would change rows on the target by themselves."""
     if constraint.contype in (ConstrType.CONSTR_CHECK, ConstrType.CONSTR_GENERATED):
         _check_expression(constraint.raw_expr, f"a {where} CHECK or generated expression")
+    if constraint.contype == ConstrType.CONSTR_FOREIGN:
+        for action in (constraint.fk_upd_action, constraint.fk_del_action):
+            if action in _FK_ACTIONS:
+                raise DdlRefused(f"a foreign key ON UPDATE/DELETE {_FK_ACTIONS[action]} would make the target change "
+                                 "rows itself, which the stream carries already")
 
 
 def _alter_table_command(cmd: ast.AlterTableCmd) -> str:
@@ -202,8 +241,12 @@ def _check_added_column(column: ast.ColumnDef) -> None:
 
 
 def _check_expression(node: ast.Node | None, where: str, *, constant: bool = False) -> None:
-    """Refuse an expression the target could evaluate to other values than the source."""
+    """Refuse an expression the target could evaluate to other values than the source.
+    A ``constant`` holds literals and casts alone."""
     for part in _walk(node):
+        if constant and not isinstance(part, _CONSTANT_NODES + (ast.FuncCall,)) and isinstance(part, ast.Node):
+            raise DdlRefused(f"{where} holds {_describe(part)}: a default that existing rows take must be a "
+                             "literal, so that the target computes what the source did")
         if not isinstance(part, _EXPRESSION_NODES):
             raise DdlRefused(f"{where} holds {_describe(part)}, which the target would evaluate itself: "
                              "only constants, columns, casts, operators and immutable built-ins are run from the stream")
@@ -215,9 +258,10 @@ def _check_expression(node: ast.Node | None, where: str, *, constant: bool = Fal
                                  "only constants, columns, casts, operators and immutable built-ins are run from the stream")
         if constant and isinstance(part, ast.ColumnRef):
             raise DdlRefused(f"{where} refers to a column")
-        if isinstance(part, ast.A_Const) and isinstance(part.val, ast.String) and \
-                part.val.sval.strip().lower() in _CLOCK_WORDS:
+        if isinstance(part, ast.A_Const) and isinstance(part.val, ast.String) and _CLOCK_WORDS.search(part.val.sval):
             raise DdlRefused(f"{where} holds {part.val.sval!r}, which reads as the clock of the server that runs it")
+        if isinstance(part, ast.TypeName) and part.names and part.names[-1].sval in _CATALOG_TYPES:
+            raise DdlRefused(f"{where} casts to {part.names[-1].sval}, whose values differ from cluster to cluster")
 
 
 def _describe(node: ast.Node) -> str:
@@ -241,6 +285,8 @@ def _names(node: ast.Node) -> Iterator[tuple[str | None, str]]:
     for part in _walk(node):
         if isinstance(part, ast.RangeVar):
             yield part.schemaname, part.relname
+    if isinstance(node, ast.RenameStmt) and node.newname:
+        yield None, node.newname
     if isinstance(node, ast.DropStmt):
         for parts in node.objects or ():
             names = [p.sval for p in (parts.names if isinstance(parts, ast.TypeName) else parts)]

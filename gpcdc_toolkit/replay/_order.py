@@ -92,6 +92,26 @@ class ReassemblyError(StreamError, ValueError):
     """The stream contradicts itself (a part the record does not list, a duplicate record)."""
 
 
+class _Recent:
+    """The last ``size`` commit LSNs of one partition, to tell a resend (seen before)
+    from a message that was lost and sent again later (never seen: its place in the
+    order is gone)."""
+
+    def __init__(self, size: int = 20_000) -> None:
+        self._order: deque[int] = deque(maxlen=size)
+        self._set: set[int] = set()
+
+    def add(self, lsn: int) -> None:
+        if len(self._order) == self._order.maxlen:
+            self._set.discard(self._order[0])
+        self._order.append(lsn)
+        self._set.add(lsn)
+
+    def resend(self, lsn: int) -> bool:
+        """Whether ``lsn`` (below the last one added) was seen, or is too old to tell."""
+        return lsn in self._set or not self._order or lsn < self._order[0]
+
+
 @dataclass
 class _Segment:
     log: deque[Part] = field(default_factory=deque)  # arrived, not yet passed by the cursor
@@ -102,13 +122,15 @@ class _Segment:
     prepared: frozenset[int] | None = None
     prepared_ts_ms: int = -1
     last_lsn: int = -1  # commit LSN of the last part arrived: partitions are in commit order
+    recent: _Recent = field(default_factory=_Recent)
 
 
 class Reassembler:
     """Streaming reassembly and ordering; see the module docstring.
 
-    ``clock_skew_ms`` is how far a segment's clock may lag the coordinator's when a
-    watermark is used to declare a part missing.
+    ``clock_skew_ms`` is how far a segment's clock may run ahead of the coordinator's:
+    a part is proven missing only from a prepared list read at least that long after
+    the record's commit time.
     """
 
     def __init__(self, segments: int, *, clock_skew_ms: int = 1000, applied: Container[int] = frozenset()) -> None:
@@ -119,6 +141,7 @@ class Reassembler:
         self._position: dict[int, int] = {}  # gxid -> coordinator position (counted from 0)
         self._added = 0  # records added so far
         self._coordinator_lsn = -1  # commit LSN of the last record added
+        self._coordinator_recent = _Recent()
         self._parts: dict[int, dict[int, Part]] = {}  # gxid -> segment -> part (two-phase)
         self._next = 0  # coordinator position of the next record to hand out
         self._damaged: Missing | None = None  # the first damaged part met where it would go out
@@ -127,8 +150,15 @@ class Reassembler:
     def add_part(self, part: Part) -> None:
         segment = self.segments[part.segment]
         if part.commit_lsn <= segment.last_lsn:
-            return  # sent again after a capture restart
+            if segment.recent.resend(part.commit_lsn):
+                return  # sent again after a capture restart
+            raise ReassemblyError(
+                f"segment {part.segment}'s transaction at offset {part.offset} (commit LSN {part.commit_lsn}, gxid "
+                f"{part.gxid}) arrives after a later one (commit LSN {segment.last_lsn}) and was never seen before: a "
+                "message was lost and sent again, and its place in the source order cannot be rebuilt; bootstrap the "
+                "pipeline again")
         segment.last_lsn = part.commit_lsn
+        segment.recent.add(part.commit_lsn)
         if part.gxid in self.applied:
             if not part.one_phase:
                 segment.log.append(part)  # passed over in its place, see _advance
@@ -147,8 +177,14 @@ class Reassembler:
     def add_record(self, record: Record) -> None:
         if record.commit_lsn >= 0:
             if record.commit_lsn <= self._coordinator_lsn:
-                return  # sent again after a capture restart
+                if self._coordinator_recent.resend(record.commit_lsn):
+                    return  # sent again after a capture restart
+                raise ReassemblyError(
+                    f"the commit record of gxid {record.gxid} at offset {record.offset} (commit LSN "
+                    f"{record.commit_lsn}) arrives after a later one and was never seen before: a message was lost and "
+                    "sent again, and its place in the source order cannot be rebuilt; bootstrap the pipeline again")
             self._coordinator_lsn = record.commit_lsn
+            self._coordinator_recent.add(record.commit_lsn)
         if record.gxid in self._position or record.gxid in self.applied:
             return  # a duplicate, or applied before a restart
         for segment in self._parts.get(record.gxid, {}):

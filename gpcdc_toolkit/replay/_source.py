@@ -216,6 +216,12 @@ class Framer:
                 "segments (legacy markers): whole distributed transactions cannot be told apart from partial ones",
                 fix=_LEGACY_FIX)
         first, statements = self._ddl.pop(value["gxid"], (offset, []))
+        expected = value.get("ddl_count")
+        if expected is not None and expected != len(statements):
+            raise StreamError(
+                f"the commit record of gxid {value['gxid']} at offset {offset} of {self.topic_prefix}.dtx announces "
+                f"{expected} DDL records, and {len(statements)} came before it: a DDL record was lost; nothing of "
+                f"gxid {value['gxid']} or after it was applied", fix="bootstrap the pipeline again")
         return Record(value["gxid"], tuple(value["segments"] or ()), value["commit_ts_ms"], tuple(statements),
                       value["commit_lsn"], first)
 
