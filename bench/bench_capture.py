@@ -29,7 +29,6 @@ from gpcdc_toolkit.broker import EmbeddedBroker
 from gpcdc_toolkit.capture import CaptureGroup, CaptureWorker, WorkerSettings, wait_until_acknowledged
 from gpcdc_toolkit.cluster import Cluster, Session
 from gpcdc_toolkit.config import load_config
-from gpcdc_toolkit.ingest import read_values
 from gpcdc_toolkit.protocol import Topics, parse_lsn
 from gpcdc_toolkit.sandbox import Sandbox, find_pg_bin
 from gpcdc_toolkit.workload import WorkloadSpec, run_workload
@@ -101,8 +100,9 @@ def latency(cluster: Cluster, config, rate: float, seconds: float) -> None:
 
     kafka = kafka_client_settings(config)
     delays = []
-    from gpcdc_toolkit.ingest import read_to_end
     import orjson
+
+    from gpcdc_toolkit.ingest import read_to_end
 
     for message in read_to_end(kafka, Topics(config.kafka.topic_prefix).changes):
         value = orjson.loads(message.value())

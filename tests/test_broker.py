@@ -51,7 +51,7 @@ def test_down_stops_the_process_and_status_says_so(tmp_path_factory):
         broker.down()
     assert not pid_alive(pid)
     with pytest.raises(BrokerError, match="not running.*gpcdc broker up"):
-        broker.bootstrap_servers
+        _ = broker.bootstrap_servers
     with pytest.raises(BrokerError, match=f"no Kafka broker answers at {servers}"):
         check_reachable(servers, timeout=1.0)
 

@@ -7,17 +7,16 @@ import threading
 import uuid
 
 import orjson
-import psycopg
 import pytest
 
 from gpcdc_toolkit import BrokerError
 from gpcdc_toolkit.bootstrap import BootstrapError, InitialSnapshot, Pipeline, bootstrap, create_slots_naively, drop_slots
 from gpcdc_toolkit.capture import CaptureGroup, capture_status, check_against_truth, read_captured, wait_until_acknowledged
 from gpcdc_toolkit.cluster import Session, segment_for
-from gpcdc_toolkit.protocol import _markers as markers
 from gpcdc_toolkit.config import load_config
-from gpcdc_toolkit.protocol import parse
+from gpcdc_toolkit.protocol import _markers as markers
 from gpcdc_toolkit.protocol import _pgoutput as pg
+from gpcdc_toolkit.protocol import parse
 from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, read_ground_truth, reset_tables, run_workload
 
 from ._stream import apply_rows
@@ -101,7 +100,8 @@ def test_peaceful_waits_for_running_transactions_and_holds_new_ones(source, conf
 
         def start_late():
             with late.transaction() as tx:
-                tx.insert(ACCOUNTS, [{"id": k, "balance": 2, "note": "late"} for k in keys_on(1, 1, 3 * 10**12) + keys_on(2, 1, 3 * 10**12)])
+                keys = keys_on(1, 1, 3 * 10**12) + keys_on(2, 1, 3 * 10**12)
+                tx.insert(ACCOUNTS, [{"id": k, "balance": 2, "note": "late"} for k in keys])
             blocked["gxid"] = tx.gxid
 
         late_thread = threading.Thread(target=start_late)

@@ -78,4 +78,4 @@ def test_rows_become_one_arrow_batch_with_nulls_in_place():
     assert batch.column("before").to_pylist() == [None, None, [("a", "2")]]
     assert batch.column("_corrupt_record").to_pylist() == [None, "bad", None]
     stamps = batch.column("commit_ts").to_pylist()
-    assert stamps[1] is None and stamps[0] == dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=dt.timezone.utc)
+    assert stamps[1] is None and stamps[0] == dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=dt.UTC)

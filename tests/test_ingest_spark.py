@@ -1,6 +1,5 @@
 """The gpcdc Spark data source against a real broker and a local Spark session."""
 
-import threading
 import uuid
 
 import orjson
@@ -12,7 +11,11 @@ from gpcdc_toolkit.bootstrap import Pipeline, bootstrap, drop_slots
 from gpcdc_toolkit.capture import CaptureGroup, read_captured, wait_until_acknowledged
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.ingest.spark import (
-    IncrementalRead, read_changes, read_transactions, read_watermarks, stream_changes,
+    IncrementalRead,
+    read_changes,
+    read_transactions,
+    read_watermarks,
+    stream_changes,
 )
 from gpcdc_toolkit.protocol import Topics
 from gpcdc_toolkit.workload import WorkloadSpec, reset_tables, run_workload

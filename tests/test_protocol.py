@@ -4,8 +4,17 @@ import orjson
 import pytest
 
 from gpcdc_toolkit.protocol import (
-    UNCHANGED_TOAST, Dispatcher, DistributedSnapshot, NodeStart, PgoutputError, ProtocolError, StartPoint,
-    TransactionAssembler, format_lsn, parse, parse_lsn,
+    UNCHANGED_TOAST,
+    Dispatcher,
+    DistributedSnapshot,
+    NodeStart,
+    PgoutputError,
+    ProtocolError,
+    StartPoint,
+    TransactionAssembler,
+    format_lsn,
+    parse,
+    parse_lsn,
 )
 from gpcdc_toolkit.protocol import _pgoutput as pg
 

@@ -16,7 +16,7 @@ from itertools import combinations
 
 import pytest
 
-from gpcdc_toolkit.replay import Part, ReassemblyError, Reassembler, Record, resume_point
+from gpcdc_toolkit.replay import Part, Reassembler, ReassemblyError, Record, resume_point
 
 
 def simulate(rng, segments=3, transactions=30, keys=6):

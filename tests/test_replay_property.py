@@ -46,7 +46,7 @@ TYPES = {
                                             allow_nan=False, allow_infinity=False), st.just(Decimal("NaN"))),
     "float8": st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.just(-0.0)),
     "timestamptz": st.datetimes(min_value=dt.datetime(1, 1, 2), max_value=dt.datetime(9999, 12, 30),
-                                timezones=st.just(dt.timezone.utc)),
+                                timezones=st.just(dt.UTC)),
     "date": st.dates(),
     "jsonb": st.recursive(st.none() | st.booleans() | st.integers(-10**9, 10**9) | TEXT,
                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3),
@@ -126,7 +126,8 @@ def test_snapshot_plus_replay_equals_the_source(source, broker, work_dir, data):
                         table = ("public", name)
                         if action == "insert":
                             strategy = KEY_TYPES[key_type] if key_type else st.integers(0, 5)
-                            key = data.draw(strategy.filter(lambda k: key_type is None or k not in live), label="key")
+                            key = data.draw(strategy.filter(lambda k, t=key_type, live=live: t is None or k not in live),
+                                            label="key")
                             row = {"id": key, **row_values(data.draw, columns)}
                             tx.insert(table, [row])
                             live.append(key)
@@ -142,7 +143,8 @@ def test_snapshot_plus_replay_equals_the_source(source, broker, work_dir, data):
                                                     label="columns")
                                 tx.update(table, {"id": key}, row_values(data.draw, changed))
                             else:
-                                new = data.draw(KEY_TYPES[key_type].filter(lambda k: k not in live), label="new key")
+                                new = data.draw(KEY_TYPES[key_type].filter(lambda k, live=live: k not in live),
+                                                label="new key")
                                 tx.update(table, {"id": key}, {"id": new})
                                 live[live.index(key)] = new
 
@@ -165,7 +167,7 @@ def test_snapshot_plus_replay_equals_the_source(source, broker, work_dir, data):
             done = replayer.run()
         assert done.pending == 0
         target_cluster = target.cluster()
-        for name, key_type, _columns in tables:
+        for name, _key_type, _columns in tables:
             on_target, on_source = table_texts(target_cluster, name), table_texts(source, name)
             assert sorted(sum(on_target.values(), [])) == sorted(sum(on_source.values(), [])), f"{name} differs"
             routed = target_cluster.rows_by_segment(("public", name))

@@ -1,10 +1,10 @@
 """The workload against a real sandbox: its ground-truth log matches the data."""
 
 from gpcdc_toolkit.cluster import Session
+from gpcdc_toolkit.protocol import _markers as markers
 from gpcdc_toolkit.workload import WorkloadSpec, read_ground_truth, reset_tables, run_workload, verify
 
 from ._decoding import committed_transactions, create_slot, drop_slot
-from gpcdc_toolkit.protocol import _markers as markers
 
 
 def test_hot_key_workload_matches_its_ground_truth(source, work_dir):

@@ -37,12 +37,12 @@ from typing import Any
 
 import psycopg
 import psycopg2
-from psycopg import sql
 import psycopg2.extras
+from psycopg import sql
 
 from .._runtime import read_json, write_json
 from ..cluster import COORDINATOR, Cluster, Node, Session
-from ..errors import ClusterError, GpcdcError
+from ..errors import GpcdcError
 from ..protocol import DistributedSnapshot, NodeStart, StartPoint, format_lsn, parse_lsn
 from ._snapshot import distributed_tables, export_tables, write_manifest
 
@@ -324,7 +324,7 @@ def _set_lock_timeout(conn: psycopg.Connection[Any], seconds: float) -> None:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
 def _peaceful(cluster: Cluster, pipeline: Pipeline, slots: list[_Slot], timeout: float) -> StartPoint:

@@ -51,7 +51,7 @@ def capture_status(cluster: Cluster, group: CaptureGroup) -> list[NodeStatus]:
             events=int(status.get("events", 0)),
             megabytes=status.get("bytes", 0) / 1e6,
             acked_lsn=format_lsn(parse_lsn(confirmed)) if confirmed else "no slot",
-            last_commit=dt.datetime.fromtimestamp(last_ms / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+            last_commit=dt.datetime.fromtimestamp(last_ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
             if last_ms else "-",
             state=str(status.get("state", "")) if pid or str(status.get("state", "")).startswith("failed") else "",
             last_error=status.get("last_error"),

@@ -356,7 +356,7 @@ def ensure_topics(kafka: dict[str, str], topics: Topics, partitions: int) -> Non
     missing = [t for t in wanted if t.topic not in existing]
     if not missing:
         return
-    for name, future in admin.create_topics(missing).items():
+    for future in admin.create_topics(missing).values():
         try:
             future.result(15)
         except KafkaException as e:

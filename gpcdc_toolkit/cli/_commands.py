@@ -14,15 +14,20 @@ from pathlib import Path
 from ..bootstrap import METHODS, InitialSnapshot, Pipeline, bootstrap, drop_slots
 from ..broker import EmbeddedBroker, check_reachable
 from ..capture import (
-    CaptureGroup, capture_status, check_against_truth, delete_topics, read_captured, run_worker,
+    CaptureGroup,
+    capture_status,
+    check_against_truth,
+    delete_topics,
+    read_captured,
+    run_worker,
     wait_until_acknowledged,
 )
 from ..config import SETTINGS, Config, flag
 from ..connect import kafka_client_settings, open_cluster
 from ..errors import ConfigError
 from ..protocol import Topics, format_lsn
-from ..replay import Replayer, ReplaySettings, StatusLine
 from ..protocol._topics import DISPATCHERS
+from ..replay import Replayer, ReplaySettings, StatusLine
 from ..sandbox import Sandbox, list_sandboxes
 from ..workload import ACCOUNTS, EVENTS, WorkloadSpec, read_ground_truth, reset_tables, run_workload, verify
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ._compact import TableChanges, compact
 from ._ddl_policy import CheckedDdl, DdlRefused, check_ddl
 from ._legacy import SegmentOrder
-from ._order import Missing, Part, ReassemblyError, Reassembler, Record, Whole, resume_point
+from ._order import Missing, Part, Reassembler, ReassemblyError, Record, Whole, resume_point
 from ._source import Framer, LegacyStreamError, Spill, StreamError, Watermark
 
 _DRIVERS = {
@@ -41,5 +41,7 @@ __all__ = [
     "TableChanges", "compact", "CheckedDdl", "DdlRefused", "check_ddl",
     "SegmentOrder", "Missing", "Part", "ReassemblyError", "Reassembler", "Record", "Whole", "resume_point",
     "Framer", "LegacyStreamError", "Spill", "StreamError", "Watermark",
-    *_MODULE_OF,
+    "APPLIED", "STATE", "Applier", "ApplyError", "ApplyStats", "Checkpoint", "DdlRefusedError", "ReplayState",
+    "create_statement", "load_rows", "prepare_target", "ProgressBar", "StatusLine",
+    "MissingPartError", "Progress", "Replayer", "ReplaySettings",
 ]

@@ -31,10 +31,9 @@ given (``CHECK`` constraints, index expressions) may call only those built-ins t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-
-import re
 
 import pglast
 from pglast import ast

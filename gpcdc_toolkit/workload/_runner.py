@@ -16,8 +16,17 @@ import psycopg
 from ..cluster import Cluster, DistributedTransaction, Session
 from ..errors import DistributedTransactionError
 from ._plan import (
-    ACCOUNTS, DDL, EVENTS, THREAD_STRIDE, Plan, ThreadPlanner, WorkloadSpec, expected_state, first_free_id,
-    large_plan, large_rows,
+    ACCOUNTS,
+    DDL,
+    EVENTS,
+    THREAD_STRIDE,
+    Plan,
+    ThreadPlanner,
+    WorkloadSpec,
+    expected_state,
+    first_free_id,
+    large_plan,
+    large_rows,
 )
 
 _CHUNK = 10_000  # rows per INSERT batch of the large transaction
