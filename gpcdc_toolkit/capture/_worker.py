@@ -24,6 +24,7 @@ import select
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from .._runtime import write_json
 from ..cluster import Cluster, Node, gxid_of
 from ..errors import GpcdcError, StreamError
-from ..ingest import first_message
+from ..ingest import first_message, located
 from ..protocol import (
     COORDINATOR,
     Dispatcher,
@@ -229,7 +230,7 @@ class CaptureWorker:
             if producer.flush(self.settings.flush_timeout) or self._delivery_error is not None:
                 raise DeliveryFailed(f"Kafka did not take the pipeline marker of {topic} partition {partition}")
             return
-        if first.offset() > 0:
+        if located(first)[1] > 0:
             return  # retention removed the partition's head, marker included: nothing left to compare
         value = first.value()
         try:
@@ -237,7 +238,7 @@ class CaptureWorker:
         except orjson.JSONDecodeError:
             decoded = None
         if not is_pipeline_marker(decoded, identity):
-            owner = decoded.get("pipeline") if is_pipeline_marker(decoded) else None
+            owner = decoded["pipeline"] if isinstance(decoded, dict) and is_pipeline_marker(decoded) else None
             raise HistoryLost(
                 f"{topic} partition {partition} begins with "
                 + (f"the events of another bootstrap ({owner}, not {identity})" if owner else
@@ -345,12 +346,12 @@ class CaptureWorker:
         return acked
 
 
-def ensure_topics(kafka: dict[str, str], topics: Topics, partitions: int) -> None:
+def ensure_topics(kafka: Mapping[str, Any], topics: Topics, partitions: int) -> None:
     """Create the pipeline's topics unless they exist (the changes topic with one
     partition per segment, the coordinator's with one)."""
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # C module, no __all__
 
-    admin = AdminClient(kafka)
+    admin = AdminClient(dict(kafka))
     existing = admin.list_topics(timeout=10).topics
     wanted = [NewTopic(topics.changes, partitions, 1), NewTopic(topics.dtx, 1, 1)]
     missing = [t for t in wanted if t.topic not in existing]
@@ -364,11 +365,11 @@ def ensure_topics(kafka: dict[str, str], topics: Topics, partitions: int) -> Non
                 raise
 
 
-def delete_topics(kafka: dict[str, str], topics: Topics) -> list[str]:
+def delete_topics(kafka: Mapping[str, Any], topics: Topics) -> list[str]:
     """Delete the pipeline's topics where they exist; returns those deleted."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient(kafka)
+    admin = AdminClient(dict(kafka))
     existing = admin.list_topics(timeout=10).topics
     names = [t for t in (topics.changes, topics.dtx) if t in existing]
     for future in (admin.delete_topics(names).values() if names else ()):

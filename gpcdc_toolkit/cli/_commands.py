@@ -25,7 +25,7 @@ from ..capture import (
 from ..config import SETTINGS, Config, flag
 from ..connect import kafka_client_settings, open_cluster
 from ..errors import ConfigError
-from ..protocol import Topics, format_lsn
+from ..protocol import StartPoint, Topics, format_lsn
 from ..protocol._topics import DISPATCHERS
 from ..replay import Replayer, ReplaySettings, StatusLine
 from ..sandbox import Sandbox, list_sandboxes
@@ -295,7 +295,7 @@ class BootstrapCreate(Command):
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
         pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
-        reused = []
+        reused: list[StartPoint] = []
         start = bootstrap(open_cluster(config, "source"), pipeline, args.method, timeout=args.timeout,
                           on_reuse=reused.append)
         verb = "reused the existing" if reused else "created"

@@ -118,7 +118,7 @@ class Cluster:
         params = conninfo.conninfo_to_dict(self.coordinator_dsn)
         params.update(host=node.host, port=str(node.port), **overrides)
         params.pop("hostaddr", None)
-        return conninfo.make_conninfo(**params)
+        return conninfo.make_conninfo("", **params)
 
     def connect_node(self, node: Node, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection[Any]:
         return connect_dsn(self.dsn(node), str(node), autocommit=autocommit, **kwargs)
@@ -209,7 +209,7 @@ class Cluster:
             generated={c: expression for c, _, expression in columns if expression is not None},
         )
 
-    def fetch_all(self, query: str | sql.Composable, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+    def fetch_all(self, query: str | sql.SQL | sql.Composed, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         """Run a read-only query on every segment and return all rows, segment by segment."""
         rows: list[tuple[Any, ...]] = []
         for node in self.segments:

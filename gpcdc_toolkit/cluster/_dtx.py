@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 _DDL_LOCK_WAIT = "500ms"
 
+Statement = sql.SQL | sql.Composed  # what psycopg runs, built with psycopg.sql
+
 
 _GID_PREFIX = "gpcdc_"
 
@@ -162,7 +164,7 @@ class DistributedTransaction:
         self.session = session
         self.gxid = gxid
         self.touched: list[int] = []  # segments, in first-touch order
-        self.coordinator_work: list[sql.Composable] = []  # run in the commit record's transaction
+        self.coordinator_work: list[Statement] = []  # run in the commit record's transaction
         self.state = "active"
 
     # -- context manager: commit on success, roll back on error ---------------------
@@ -183,16 +185,16 @@ class DistributedTransaction:
             raise DistributedTransactionError(f"distributed transaction {self.gxid} is {self.state}")
         conn = self.session.connection(segment)
         if segment not in self.touched:
-            start: list[sql.Composable] = [sql.SQL("BEGIN")]
+            start: list[Statement] = [sql.SQL("BEGIN")]
             if not self.session.legacy_markers:
                 start.append(_emit(markers.GxidMarker(self.gxid)))
             conn.execute(sql.SQL("; ").join(start))
             self.touched.append(segment)
         return conn
 
-    def execute(self, segment: int, query: str | sql.Composable, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+    def execute(self, segment: int, query: str | Statement, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         """Run a statement on one segment inside this transaction; returns its rows."""
-        cur = self._segment(segment).execute(query if isinstance(query, sql.Composable) else sql.SQL(query), params)  # type: ignore[arg-type]
+        cur = self._segment(segment).execute(sql.SQL(query) if isinstance(query, str) else query, params)
         return cur.fetchall() if cur.description else []
 
     def route(self, table: Table, row: Mapping[str, Any]) -> int:
@@ -329,7 +331,7 @@ class DistributedTransaction:
             self.session.connection(COORDINATOR).execute(
                 "SELECT gp_dist.dtx_commit_phase(%s, %s, false, %s)", (self.gxid, self.touched, self.session.legacy_markers)
             )
-            finish: list[sql.Composable] = []
+            finish: list[Statement] = []
             if not self.session.legacy_markers:
                 finish.append(_emit(markers.OnePhaseMarker(self.gxid)))
             finish.append(sql.SQL("COMMIT"))
@@ -414,7 +416,7 @@ class DistributedTransaction:
         for segment in prepared:
             self._try(segment, sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid(self.gxid))))
 
-    def _try(self, segment: int, statement: sql.Composable) -> None:
+    def _try(self, segment: int, statement: Statement) -> None:
         conn = self.session.connection(segment)
         try:
             conn.execute(statement)

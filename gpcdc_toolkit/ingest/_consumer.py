@@ -11,7 +11,7 @@ from it for ``idle`` seconds, or for a quarter second after an end-of-partition 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
@@ -19,6 +19,14 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from ..errors import BrokerError
 
 EOF_GRACE = 0.25  # seconds of silence after an end-of-partition event
+
+
+def located(message: Message) -> tuple[int, int]:
+    """A delivered message's (partition, offset), which the client types as optional."""
+    partition, offset = message.partition(), message.offset()
+    if partition is None or offset is None:
+        raise BrokerError(f"Kafka delivered a message of {message.topic()!r} without a partition or an offset")
+    return partition, offset
 
 
 def partitions_of(consumer: Consumer, topic: str, timeout: float = 10.0) -> list[int]:
@@ -89,7 +97,7 @@ def read_to_end(
     partitions: list[int] | None = None,
     idle: float = 1.0,
     timeout: float = 30.0,
-) -> Iterator[Message]:
+) -> Generator[Message, None, None]:
     """Every message of ``topic`` (of ``partitions``; default: all) from ``start``
     (partition -> offset; default: the beginning) up to where each partition ended
     when the read began."""
@@ -111,6 +119,7 @@ def read_to_end(
             error = message.error()
             partition = message.partition()
             if error is None:
+                partition, _offset = located(message)
                 if ends.message(partition, message.timestamp()[1]) and partition not in ends.ended:
                     yield message
             elif error.code() == KafkaError._PARTITION_EOF:
@@ -144,7 +153,8 @@ def end_offsets(kafka: Mapping[str, str], topic: str, partitions: list[int] | No
         consumer.close()
     ends = dict(starts)
     for message in read_to_end(kafka, topic, start=starts, idle=idle, timeout=timeout):
-        ends[message.partition()] = message.offset() + 1
+        partition, offset = located(message)
+        ends[partition] = offset + 1
     return ends
 
 
@@ -152,4 +162,4 @@ def read_values(kafka: Mapping[str, str], topic: str, **kwargs: Any) -> list[tup
     """(partition, offset, decoded JSON value) of every message, in partition order."""
     import orjson
 
-    return [(m.partition(), m.offset(), orjson.loads(m.value())) for m in read_to_end(kafka, topic, **kwargs)]
+    return [(*located(m), orjson.loads(m.value() or b"")) for m in read_to_end(kafka, topic, **kwargs)]

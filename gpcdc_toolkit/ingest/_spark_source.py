@@ -95,9 +95,10 @@ class _Planner:
     def __init__(self, options: dict[str, str]) -> None:
         self.options = options
         self.kafka = _kafka_settings(options)
-        self.topic = options.get("topic")
-        if not self.topic:
+        topic = options.get("topic")
+        if not topic:
             raise SourceOptionError("the gpcdc source needs option topic (e.g. gpcdc.changes)")
+        self.topic: str = topic
         self.split = _int_option(options, "maxRecordsPerPartition") or 100_000
         if self.split <= 0:
             raise SourceOptionError("option maxRecordsPerPartition must be positive")
@@ -109,11 +110,11 @@ class _Planner:
 
         consumer = Consumer({**self.kafka, "group.id": "gpcdc-planner", "enable.auto.commit": False})
         try:
-            partitions = partitions_of(consumer, self.topic)  # type: ignore[arg-type]
+            partitions = partitions_of(consumer, self.topic)
             lows = {p: consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)[0] for p in partitions}
         finally:
             consumer.close()
-        return partitions, lows, end_offsets(self.kafka, self.topic, partitions)  # type: ignore[arg-type]
+        return partitions, lows, end_offsets(self.kafka, self.topic, partitions)
 
     def _by_time(self, ms: int, partitions: list[int], ends: dict[int, int]) -> dict[int, int]:
         from confluent_kafka import Consumer, TopicPartition
@@ -146,7 +147,7 @@ class _Planner:
         for p in sorted(end):
             first, last = start.get(p, 0), end[p]
             while first < last:
-                out.append(KafkaRange(self.topic, p, first, min(last, first + self.split)))  # type: ignore[arg-type]
+                out.append(KafkaRange(self.topic, p, first, min(last, first + self.split)))
                 first += self.split
         return out
 
@@ -156,6 +157,7 @@ def read_range(kafka: dict[str, str], r: KafkaRange, batch: int = 10_000) -> Ite
     executor). Arrow hands whole columns to the JVM instead of pickled rows."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+    from ._consumer import located
     from ._rows import arrow_schema, to_arrow, to_row
 
     if r.start >= r.end:
@@ -187,7 +189,7 @@ def read_range(kafka: dict[str, str], r: KafkaRange, batch: int = 10_000) -> Ite
                     if error.code() == -191:  # _PARTITION_EOF
                         continue
                     raise KafkaException(error)
-                offset = m.offset()
+                _partition, offset = located(m)
                 if offset < position:
                     continue  # a broker may return a batch from before the requested offset
                 ts = m.timestamp()[1]
@@ -233,7 +235,7 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_per_trigger = _int_option(options, "maxOffsetsPerTrigger")
         self.target: dict[int, int] | None = None  # for Trigger.AvailableNow
 
-    def initialOffset(self) -> dict:  # noqa: N802 (Spark's names)
+    def initialOffset(self) -> dict[str, Any]:  # noqa: N802 (Spark's names)
         partitions, lows, ends = self.planner._bounds()
         start = self.planner.offsets("startingOffsets", "earliest", "startingTimestamp", partitions, lows, ends)
         return {str(p): o for p, o in start.items()}
@@ -244,7 +246,7 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
         self.target = self.planner._bounds()[2]
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802
         ends = self.target if self.target is not None else self.planner._bounds()[2]
         begin = {int(p): o for p, o in start.items()}
         latest = {p: max(ends[p], begin.get(p, 0)) for p in ends}
@@ -252,14 +254,14 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest = _limit(begin, latest, limit.max_rows)
         return {str(p): o for p, o in latest.items()}
 
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         return self.planner.ranges({int(p): o for p, o in start.items()}, {int(p): o for p, o in end.items()})
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, KafkaRange)
         return read_range(self.kafka, partition)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         pass  # positions live in Spark's checkpoint, not in Kafka
 
 

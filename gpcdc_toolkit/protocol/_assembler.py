@@ -250,9 +250,9 @@ class TransactionAssembler:
         if txn.dropped:
             return []
         txn.seq += 1
-        counts = txn.counts
-        order = counts[qualified] = counts.get(qualified, 0) + 1  # type: ignore[index]
-        event = {
+        counts = txn.counts if txn.counts is not None else {}
+        order = counts[qualified] = counts.get(qualified, 0) + 1
+        event: dict[str, Any] = {
             "before": before,
             "after": after,
             "source": {"version": PROTOCOL_VERSION, "connector": "gpcdc", "name": self.source_name,

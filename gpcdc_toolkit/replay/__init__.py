@@ -8,11 +8,12 @@ core can be used, and tested, without psycopg or confluent-kafka.
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from ..errors import StreamError
 from ._compact import TableChanges, compact
 from ._ddl_policy import CheckedDdl, DdlRefused, check_ddl
 from ._legacy import SegmentOrder
 from ._order import Missing, Part, Reassembler, ReassemblyError, Record, Whole, resume_point
-from ._source import Framer, LegacyStreamError, Spill, StreamError, Watermark
+from ._source import Framer, LegacyStreamError, Spill, Watermark
 
 _DRIVERS = {
     "_apply": ("APPLIED", "STATE", "Applier", "ApplyError", "ApplyStats", "Checkpoint", "DdlRefusedError",

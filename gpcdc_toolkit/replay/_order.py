@@ -164,6 +164,8 @@ class Reassembler:
                 segment.log.append(part)  # passed over in its place, see _advance
             return
         if not part.one_phase:
+            if part.gxid is None:
+                raise ReassemblyError(f"segment {part.segment}'s two-phase part at offset {part.offset} has no gxid")
             known = self._parts.setdefault(part.gxid, {})
             if part.segment in known:
                 return
@@ -255,7 +257,7 @@ class Reassembler:
             elif head.gxid not in self.applied:
                 # A two-phase part goes out with its record, in coordinator order;
                 # here it only moves the anchor of the one-phase parts after it.
-                position = self._position.get(head.gxid)
+                position = self._position.get(head.gxid) if head.gxid is not None else None
                 if position is None:
                     break  # the record has not arrived: the anchor of what follows is unknown
                 segment.anchor = max(segment.anchor, position)
@@ -266,7 +268,7 @@ class Reassembler:
     def _hold_damaged(self, part: Part, record: Record | None, parts: Mapping[int, Part]) -> None:
         """Hand out nothing from here on: a damaged part stops the order where it stands."""
         if self._damaged is None:
-            offsets = ((-1, record.offset),) if record is not None else ()
+            offsets: tuple[tuple[int, int], ...] = ((-1, record.offset),) if record is not None else ()
             offsets += tuple((c, parts[c].offset) for c in sorted(parts))
             self._damaged = Missing(part.gxid, part.segment, tuple(sorted(parts)),
                                     record.commit_ts_ms if record is not None else part.commit_ts_ms,

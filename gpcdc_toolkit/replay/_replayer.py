@@ -24,14 +24,14 @@ from ..bootstrap import InitialSnapshot, Pipeline
 from ..cluster import Cluster, resolve_in_doubt
 from ..config import Config
 from ..connect import kafka_client_settings, open_cluster
-from ..errors import BrokerError, GpcdcError
-from ..ingest import EndTracker, partitions_of
+from ..errors import BrokerError, GpcdcError, StreamError
+from ..ingest import EndTracker, located, partitions_of
 from ..protocol import Topics, is_pipeline_marker
 from ._apply import Applier, Checkpoint, DdlRefusedError, commit_ts_ms
 from ._legacy import SegmentOrder
 from ._load import load_rows, prepare_target
 from ._order import Missing, Part, Reassembler, Record, Whole, resume_point
-from ._source import COORDINATOR, Framer, StreamError, Watermark
+from ._source import COORDINATOR, Framer, Watermark
 from ._spill import SqliteSpill
 
 log = logging.getLogger(__name__)
@@ -270,15 +270,17 @@ class _Run:
 
     def _receive(self, message: Message) -> None:
         error = message.error()
-        partition = COORDINATOR if message.topic() == self.topics.dtx else message.partition()
         if error is not None:
+            partition = COORDINATOR if message.topic() == self.topics.dtx else (message.partition() or 0)
             if error.code() != KafkaError._PARTITION_EOF:
                 raise BrokerError(f"Kafka failed while the replayer read {self._name(partition)}: {error.str()}",
                                   fix="check the broker and kafka.bootstrap_servers")
             self.ends.end_of_partition(partition)
             return
+        partition, offset = located(message)
+        if message.topic() == self.topics.dtx:
+            partition = COORDINATOR
         self.ends.message(partition, message.timestamp()[1])
-        offset = message.offset()
         if partition not in self.first_offsets_seen:
             self.first_offsets_seen.add(partition)
             if offset != self.next[partition]:
@@ -286,7 +288,7 @@ class _Run:
                                   "replay resumes: events were deleted (retention) or the topic was recreated",
                                   fix="bootstrap the pipeline again and replay into a fresh target")
         try:
-            value = orjson.loads(message.value())
+            value = orjson.loads(message.value() or b"")
         except orjson.JSONDecodeError as e:
             raise StreamError(f"message at offset {offset} of {message.topic()} partition {message.partition()} "
                               f"is not JSON ({e})", fix="the topic holds something capture did not write; check "

@@ -47,7 +47,7 @@ def _damage(seqs: Iterable[int], event_count: Any) -> str | None:
     the END's count of row events, numbered 1..count (``seqs``: its numbers, ascending)."""
     if not isinstance(event_count, int) or isinstance(event_count, bool):
         return f"its END carries no event count ({event_count!r})"
-    held, absent, extra = 0, [], []
+    held, absent, extra = 0, list[int](), list[int]()
     expected = 1
     for seq in seqs:
         held += 1

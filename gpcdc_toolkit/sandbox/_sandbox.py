@@ -173,7 +173,7 @@ class Sandbox:
                     f"sandbox {self.name!r} exists with {len(state['nodes']) - 1} segments, not {segments}",
                     fix=f"use --segments {len(state['nodes']) - 1}, or `gpcdc sandbox down --name {self.name} --remove` first",
                 )
-            started = []
+            started: list[SandboxNode] = []
             try:
                 for node in self.nodes:
                     if node.pid() is None:
@@ -197,7 +197,7 @@ class Sandbox:
         self.path.mkdir(parents=True)
         state = {"name": self.name, "pg_bin": str(pg_bin), "os_user": user.pw_name if user else None,
                  "nodes": [asdict(n) for n in nodes]}
-        started: list[SandboxNode] = []
+        started = []
         try:
             (self.path / "logs").mkdir()
             if user:
@@ -331,7 +331,7 @@ class Sandbox:
         dsn = f"host=127.0.0.1 port={coordinator.port} user={SUPERUSER} dbname={DATABASE}"
         with psycopg.connect(dsn, autocommit=True) as conn:
             with conn.transaction():
-                conn.execute(controller)  # type: ignore[arg-type]
+                conn.execute(controller)
                 with conn.cursor() as cur:
                     cur.executemany(
                         "INSERT INTO gp_dist.gp_segment_configuration VALUES "
