@@ -1,0 +1,98 @@
+"""Small process and network helpers shared by the sandbox and the broker."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(port: int) -> bool:
+    """Whether something listens on the port (connections lingering in TIME_WAIT do not count)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+    return False
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0): reap it if it is ours.
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return True
+
+
+def runs(pid: int | None, command_part: str) -> bool:
+    """Whether ``pid`` is alive and its command line contains ``command_part``: a pid
+    read from a file may since have been given to an unrelated process."""
+    if not pid_alive(pid):
+        return False
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return True  # no /proc to ask: trust the pid file
+    return command_part in command
+
+
+def stop_pid(pid: int, *, timeout: float = 10.0) -> None:
+    """SIGTERM a process, then SIGKILL it if it has not exited within ``timeout``."""
+    stop_pids([pid], timeout=timeout)
+
+
+def stop_pids(pids: list[int], *, timeout: float = 10.0) -> None:
+    """SIGTERM processes all at once (they wind down side by side), then SIGKILL those
+    that have not exited within ``timeout``."""
+    alive = list(pids)
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        for pid in alive:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while alive and time.monotonic() < deadline:
+            alive = [pid for pid in alive if pid_alive(pid)]
+            if alive:
+                time.sleep(0.05)  # polling the processes' exit
+        if not alive:
+            return
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    with path.open() as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} does not hold a JSON object")
+    return data
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write atomically, so a crash never leaves half a state file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)

@@ -1,0 +1,13 @@
+"""Capture workers: each node's logical decoding stream into Kafka, with no loss."""
+
+from ._processes import CaptureGroup, config_flags, run_worker
+from ._status import NodeStatus, capture_status, wait_until_acknowledged
+from ._verify import CaptureCheck, Captured, check_against_truth, read_captured
+from ._worker import CaptureWorker, WorkerSettings, WorkerStats, delete_topics, ensure_topics, producer_config
+
+__all__ = [
+    "Captured", "CaptureCheck", "check_against_truth", "read_captured",
+    "NodeStatus", "capture_status", "wait_until_acknowledged",
+    "CaptureGroup", "config_flags", "run_worker",
+    "CaptureWorker", "WorkerSettings", "WorkerStats", "delete_topics", "ensure_topics", "producer_config",
+]

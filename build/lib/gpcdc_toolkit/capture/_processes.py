@@ -1,0 +1,164 @@
+"""Capture workers as processes: one per node, in the foreground or the background.
+
+Each worker writes ``node<content>.pid`` and ``node<content>.status.json`` in the
+pipeline directory. Background workers are stopped by the pid they recorded
+(SIGTERM: a clean stop that acknowledges what Kafka has), never by name.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from psycopg import conninfo
+
+from .._runtime import pid_alive, read_json, runs, stop_pids
+from ..bootstrap import Pipeline
+from ..config import SETTINGS, Config, flag
+from ..connect import kafka_client_settings, open_cluster
+from ..errors import GpcdcError
+from ._worker import CaptureWorker, WorkerSettings
+
+
+def config_flags(config: Config) -> list[str]:
+    """Command-line flags that make a child process resolve the same configuration."""
+    values = {
+        "work_dir": str(config.work_dir),
+        "source.dsn": config.source.dsn, "source.sandbox": config.source.sandbox,
+        "target.dsn": config.target.dsn, "target.sandbox": config.target.sandbox,
+        "kafka.bootstrap_servers": config.kafka.bootstrap_servers,
+        "kafka.topic_prefix": config.kafka.topic_prefix, "spark.master": config.spark_master,
+    }
+    assert set(values) == set(SETTINGS)
+    out = []
+    for name, value in values.items():
+        if value:
+            out += [flag(name), value]
+    return out
+
+
+class CaptureGroup:
+    """The capture workers of one pipeline (topic prefix) over the source cluster."""
+
+    def __init__(self, config: Config, *, dispatcher: str = "segment", max_buffered: int = 1000,
+                 heartbeat_interval: float = 1.0) -> None:
+        self.config = config
+        self.pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+        self.dispatcher = dispatcher
+        self.max_buffered = max_buffered
+        self.heartbeat_interval = heartbeat_interval
+
+    def pid_file(self, content: int) -> Path:
+        return self.pipeline.directory / f"node{content}.pid"
+
+    def status_file(self, content: int) -> Path:
+        return self.pipeline.directory / f"node{content}.status.json"
+
+    def pid(self, content: int) -> int | None:
+        try:
+            pid = int(self.pid_file(content).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return pid if runs(pid, "capture run") else None
+
+    def status(self, content: int) -> dict[str, Any] | None:
+        try:
+            return read_json(self.status_file(content))
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def worker_argv(self, content: int) -> list[str]:
+        return [sys.executable, "-m", "gpcdc_toolkit", *config_flags(self.config), "capture", "run",
+                "--node", str(content), "--dispatcher", self.dispatcher, "--max-buffered", str(self.max_buffered),
+                "--heartbeat-interval", str(self.heartbeat_interval)]
+
+    def start(self, timeout: float = 60.0) -> dict[int, int]:
+        """Start a background worker for every node that has none, and return their pids
+        once each streams; a worker that exits instead is reported with its last words."""
+        start = self.pipeline.start_point()  # fails clearly before anything starts
+        started: dict[int, int] = {}
+        for node in start.nodes:
+            if self.pid(node.content):
+                continue
+            self.status_file(node.content).unlink(missing_ok=True)
+            started[node.content] = self.start_node(node.content, self.log_file(node.content))
+        deadline = time.monotonic() + timeout
+        waiting = set(started)
+        while waiting:
+            for content in list(waiting):
+                if (self.status(content) or {}).get("state") == "streaming":
+                    waiting.discard(content)
+                elif not pid_alive(started[content]):
+                    self.stop()
+                    lines = self.log_file(content).read_text().strip().splitlines() or ["(no output)"]
+                    raise GpcdcError(f"the capture worker of node {content} exited: {lines[-1]}",
+                                     fix=f"see {self.log_file(content)}")
+            if waiting and time.monotonic() > deadline:
+                raise GpcdcError(f"capture workers of nodes {sorted(waiting)} did not start streaming within {timeout:g} s",
+                                 fix=f"see their logs in {self.pipeline.directory}")
+            time.sleep(0.05)  # polling the workers' status files
+        return started
+
+    def log_file(self, content: int) -> Path:
+        return self.pipeline.directory / f"node{content}.log"
+
+    def start_node(self, content: int, log_path: Path) -> int:
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(self.worker_argv(content), stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        self.pid_file(content).write_text(str(proc.pid))
+        return proc.pid
+
+    def stop(self, timeout: float = 30.0) -> list[int]:
+        running = {content: pid for content in self._contents() if (pid := self.pid(content))}
+        stop_pids(list(running.values()), timeout=timeout)
+        for content in self._contents():
+            self.pid_file(content).unlink(missing_ok=True)
+        return sorted(running)
+
+    def kill(self, content: int) -> int:
+        """SIGKILL one worker (for fault tests); returns its pid."""
+        pid = self.pid(content)
+        if pid is None:
+            raise GpcdcError(f"no capture worker runs for node {content}")
+        os.kill(pid, signal.SIGKILL)
+        while pid_alive(pid):
+            time.sleep(0.01)  # reaping: the process is dead, its entry goes shortly
+        return pid
+
+    def _contents(self) -> list[int]:
+        return sorted(int(p.name[4:-4]) for p in self.pipeline.directory.glob("node*.pid"))
+
+
+def run_worker(config: Config, content: int, *, dispatcher: str, max_buffered: int,
+               heartbeat_interval: float) -> None:
+    """Run one node's worker in this process until SIGTERM or SIGINT."""
+    group = CaptureGroup(config)
+    pipeline = group.pipeline
+    start = pipeline.start_point()
+    cluster = open_cluster(config, "source")
+    nodes = {n.content: n for n in cluster.nodes}
+    if content not in nodes:
+        raise GpcdcError(f"the source cluster has no node with content {content}",
+                         fix=f"use one of {', '.join(map(str, sorted(nodes)))}")
+    settings = WorkerSettings(prefix=config.kafka.topic_prefix, kafka=kafka_client_settings(config),
+                              dispatcher=dispatcher, max_buffered=max_buffered,
+                              heartbeat_interval=heartbeat_interval)
+    database = conninfo.conninfo_to_dict(cluster.coordinator_dsn).get("dbname") or "postgres"
+    worker = CaptureWorker(cluster, nodes[content], start, settings, database=str(database),
+                           partitions=cluster.segment_count, status_file=group.status_file(content))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    group.pid_file(content).write_text(str(os.getpid()))
+    try:
+        worker.run(stop)
+    finally:
+        if group.pid(content) in (None, os.getpid()):
+            group.pid_file(content).unlink(missing_ok=True)

@@ -1,0 +1,383 @@
+"""A capture worker: one node's logical decoding stream into Kafka, with no loss.
+
+The loop reads pgoutput from the node's slot (psycopg2's replication stream), turns it
+into protocol events (:class:`~gpcdc_toolkit.protocol.TransactionAssembler`) and
+produces them with an idempotent producer. Every ``ack_interval`` it waits until
+Kafka has acknowledged everything produced so far and only then moves the slot's
+flush position to the end of the last transaction produced; so a crash at any moment
+loses nothing, and what is sent again after a restart carries the same
+(segment, commit LSN, sequence) and is recognisable as a duplicate.
+
+Every ``heartbeat_interval`` it produces a resolved watermark: every commit of the
+node below ``resolved`` is in Kafka, and so is every commit that happened on the
+node's clock before ``resolved_ts_ms``. Idle nodes get watermarks too.
+
+Lost connections, to the server or to Kafka, restart the session with backoff from the
+slot's flush position; nothing is acknowledged meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import psycopg2
+import psycopg2.extras
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from .._runtime import write_json
+from ..cluster import Cluster, Node, gxid_of
+from ..errors import GpcdcError, StreamError
+from ..ingest import first_message, located
+from ..protocol import (
+    COORDINATOR,
+    Dispatcher,
+    Outbound,
+    ProtocolError,
+    StartPoint,
+    Topics,
+    TransactionAssembler,
+    format_lsn,
+    is_pipeline_marker,
+    parse_lsn,
+    pipeline_marker,
+)
+
+log = logging.getLogger(__name__)
+
+_CLOCK_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+
+
+class DeliveryFailed(RuntimeError):
+    """Kafka refused or timed out a message: the session restarts from the slot."""
+
+
+class HistoryLost(StreamError):
+    """The node's partition no longer holds what capture acknowledged to the slot (a
+    broker that lost its data, a topic deleted and created again), or holds another
+    bootstrap's events: writing on would make the stream silently incomplete."""
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    prefix: str
+    kafka: dict[str, str]
+    dispatcher: str = "segment"
+    heartbeat_interval: float = 1.0
+    ack_interval: float = 0.5
+    flush_timeout: float = 10.0
+    max_buffered: int = 1000
+    max_backoff: float = 30.0
+    producer_queue_kbytes: int = 65536
+
+
+@dataclass
+class WorkerStats:
+    node: int
+    slot: str
+    pid: int = 0
+    state: str = "starting"
+    events: int = 0
+    bytes: int = 0
+    transactions: int = 0
+    dropped_transactions: int = 0
+    acked_lsn: int = 0
+    resolved_lsn: int = 0
+    resolved_ts_ms: int = 0
+    last_commit_ts_ms: int | None = None
+    restarts: int = 0
+    last_error: str | None = None
+    updated_ms: int = 0
+
+
+def producer_config(settings: WorkerSettings, on_error: Any) -> dict[str, Any]:
+    return {
+        **settings.kafka,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        "batch.num.messages": 10000,
+        "queue.buffering.max.kbytes": settings.producer_queue_kbytes,
+        "queue.buffering.max.messages": 200000,
+        "message.timeout.ms": 60000,
+        "partitioner": "murmur2_random",
+        # Only failures call back into Python: success is learnt from flush().
+        "delivery.report.only.error": True,
+        "on_delivery": on_error,
+    }
+
+
+class CaptureWorker:
+    def __init__(self, cluster: Cluster, node: Node, start: StartPoint, settings: WorkerSettings,
+                 *, database: str, partitions: int, status_file: Path | None = None) -> None:
+        self.cluster = cluster
+        self.node = node
+        self.start = start
+        self.settings = settings
+        self.database = database
+        self.topics = Topics(settings.prefix)
+        self.dispatcher = Dispatcher(settings.dispatcher, partitions)
+        self.slot = start.node(node.content).slot
+        self.status_file = status_file
+        self.stats = WorkerStats(node=node.content, slot=self.slot)
+        self._delivery_error: KafkaError | None = None
+
+    # -- the outer loop: reconnect with backoff -------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        self.stats.pid = os.getpid()
+        backoff = 0.5
+        while not stop.is_set():
+            began = time.monotonic()
+            try:
+                self._session(stop)
+                self._set_state("stopped")
+                return
+            except (ProtocolError, HistoryLost) as e:
+                self.stats.last_error = str(e)
+                self._set_state(f"failed: {e}")
+                raise  # starting over would meet it again
+            except Exception as e:  # servers, Kafka, and the Kafka client's own failures
+                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                if isinstance(e, GpcdcError) and not _retryable(e):
+                    raise
+                self.stats.restarts += 1
+                self.stats.last_error = reason
+                self._set_state(f"reconnecting in {backoff:g} s")
+                log.warning("%s: %s; reconnecting in %g s", self.node, reason, backoff)
+            if time.monotonic() - began > 60:
+                backoff = 0.5
+            stop.wait(backoff)  # backoff, cut short by a stop request
+            backoff = min(backoff * 2, self.settings.max_backoff)
+        self._set_state("stopped")
+
+    def _set_state(self, state: str) -> None:
+        self.stats.state = state
+        self._write_status()
+
+    def _write_status(self) -> None:
+        self.stats.updated_ms = int(time.time() * 1000)
+        if self.status_file is not None:
+            write_json(self.status_file, self.stats.__dict__)
+
+    def _on_delivery_error(self, err: KafkaError | None, _msg: Any) -> None:
+        if err is not None and self._delivery_error is None:
+            self._delivery_error = err
+
+    # -- one session: from the slot's flush position until stopped or broken --------------
+    def _session(self, stop: threading.Event) -> None:
+        from ..broker import check_reachable
+
+        check_reachable(self.settings.kafka["bootstrap.servers"])
+        ensure_topics(self.settings.kafka, self.topics, self.dispatcher.partitions)
+        self._delivery_error = None
+        producer = Producer(producer_config(self.settings, self._on_delivery_error))
+        probe = self.cluster.connect_node(self.node)
+        conn = None
+        try:
+            conn = psycopg2.connect(self.cluster.dsn(self.node),
+                                    connection_factory=psycopg2.extras.LogicalReplicationConnection,
+                                    connect_timeout=10)
+            row = probe.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                                (self.slot,)).fetchone()
+            if row is None:
+                raise GpcdcError(f"slot {self.slot} does not exist on {self.node}",
+                                 fix="run `gpcdc bootstrap create` first")
+            acked = parse_lsn(row[0])
+            self._check_history(producer, acked)
+            cur = conn.cursor()
+            cur.start_replication(slot_name=self.slot, decode=False, options={
+                "proto_version": "1", "publication_names": self.start.publication, "messages": "true"})
+            self._loop(stop, cur, conn, producer, probe, acked)
+        finally:
+            try:
+                producer.purge()  # unacknowledged events come again from the slot
+            except Exception as e:  # the session is over either way
+                log.warning("%s: purging the producer failed: %s", self.node, e)
+            if conn is not None:
+                conn.close()
+            probe.close()
+
+    def _check_history(self, producer: Producer, acked: int) -> None:
+        """Before streaming: the node's partition must begin with this bootstrap's
+        pipeline marker. An empty one gets it, unless the slot was acknowledged past its
+        start: then Kafka lost what it had acknowledged, and capture stops for good."""
+        if self.dispatcher.kind != "segment":
+            return  # partitions are shared by every node's worker: none of them owns one
+        content = self.node.content
+        topic, partition = (self.topics.dtx, 0) if content == COORDINATOR else (self.topics.changes, content)
+        identity = self.start.identity
+        first = first_message(self.settings.kafka, topic, partition)
+        if first is None:
+            if acked > self.start.node(content).consistent_lsn:
+                raise HistoryLost(
+                    f"{topic} partition {partition} is empty, but {self.node}'s slot was acknowledged to "
+                    f"{format_lsn(acked)}, past the pipeline's start: Kafka lost events it had acknowledged "
+                    "(a broker restarted without its data, or the topic was deleted)",
+                    fix="bootstrap the pipeline again (`gpcdc bootstrap drop --delete-topics`, then "
+                        "`gpcdc bootstrap create`) and replay into a fresh target")
+            marker = pipeline_marker(identity, content)
+            producer.produce(topic, marker.value, partition=partition)
+            if producer.flush(self.settings.flush_timeout) or self._delivery_error is not None:
+                raise DeliveryFailed(f"Kafka did not take the pipeline marker of {topic} partition {partition}")
+            return
+        if located(first)[1] > 0:
+            return  # retention removed the partition's head, marker included: nothing left to compare
+        value = first.value()
+        try:
+            decoded = orjson.loads(value) if value is not None else None
+        except orjson.JSONDecodeError:
+            decoded = None
+        if not is_pipeline_marker(decoded, identity):
+            owner = decoded["pipeline"] if isinstance(decoded, dict) and is_pipeline_marker(decoded) else None
+            raise HistoryLost(
+                f"{topic} partition {partition} begins with "
+                + (f"the events of another bootstrap ({owner}, not {identity})" if owner else
+                   "something other than this pipeline's marker") + ": the topics belong to another pipeline",
+                fix="use another kafka.topic_prefix, or delete the old topics "
+                    "(`gpcdc bootstrap drop --delete-topics`) and bootstrap again")
+
+    def _loop(self, stop: threading.Event, cur: Any, conn: Any, producer: Producer,
+              probe: psycopg.Connection[Any], acked: int) -> None:
+        settings, stats = self.settings, self.stats
+        assembler = TransactionAssembler(self.node.content, source_name=settings.prefix, database=self.database,
+                                         start=self.start, max_buffered=settings.max_buffered)
+        produced_end = acked  # end LSN of the last transaction whose events were all produced
+        resolved = acked
+        # (flush LSN, server ms, ms before the prepared list was read, gxids prepared), oldest first
+        clock_probes: deque[tuple[int, int, int, list[int]]] = deque(maxlen=64)
+        next_ack = next_beat = time.monotonic()
+        self._set_state("streaming")
+        produce = self._producer(producer)
+        while not stop.is_set():
+            message = cur.read_message()
+            caught_up = message is None
+            if message is not None:
+                for out in assembler.feed(message.payload):
+                    produce(out)
+                if not assembler.in_transaction and assembler.completed_end_lsn is not None:
+                    produced_end = max(produced_end, assembler.completed_end_lsn)
+            now = time.monotonic()
+            if now >= next_beat and not assembler.in_transaction:
+                next_beat = now + settings.heartbeat_interval
+                clock_probes.append(self._probe(probe))
+                candidate = max(produced_end, cur.wal_end if caught_up else 0)
+                resolved = max(resolved, candidate)
+                covered = [p for p in clock_probes if p[0] <= resolved]
+                if covered and covered[-1][1] >= stats.resolved_ts_ms:
+                    _lsn, stats.resolved_ts_ms, prepared_ms, prepared = covered[-1]
+                    beat = assembler.resolved(resolved, stats.resolved_ts_ms, prepared=prepared,
+                                              prepared_ts_ms=prepared_ms)
+                else:
+                    beat = assembler.resolved(resolved, stats.resolved_ts_ms or None)
+                stats.resolved_lsn = resolved
+                produce(beat)
+                cur.send_feedback(reply=True)  # a keepalive tells how far the server has sent
+                self._write_status()
+            if now >= next_ack:
+                next_ack = now + settings.ack_interval
+                target = max(produced_end, resolved)
+                acked = self._acknowledge(producer, cur, acked, target)
+                stats.transactions = assembler.transactions
+                stats.last_commit_ts_ms = assembler.last_commit_ts_ms
+                stats.dropped_transactions = assembler.dropped_transactions
+            if caught_up:
+                producer.poll(0)
+                wait = max(0.0, min(next_ack, next_beat) - time.monotonic())
+                select.select([conn], [], [], wait)
+        self._acknowledge(producer, cur, acked, max(produced_end, resolved))
+
+    def _probe(self, probe: psycopg.Connection[Any]) -> tuple[int, int, int, list[int]]:
+        """The node's clock, then the parts it holds prepared, then its flush LSN and
+        clock: three statements, so that the list is read after the first clock reading
+        and before the second."""
+        prepared_ms = probe.execute(f"SELECT {_CLOCK_MS}").fetchone()[0]  # type: ignore[index]
+        gxids = [g for (name,) in probe.execute(
+            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")
+            if (g := gxid_of(name)) is not None]
+        lsn, server_ms = probe.execute(f"SELECT pg_current_wal_flush_lsn()::text, {_CLOCK_MS}").fetchone()  # type: ignore[misc]
+        return parse_lsn(lsn), int(server_ms), int(prepared_ms), gxids
+
+    def _producer(self, producer: Producer) -> Any:
+        content = self.node.content
+        stats = self.stats
+        if content == COORDINATOR:
+            topic, fixed = self.topics.dtx, [0]
+        else:
+            topic, fixed = self.topics.changes, None
+        partitions_for = self.dispatcher.partitions_for
+
+        def produce(out: Outbound) -> None:
+            for partition in fixed or partitions_for(out.kind, content) or [-1]:
+                while True:
+                    try:
+                        producer.produce(topic, out.value, out.key, partition=partition)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)  # the bounded queue is full: let deliveries drain it
+                stats.events += 1
+                stats.bytes += len(out.value)
+
+        return produce
+
+    def _acknowledge(self, producer: Producer, cur: Any, acked: int, target: int) -> int:
+        """Move the slot to ``target`` once Kafka has every event produced so far."""
+        remaining = producer.flush(self.settings.flush_timeout)
+        if self._delivery_error is not None:
+            raise DeliveryFailed(f"Kafka did not take an event: {self._delivery_error.str()}")
+        if remaining:
+            self._set_state(f"waiting for Kafka ({remaining} events unacknowledged)")
+            return acked
+        if target > acked:
+            cur.send_feedback(write_lsn=target, flush_lsn=target, apply_lsn=target, force=True)
+            self.stats.acked_lsn = target
+            if self.stats.state != "streaming":
+                self._set_state("streaming")
+            return target
+        return acked
+
+
+def ensure_topics(kafka: Mapping[str, Any], topics: Topics, partitions: int) -> None:
+    """Create the pipeline's topics unless they exist (the changes topic with one
+    partition per segment, the coordinator's with one)."""
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # C module, no __all__
+
+    admin = AdminClient(dict(kafka))
+    existing = admin.list_topics(timeout=10).topics
+    wanted = [NewTopic(topics.changes, partitions, 1), NewTopic(topics.dtx, 1, 1)]
+    missing = [t for t in wanted if t.topic not in existing]
+    if not missing:
+        return
+    for future in admin.create_topics(missing).values():
+        try:
+            future.result(15)
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+
+
+def delete_topics(kafka: Mapping[str, Any], topics: Topics) -> list[str]:
+    """Delete the pipeline's topics where they exist; returns those deleted."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(dict(kafka))
+    existing = admin.list_topics(timeout=10).topics
+    names = [t for t in (topics.changes, topics.dtx) if t in existing]
+    for future in (admin.delete_topics(names).values() if names else ()):
+        future.result(15)
+    return names
+
+
+def _retryable(error: GpcdcError) -> bool:
+    from ..errors import BrokerError, UnreachableError
+
+    return isinstance(error, (BrokerError, UnreachableError))

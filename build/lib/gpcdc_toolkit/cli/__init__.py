@@ -1,0 +1,68 @@
+"""The ``gpcdc`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from ..config import load_config
+from ..errors import GpcdcError
+from ._commands import COMMANDS, GROUPS, Command, add_config_flags
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpcdc", description="Change data capture for Greenplum-style clusters.")
+    add_config_flags(parser)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for group, (help_text, members) in GROUPS.items():
+        sub = commands.add_parser(group, help=help_text).add_subparsers(dest="action", required=True, metavar="ACTION")
+        for command in members:
+            _add(sub, command)
+    for command in COMMANDS:
+        _add(commands, command)
+    return parser
+
+
+def _add(subparsers: argparse._SubParsersAction, command: Command) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(command.name, help=command.help, description=command.help)
+    command.add_arguments(parser)
+    parser.set_defaults(handler=command)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="gpcdc: %(levelname)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    flags = {k.split(":", 1)[1]: v for k, v in vars(args).items() if k.startswith("setting:")}
+    try:
+        config = load_config(flags, config_file=args.config)
+        return int(args.handler.run(args, config))
+    except GpcdcError as e:
+        print(f"gpcdc: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("gpcdc: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a client library's error that no layer put words to: one line still
+        if os.environ.get("GPCDC_DEBUG"):
+            raise
+        print(f"gpcdc: error: {_describe(e)} (GPCDC_DEBUG=1 shows where)", file=sys.stderr)
+        return 1
+
+
+def _describe(error: Exception) -> str:
+    from confluent_kafka import KafkaException
+    from psycopg import Error as PostgresError
+
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    if isinstance(error, KafkaException):
+        return f"Kafka: {error.args[0].str() if error.args and hasattr(error.args[0], 'str') else first}"
+    if isinstance(error, PostgresError):
+        return f"PostgreSQL: {first}"
+    return f"unexpected {type(error).__name__}: {first}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

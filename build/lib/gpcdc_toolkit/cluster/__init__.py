@@ -1,0 +1,11 @@
+"""The cluster interface: discovery, distributed transactions, routing."""
+
+from ._cluster import COORDINATOR, Cluster, Node, Table, TableRef, connect_dsn, quoted
+from ._dtx import DistributedTransaction, Session, gid, gxid_of, resolve_in_doubt
+from ._routing import jump_consistent_hash, key_hash, segment_for
+
+__all__ = [
+    "COORDINATOR", "Cluster", "Node", "Table", "TableRef", "connect_dsn", "quoted",
+    "DistributedTransaction", "Session", "gid", "gxid_of", "resolve_in_doubt",
+    "jump_consistent_hash", "key_hash", "segment_for",
+]

@@ -1,0 +1,256 @@
+"""A Greenplum-style cluster seen through its coordinator.
+
+Nodes are discovered from ``gp_segment_configuration`` on the coordinator, as on
+Greenplum; nothing else names them. Everything the toolkit does to a cluster goes
+through this small interface (nodes, connections, catalog, controller functions), so
+that another MPP flavour can plug in by subclassing it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import conninfo, sql
+
+from ..errors import ClusterError, UnreachableError
+
+COORDINATOR = -1
+
+
+@dataclass(frozen=True)
+class Node:
+    content: int  # -1 for the coordinator, 0..N-1 for segments
+    host: str
+    port: int
+    datadir: str
+
+    @property
+    def name(self) -> str:
+        return "coordinator" if self.content == COORDINATOR else f"segment {self.content}"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.host}:{self.port})"
+
+
+TableRef = str | tuple[str, str]
+"""A table named as SQL names it (``'sales."Order Items"'``, case folded unless quoted),
+or as a (schema, name) pair exactly as the catalog has them (``("sales", "Order Items")``)."""
+
+
+@dataclass(frozen=True)
+class Table:
+    """A distributed table as the coordinator's catalog describes it."""
+
+    name: str  # schema-qualified, quoted where needed (as PostgreSQL prints it)
+    columns: tuple[str, ...]
+    types: tuple[str, ...]
+    distribution_key: tuple[str, ...]
+    primary_key: tuple[str, ...]
+    parts: tuple[str, str] = ("", "")  # (schema, name) exactly as the catalog has them
+    generated: Mapping[str, str] = field(default_factory=dict)  # stored generated column -> its expression
+
+    @property
+    def identifier(self) -> sql.Composable:
+        return sql.Identifier(*self.parts)
+
+    @property
+    def writable(self) -> tuple[str, ...]:
+        """The columns a row is written with: all but generated ones (which the server
+        computes, and logical decoding does not carry)."""
+        return tuple(c for c in self.columns if c not in self.generated)
+
+
+def connect_dsn(dsn: str, what: str, **kwargs: Any) -> psycopg.Connection[Any]:
+    """Open a connection, turning a refusal into a one-line UnreachableError."""
+    try:
+        return psycopg.connect(dsn, connect_timeout=10, **kwargs)
+    except psycopg.OperationalError as e:
+        reason = _first_line(e)
+        raise UnreachableError(
+            f"cannot reach {what}: {reason}", fix="start the server or correct the DSN"
+        ) from None
+
+
+class Cluster:
+    """A coordinator and its segments. Cheap to create; holds no connection."""
+
+    def __init__(self, coordinator_dsn: str, nodes: Sequence[Node]) -> None:
+        self.coordinator_dsn = coordinator_dsn
+        self.nodes = tuple(sorted(nodes, key=lambda n: n.content))
+        self.coordinator = self.nodes[0]
+        self.segments = self.nodes[1:]
+        if self.coordinator.content != COORDINATOR or [s.content for s in self.segments] != list(
+            range(len(self.segments))
+        ):
+            contents = [n.content for n in self.nodes]
+            raise ClusterError(
+                f"gp_segment_configuration lists primaries with content ids {contents}",
+                fix="a cluster needs content -1 (coordinator) and 0..N-1 (segments)",
+            )
+
+    @classmethod
+    def connect(cls, dsn: str) -> Cluster:
+        """Discover a cluster from its coordinator's ``gp_segment_configuration``."""
+        with connect_dsn(dsn, f"coordinator {_where(dsn)}", autocommit=True) as conn:
+            try:
+                rows = conn.execute(
+                    "SELECT content, hostname, port, datadir FROM gp_segment_configuration "
+                    "WHERE role = 'p' ORDER BY content"
+                ).fetchall()
+            except psycopg.errors.UndefinedTable:
+                raise ClusterError(
+                    f"{_where(dsn)} has no gp_segment_configuration, so it is not a Greenplum-style coordinator",
+                    fix="point the DSN at a coordinator, or create a sandbox with `gpcdc sandbox up`",
+                ) from None
+        if not rows:
+            raise ClusterError(f"gp_segment_configuration on {_where(dsn)} lists no primaries")
+        return cls(dsn, [Node(int(c), str(h), int(p), str(d)) for c, h, p, d in rows])
+
+    @property
+    def segment_count(self) -> int:
+        return len(self.segments)
+
+    def dsn(self, node: Node, **overrides: Any) -> str:
+        params = conninfo.conninfo_to_dict(self.coordinator_dsn)
+        params.update(host=node.host, port=str(node.port), **overrides)
+        params.pop("hostaddr", None)
+        return conninfo.make_conninfo("", **params)
+
+    def connect_node(self, node: Node, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection[Any]:
+        return connect_dsn(self.dsn(node), str(node), autocommit=autocommit, **kwargs)
+
+    @contextmanager
+    def coordinator_connection(self) -> Iterator[psycopg.Connection[Any]]:
+        with self.connect_node(self.coordinator) as conn:
+            yield conn
+
+    def check_logical_decoding(self) -> None:
+        """Raise ClusterError naming the fix when a node cannot run change capture."""
+        for node in self.nodes:
+            with self.connect_node(node) as conn:
+                settings = dict(
+                    conn.execute(
+                        "SELECT name, setting FROM pg_settings WHERE name IN "
+                        "('wal_level', 'max_prepared_transactions', 'max_replication_slots')"
+                    ).fetchall()
+                )
+            if settings["wal_level"] != "logical":
+                raise ClusterError(
+                    f"{node} has wal_level={settings['wal_level']}",
+                    fix="set wal_level = logical in its postgresql.conf and restart it",
+                )
+            if int(settings["max_prepared_transactions"]) == 0:
+                raise ClusterError(
+                    f"{node} has max_prepared_transactions=0, so it cannot take part in two-phase commits",
+                    fix="set max_prepared_transactions (e.g. to max_connections) in its postgresql.conf and restart it",
+                )
+            if int(settings["max_replication_slots"]) == 0:
+                raise ClusterError(
+                    f"{node} has max_replication_slots=0",
+                    fix="set max_replication_slots to at least 2 in its postgresql.conf and restart it",
+                )
+
+    def table(self, name: TableRef) -> Table:
+        """A distributed table's columns and keys, from the coordinator's catalog."""
+        with self.coordinator_connection() as conn:
+            if isinstance(name, tuple):
+                found = conn.execute(
+                    "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE n.nspname = %s AND c.relname = %s", name).fetchone()
+                if found is None:
+                    raise ClusterError(f"no table {quoted(*name)} on the coordinator")
+                oid = found[0]
+            else:
+                try:
+                    oid = conn.execute("SELECT %s::regclass::oid", (name,)).fetchone()[0]  # type: ignore[index]
+                except psycopg.errors.UndefinedTable:
+                    raise ClusterError(f"no table {name} on the coordinator",
+                                       fix="a name is read as SQL reads it: quote one with capitals or spaces "
+                                           "('\"Order Items\"'), or pass (schema, name)") from None
+                except (psycopg.errors.InvalidName, psycopg.errors.SyntaxError):
+                    raise ClusterError(f"{name!r} is not a valid table name",
+                                       fix="a name is read as SQL reads it: quote one with capitals or spaces "
+                                           "('\"Order Items\"'), or pass (schema, name)") from None
+            schema, relname, qualified = conn.execute(  # type: ignore[misc]
+                "SELECT nspname, relname, quote_ident(nspname) || '.' || quote_ident(relname) "
+                "FROM pg_class c JOIN pg_namespace n ON n.oid = relnamespace WHERE c.oid = %s", (oid,)).fetchone()
+            columns = conn.execute(
+                "SELECT attname, format_type(atttypid, atttypmod), "
+                "CASE WHEN attgenerated <> '' THEN pg_get_expr(d.adbin, d.adrelid) END FROM pg_attribute a "
+                "LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
+                "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+                (oid,),
+            ).fetchall()
+            distkey = conn.execute(
+                "SELECT a.attname FROM gp_distribution_policy p, unnest(p.distkey) WITH ORDINALITY k(attnum, i) "
+                "JOIN pg_attribute a ON a.attnum = k.attnum WHERE p.localoid = %s AND a.attrelid = %s ORDER BY k.i",
+                (oid, oid),
+            ).fetchall()
+            pkey = conn.execute(
+                "SELECT a.attname FROM pg_index x, unnest(x.indkey) WITH ORDINALITY k(attnum, i) "
+                "JOIN pg_attribute a ON a.attnum = k.attnum WHERE x.indrelid = %s AND x.indisprimary "
+                "AND a.attrelid = %s ORDER BY k.i",
+                (oid, oid),
+            ).fetchall()
+        if not distkey:
+            raise ClusterError(f"table {qualified} has no distribution policy on the coordinator",
+                               fix="create it through the toolkit with DISTRIBUTED BY (...)")
+        return Table(
+            name=qualified,
+            columns=tuple(c for c, _, _ in columns),
+            types=tuple(t for _, t, _ in columns),
+            distribution_key=tuple(c for c, in distkey),
+            primary_key=tuple(c for c, in pkey),
+            parts=(schema, relname),
+            generated={c: expression for c, _, expression in columns if expression is not None},
+        )
+
+    def fetch_all(self, query: str | sql.SQL | sql.Composed, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        """Run a read-only query on every segment and return all rows, segment by segment."""
+        rows: list[tuple[Any, ...]] = []
+        for node in self.segments:
+            with self.connect_node(node) as conn:
+                rows.extend(conn.execute(query, params).fetchall())
+        return rows
+
+    def rows_by_segment(self, table: str) -> dict[int, list[tuple[Any, ...]]]:
+        """Every row of a table, keyed by the segment that stores it."""
+        info = self.table(table)
+        query = sql.SQL("SELECT * FROM {}").format(info.identifier)
+        out: dict[int, list[tuple[Any, ...]]] = {}
+        for node in self.segments:
+            with self.connect_node(node) as conn:
+                out[node.content] = conn.execute(query).fetchall()
+        return out
+
+    def prepared_transactions(self) -> list[tuple[Node, str, str]]:
+        """Every prepared transaction on every node: (node, gid, database)."""
+        found = []
+        for node in self.nodes:
+            with self.connect_node(node) as conn:
+                for gid, database in conn.execute("SELECT gid, database FROM pg_prepared_xacts ORDER BY gid"):
+                    found.append((node, gid, database))
+        return found
+
+
+def quoted(schema: str, name: str) -> str:
+    """A (schema, name) pair as SQL text, both quoted."""
+    return sql.Identifier(schema, name).as_string(None)
+
+
+def _first_line(error: Exception) -> str:
+    """libpq's cause ("... failed: Connection refused"), not its hint on the next line."""
+    text = str(error).strip()
+    return text.splitlines()[0].strip() if text else type(error).__name__
+
+
+def _where(dsn: str) -> str:
+    try:
+        params = conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as e:
+        raise ClusterError(f"malformed DSN {dsn!r} ({e})", fix="use 'host=... port=... dbname=...' or a postgresql:// URL") from None
+    return f"{params.get('host', 'localhost')}:{params.get('port', '5432')}"

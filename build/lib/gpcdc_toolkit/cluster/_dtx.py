@@ -1,0 +1,504 @@
+"""Distributed transactions over a cluster's nodes.
+
+A :class:`Session` holds one connection per node (opened on first use) and runs one
+distributed transaction at a time; use one session per thread. The protocol of a
+distributed transaction, as Greenplum runs it:
+
+1. ``gp_dist.dtx_begin()`` on the coordinator: pass the transaction-start lock, take
+   a gxid, mark the transaction running;
+2. on each segment at first touch: ``BEGIN`` and the gxid marker, then the writes;
+3. commit: one segment touched: the one-phase marker and ``COMMIT``. Several:
+   ``PREPARE TRANSACTION`` on each, the coordinator's commit record, then
+   ``COMMIT PREPARED`` on each. The commit phase holds the commit lock shared;
+4. ``gp_dist.dtx_end()`` on the coordinator releases the transaction's locks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..errors import DistributedTransactionError, GpcdcError
+from ..protocol import DdlError, parse_create_table
+from ..protocol import _markers as markers
+from ._cluster import COORDINATOR, Cluster, Node, Table, TableRef
+from ._routing import segment_for
+
+log = logging.getLogger(__name__)
+
+_DDL_LOCK_WAIT = "500ms"
+
+Statement = sql.SQL | sql.Composed  # what psycopg runs, built with psycopg.sql
+
+
+_GID_PREFIX = "gpcdc_"
+
+
+def gid(gxid: int) -> str:
+    """The GID under which a segment prepares its part of a distributed transaction."""
+    return f"{_GID_PREFIX}{gxid}"
+
+
+def gxid_of(name: str) -> int | None:
+    """The gxid of a prepared part's GID; None for a GID the toolkit did not give."""
+    digits = name.removeprefix(_GID_PREFIX)
+    return int(digits) if digits != name and digits.isascii() and digits.isdigit() else None
+
+
+def _emit(marker: markers.Marker) -> sql.Composed:
+    prefix, content = markers.encode(marker)
+    return sql.SQL("SELECT pg_logical_emit_message(true, {}, {})").format(sql.Literal(prefix), sql.Literal(content))
+
+
+class Session:
+    """One connection per node, for running distributed transactions one at a time."""
+
+    def __init__(self, cluster: Cluster, *, legacy_markers: bool = False) -> None:
+        self.cluster = cluster
+        self.legacy_markers = legacy_markers
+        self._connections: dict[int, psycopg.Connection[Any]] = {}
+        self._tables: dict[TableRef, Table] = {}
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for conn in self._connections.values():
+            conn.close()
+        self._connections.clear()
+
+    def connection(self, content: int) -> psycopg.Connection[Any]:
+        conn = self._connections.get(content)
+        if conn is None or conn.closed:
+            node = self.cluster.coordinator if content == COORDINATOR else self.cluster.segments[content]
+            conn = self._connections[content] = self.cluster.connect_node(node)
+        return conn
+
+    def table(self, name: TableRef) -> Table:
+        """A table's catalog entry, cached until this session runs DDL (see :data:`TableRef`)."""
+        if name not in self._tables:
+            self._tables[name] = self.cluster.table(name)
+        return self._tables[name]
+
+    def transaction(self) -> DistributedTransaction:
+        """Start a distributed transaction; commit it with ``with`` or :meth:`commit`."""
+        gxid = self.connection(COORDINATOR).execute("SELECT gp_dist.dtx_begin()").fetchone()[0]  # type: ignore[index]
+        return DistributedTransaction(self, int(gxid))
+
+    def ddl(self, statement: str, *, timeout: float = 60.0,
+            then: Callable[[DistributedTransaction], object] | None = None) -> int:
+        """Run a DDL statement on the coordinator and every segment as one distributed
+        transaction, with a DDL record on the coordinator. Returns the gxid.
+
+        ``CREATE TABLE`` takes Greenplum's ``DISTRIBUTED BY (columns)`` clause. ``then``
+        writes more in the same transaction (it commits with the statement or not at all).
+        """
+        try:
+            create = parse_create_table(statement)
+        except DdlError as e:
+            raise GpcdcError(str(e)) from None
+        dispatched = create.statement if create else statement
+        deadline = time.monotonic() + timeout
+        backoff = 0.05
+        while True:
+            tx = self.transaction()
+            try:
+                for segment in range(self.cluster.segment_count):
+                    # Each segment grants its table lock on its own, so a DDL waiting on
+                    # one segment while holding another could close a cycle with a
+                    # transaction spanning both, which no server would see. Waiting
+                    # briefly and starting over breaks any such cycle.
+                    tx.execute(segment, sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(_DDL_LOCK_WAIT)))
+                    tx.execute(segment, dispatched)
+                if then is not None:
+                    then(tx)
+                break
+            except psycopg.errors.LockNotAvailable:
+                tx.rollback()
+                if time.monotonic() > deadline:
+                    raise DistributedTransactionError(
+                        f"DDL could not lock its table on every segment within {timeout:g} s: {statement[:80]}",
+                        fix="retry when the tables are less busy, or raise the timeout") from None
+                time.sleep(backoff)  # backoff before retrying the DDL
+                backoff = min(backoff * 2, 1.0)
+            except BaseException:
+                tx.rollback()
+                raise
+        tx.coordinator_work = [sql.SQL(dispatched), _emit(markers.DdlRecord(tx.gxid, statement))]
+        if create:
+            tx.coordinator_work.append(
+                sql.SQL("SELECT gp_dist.set_distribution_policy({}, {})").format(
+                    sql.Literal(create.table), sql.Literal(list(create.distribution_key))
+                )
+            )
+        tx.coordinator_work.append(
+            sql.SQL("DELETE FROM gp_dist.gp_distribution_policy WHERE localoid NOT IN (SELECT oid FROM pg_class)")
+        )
+        try:
+            tx.commit()
+        except DistributedTransactionError as e:
+            refused = e.__cause__
+            if isinstance(refused, psycopg.errors.RaiseException):
+                # The catalog refused the statement; nothing was committed anywhere.
+                raise GpcdcError(refused.diag.message_primary or str(refused), fix=refused.diag.message_hint) from None
+            raise
+        finally:
+            self._tables.clear()
+        return tx.gxid
+
+
+class DistributedTransaction:
+    """Writes routed to segments by distribution key, committed atomically."""
+
+    def __init__(self, session: Session, gxid: int) -> None:
+        self.session = session
+        self.gxid = gxid
+        self.touched: list[int] = []  # segments, in first-touch order
+        self.coordinator_work: list[Statement] = []  # run in the commit record's transaction
+        self.state = "active"
+
+    # -- context manager: commit on success, roll back on error ---------------------
+    def __enter__(self) -> DistributedTransaction:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self.state != "active":
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.rollback()
+
+    # -- writes ---------------------------------------------------------------------
+    def _segment(self, segment: int) -> psycopg.Connection[Any]:
+        if self.state != "active":
+            raise DistributedTransactionError(f"distributed transaction {self.gxid} is {self.state}")
+        conn = self.session.connection(segment)
+        if segment not in self.touched:
+            start: list[Statement] = [sql.SQL("BEGIN")]
+            if not self.session.legacy_markers:
+                start.append(_emit(markers.GxidMarker(self.gxid)))
+            conn.execute(sql.SQL("; ").join(start))
+            self.touched.append(segment)
+        return conn
+
+    def execute(self, segment: int, query: str | Statement, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        """Run a statement on one segment inside this transaction; returns its rows."""
+        cur = self._segment(segment).execute(sql.SQL(query) if isinstance(query, str) else query, params)
+        return cur.fetchall() if cur.description else []
+
+    def route(self, table: Table, row: Mapping[str, Any]) -> int:
+        try:
+            values = [row[c] for c in table.distribution_key]
+        except KeyError as e:
+            raise DistributedTransactionError(f"a row for {table.name} lacks distribution-key column {e.args[0]}") from None
+        return segment_for(values, self.session.cluster.segment_count)
+
+    def insert(self, table_name: TableRef, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Insert rows (mappings of column to value); returns the number inserted."""
+        table = self.session.table(table_name)
+        by_segment: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
+        for row in rows:
+            by_segment[self.route(table, row)].append(row)
+        count = 0
+        for segment, seg_rows in by_segment.items():
+            columns = list(seg_rows[0])
+            query = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+                table.identifier,
+                sql.SQL(", ").join(map(sql.Identifier, columns)),
+                sql.SQL(", ").join(sql.Placeholder() * len(columns)),
+            )
+            with self._segment(segment).cursor() as cur:
+                cur.executemany(query, [[r[c] for c in columns] for r in seg_rows])
+            count += len(seg_rows)
+        return count
+
+    def _where(self, table: Table, key: Mapping[str, Any]) -> tuple[sql.Composable, list[Any]]:
+        missing = [c for c in table.distribution_key if c not in key]
+        if missing:
+            raise DistributedTransactionError(
+                f"a key for {table.name} must include its distribution key; missing {', '.join(missing)}"
+            )
+        clause = sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in key)
+        return clause, list(key.values())
+
+    def update(self, table_name: TableRef, key: Mapping[str, Any], values: Mapping[str, Any]) -> int:
+        """Update the rows matching ``key`` (which includes the distribution key).
+
+        When ``values`` changes the distribution key so that the row belongs on another
+        segment, the row moves: deleted on its segment, inserted on the new one.
+        """
+        table = self.session.table(table_name)
+        where, params = self._where(table, key)
+        old_segment = self.route(table, key)
+        new_key = {c: values.get(c, key[c]) for c in table.distribution_key}
+        if self.route(table, new_key) == old_segment:
+            query = sql.SQL("UPDATE {} SET {} WHERE {}").format(
+                table.identifier,
+                sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in values),
+                where,
+            )
+            return self._segment(old_segment).execute(query, [*values.values(), *params]).rowcount
+        # As PostgreSQL's text: written back, every type reads as it was (a jsonb string,
+        # an array, bytes), which Python values of some types would not.
+        deleted = self.execute(
+            old_segment,
+            sql.SQL("DELETE FROM {} WHERE {} RETURNING {}").format(
+                table.identifier, where, sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c))
+                                                             for c in table.writable)),
+            params,
+        )
+        moved = [{**dict(zip(table.writable, row)), **values} for row in deleted]
+        return self.insert(table_name, moved)
+
+    def delete(self, table_name: TableRef, key: Mapping[str, Any]) -> int:
+        table = self.session.table(table_name)
+        where, params = self._where(table, key)
+        query = sql.SQL("DELETE FROM {} WHERE {}").format(table.identifier, where)
+        return self._segment(self.route(table, key)).execute(query, params).rowcount
+
+    def upsert(self, table_name: TableRef, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Insert rows, or overwrite the row with the same primary key; in bulk, one
+        pipelined statement per segment and column set. Returns the rows written."""
+        table = self.session.table(table_name)
+        if not table.primary_key:
+            raise DistributedTransactionError(f"cannot upsert into {table.name}: it has no primary key")
+        groups: dict[tuple[int, tuple[str, ...]], list[Mapping[str, Any]]] = defaultdict(list)
+        for row in rows:
+            groups[(self.route(table, row), tuple(row))].append(row)
+        for (segment, columns), seg_rows in groups.items():
+            others = [c for c in columns if c not in table.primary_key]
+            action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
+                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in others)) if others else sql.SQL("DO NOTHING")
+            query = sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) {}").format(
+                table.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)),
+                sql.SQL(", ").join(sql.Placeholder() * len(columns)),
+                sql.SQL(", ").join(map(sql.Identifier, table.primary_key)), action)
+            with self._segment(segment).cursor() as cur:
+                cur.executemany(query, [[r[c] for c in columns] for r in seg_rows])
+        return sum(len(r) for r in groups.values())
+
+    def delete_keys(self, table_name: TableRef, keys: Iterable[Mapping[str, Any]]) -> None:
+        """Delete the rows with these keys (each including the distribution key), in
+        bulk: one pipelined statement per segment and key shape."""
+        table = self.session.table(table_name)
+        groups: dict[tuple[int, tuple[str, ...]], list[Mapping[str, Any]]] = defaultdict(list)
+        for key in keys:
+            groups[(self.route(table, key), tuple(key))].append(key)
+        for (segment, columns), seg_keys in groups.items():
+            where, _ = self._where(table, seg_keys[0])
+            query = sql.SQL("DELETE FROM {} WHERE {}").format(table.identifier, where)
+            with self._segment(segment).cursor() as cur:
+                cur.executemany(query, [[k[c] for c in columns] for k in seg_keys])
+
+    # -- outcome ----------------------------------------------------------------------
+    @property
+    def one_phase(self) -> bool:
+        return len(self.touched) == 1 and not self.coordinator_work
+
+    def commit(self) -> None:
+        if self.state != "active":
+            raise DistributedTransactionError(f"distributed transaction {self.gxid} is {self.state}")
+        coordinator = self.session.connection(COORDINATOR)
+        try:
+            if not self.touched and not self.coordinator_work:
+                self.state = "committed"
+                return
+            if self.one_phase:
+                self._commit_one_phase()
+            else:
+                self._commit_two_phase()
+            self.state = "committed"
+        finally:
+            if self.state != "committed":
+                self.state = "aborted"
+            self._end(coordinator)
+
+    def _commit_one_phase(self) -> None:
+        (segment,) = self.touched
+        conn = self.session.connection(segment)
+        try:
+            self.session.connection(COORDINATOR).execute(
+                "SELECT gp_dist.dtx_commit_phase(%s, %s, false, %s)", (self.gxid, self.touched, self.session.legacy_markers)
+            )
+            finish: list[Statement] = []
+            if not self.session.legacy_markers:
+                finish.append(_emit(markers.OnePhaseMarker(self.gxid)))
+            finish.append(sql.SQL("COMMIT"))
+            conn.execute(sql.SQL("; ").join(finish))
+        except psycopg.Error as e:
+            self._abandon([segment], prepared=[])
+            raise DistributedTransactionError(f"one-phase commit of gxid {self.gxid} on segment {segment} failed: {e}".strip()) from e
+
+    def _commit_two_phase(self) -> None:
+        prepared: list[int] = []
+        try:
+            for segment in self.touched:
+                self.session.connection(segment).execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid(self.gxid))))
+                prepared.append(segment)
+            self._write_commit_record()
+        except (psycopg.Error, GpcdcError) as e:
+            coordinator = self.session._connections.get(COORDINATOR)
+            if len(prepared) == len(self.touched) and coordinator is not None and coordinator.broken:
+                # The coordinator went away while writing the record, which may be
+                # durable or not: only in-doubt resolution can tell; the parts stay.
+                raise DistributedTransactionError(
+                    f"gxid {self.gxid} is in doubt: the coordinator connection failed while writing its commit "
+                    f"record ({str(e).strip()}); its parts stay prepared on segments {prepared}",
+                    fix="resolve it with gpcdc_toolkit.cluster.resolve_in_doubt (a replay does on start)") from e
+            self._abandon([s for s in self.touched if s not in prepared], prepared)
+            raise DistributedTransactionError(
+                f"gxid {self.gxid} aborted before its commit record (prepared on segments {prepared} of {self.touched}): {e}".strip()
+            ) from e
+        # The commit record is durable: the transaction is committed and every segment
+        # must commit its part. A failure here leaves an in-doubt prepared transaction.
+        failed = []
+        for segment in self.touched:
+            try:
+                self.session.connection(segment).execute(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(gid(self.gxid))))
+            except psycopg.Error as e:
+                failed.append((segment, str(e).strip()))
+        if failed:
+            raise DistributedTransactionError(
+                f"gxid {self.gxid} is committed but COMMIT PREPARED '{gid(self.gxid)}' failed on "
+                + ", ".join(f"segment {s} ({why})" for s, why in failed),
+                fix=f"run COMMIT PREPARED '{gid(self.gxid)}' on those segments",
+            )
+
+    def _write_commit_record(self) -> None:
+        coordinator = self.session.connection(COORDINATOR)
+        record = sql.SQL("SELECT gp_dist.dtx_commit_phase({}, {}, true, {})").format(
+            sql.Literal(self.gxid), sql.Literal(sorted(self.touched)), sql.Literal(self.session.legacy_markers)
+        )
+        if not self.coordinator_work:
+            coordinator.execute(record)
+            return
+        with coordinator.transaction():
+            for statement in self.coordinator_work:
+                coordinator.execute(statement)
+            coordinator.execute(record)
+
+    def prepare_and_abort(self) -> None:
+        """Prepare every part, then roll all of them back (the abort-after-PREPARE path)."""
+        prepared = []
+        try:
+            for segment in self.touched:
+                self.session.connection(segment).execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid(self.gxid))))
+                prepared.append(segment)
+        finally:
+            self._abandon([s for s in self.touched if s not in prepared], prepared)
+            self.state = "aborted"
+            self._end(self.session.connection(COORDINATOR))
+
+    def rollback(self) -> None:
+        if self.state != "active":
+            return
+        try:
+            self._abandon(self.touched, prepared=[])
+        finally:
+            self.state = "aborted"
+            self._end(self.session.connection(COORDINATOR))
+
+    def _abandon(self, active: Sequence[int], prepared: Sequence[int]) -> None:
+        """Roll back open parts and prepared parts; a broken connection is dropped."""
+        for segment in active:
+            self._try(segment, sql.SQL("ROLLBACK"))
+        for segment in prepared:
+            self._try(segment, sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid(self.gxid))))
+
+    def _try(self, segment: int, statement: Statement) -> None:
+        conn = self.session.connection(segment)
+        try:
+            conn.execute(statement)
+        except psycopg.Error as e:
+            log.warning("gxid %s: %s on segment %s failed: %s", self.gxid, statement.as_string(None), segment, e)
+            conn.close()
+
+    def _end(self, coordinator: psycopg.Connection[Any]) -> None:
+        try:
+            coordinator.execute("SELECT gp_dist.dtx_end(%s)", (self.gxid,))
+        except psycopg.Error:
+            coordinator.close()  # its session locks go with it
+            raise
+
+
+def resolve_in_doubt(cluster: Cluster, *, timeout: float = 30.0) -> tuple[list[str], list[str]]:
+    """Finish the prepared parts that no running distributed transaction owns (its client
+    died between PREPARE and the last COMMIT PREPARED): commit those whose commit record
+    was written, roll back the rest, as Greenplum's coordinator does on recovery.
+
+    A part whose gxid still shows running when first seen is waited for, up to
+    ``timeout`` seconds: its client may have just died, and its coordinator session not
+    yet noticed. Returns the GIDs committed and rolled back.
+    """
+    with cluster.coordinator_connection() as conn:
+        database = conn.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
+    done: tuple[list[str], list[str]] = ([], [])
+    watched: set[int] | None = None
+    deadline = time.monotonic() + timeout
+    while True:
+        prepared = _prepared_parts(cluster, database)
+        # Read after the prepared list: a part prepared by a live transaction shows it running.
+        with cluster.coordinator_connection() as conn:
+            running = {r[0] for r in conn.execute("SELECT gp_dist.running_gxids()")}
+            orphans = {gxid for _node, gxid in prepared} - running
+            committed = {r[0] for r in conn.execute(
+                "SELECT gxid FROM gp_dist.committed_gxids WHERE gxid = ANY(%s)", (sorted(orphans),))}
+        for node, gxid in prepared:
+            if gxid in orphans and _finish_prepared(cluster, node, gxid, commit=gxid in committed):
+                (done[0] if gxid in committed else done[1]).append(f"{gid(gxid)} on segment {node.content}")
+        live = {gxid for _node, gxid in prepared} & running
+        watched = live if watched is None else watched & live
+        if not watched:
+            break
+        if time.monotonic() > deadline:
+            raise DistributedTransactionError(
+                f"prepared parts of gxids {sorted(watched)} still belong to running distributed transactions "
+                f"after {timeout:g} s", fix="if their client is gone, end its coordinator session "
+                "(pg_terminate_backend) and start again")
+        time.sleep(0.05)  # polling for those sessions to end or finish
+    _prune_commit_records(cluster, database)
+    for what, gids in zip(("committed", "rolled back"), done):
+        if gids:
+            log.warning("in-doubt prepared transactions %s: %s", what, ", ".join(gids))
+    return done
+
+
+def _prepared_parts(cluster: Cluster, database: str) -> list[tuple[Node, int]]:
+    return [(node, gxid) for node, name, in_database in cluster.prepared_transactions()
+            if node.content != COORDINATOR and in_database == database and (gxid := gxid_of(name)) is not None]
+
+
+def _prune_commit_records(cluster: Cluster, database: str) -> None:
+    """Forget the commit records no resolution can need: of transactions that had
+    finished (below every running and every future gxid) when the bound was taken, and
+    have no prepared part left (listed after it, so a part left then is seen)."""
+    with cluster.coordinator_connection() as conn:
+        bound = conn.execute("SELECT LEAST((SELECT min(g) FROM gp_dist.running_gxids() AS g), "
+                             "gp_dist.next_gxid())").fetchone()[0]  # type: ignore[index]
+    keep = sorted({gxid for _node, gxid in _prepared_parts(cluster, database)})
+    with cluster.coordinator_connection() as conn:
+        conn.execute("DELETE FROM gp_dist.committed_gxids WHERE gxid < %s AND gxid <> ALL(%s)", (bound, keep))
+
+
+def _finish_prepared(cluster: Cluster, node: Node, gxid: int, *, commit: bool) -> bool:
+    with cluster.connect_node(node) as conn:
+        try:
+            conn.execute(sql.SQL("{} PREPARED {}").format(sql.SQL("COMMIT" if commit else "ROLLBACK"),
+                                                          sql.Literal(gid(gxid))))
+        except psycopg.errors.UndefinedObject:
+            return False  # finished meanwhile by its owner
+    return True
+
+
+__all__ = ["Session", "DistributedTransaction", "gid", "gxid_of", "Node", "resolve_in_doubt"]

@@ -1,0 +1,17 @@
+"""The Spark side of ingestion: the ``gpcdc`` data source and the notebooks' helpers."""
+
+from ._spark import (
+    IncrementalRead,
+    read_changes,
+    read_transactions,
+    read_watermarks,
+    register,
+    spark_session,
+    stream_changes,
+)
+from ._spark_source import NAME, GpcdcDataSource, KafkaRange, SourceOptionError
+
+__all__ = [
+    "IncrementalRead", "read_changes", "read_transactions", "read_watermarks", "register", "spark_session",
+    "stream_changes", "NAME", "GpcdcDataSource", "KafkaRange", "SourceOptionError",
+]

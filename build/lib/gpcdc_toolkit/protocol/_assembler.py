@@ -1,0 +1,344 @@
+"""From one node's pgoutput stream to protocol events (pure: bytes in, messages out).
+
+A :class:`TransactionAssembler` is fed the pgoutput payloads of one node in stream
+order and returns the Kafka messages to produce, already encoded. On a segment each
+committed local transaction becomes BEGIN, its row events and END; on the
+coordinator, the distributed commit records and DDL records it carries.
+
+Memory stays bounded: a transaction's events are held back only until
+``max_buffered`` of them, so that small transactions can carry their one-phase flag
+(which the WAL writes last) in every row event. A larger transaction is streamed:
+its row events say ``one_phase: null``, and its END event carries the flag.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ..errors import StreamError
+from . import _markers as markers
+from . import _pgoutput as pg
+from ._startpoint import StartPoint
+
+PROTOCOL_VERSION = 2  # 2: unchanged TOASTed values are listed in "unchanged", not written as a placeholder
+COORDINATOR = -1
+UNCHANGED = "unchanged"  # row event field: columns an update left out of "after" (TOASTed, not in the WAL)
+
+
+class ProtocolError(StreamError, ValueError):
+    """The stream breaks the protocol: the message says where."""
+
+
+@dataclass(slots=True)
+class Outbound:
+    """One encoded Kafka message. ``kind``: row, begin, end, resolved, commit or ddl."""
+
+    kind: str
+    key: bytes | None
+    value: bytes
+
+
+def pipeline_marker(identity: str, content: int) -> Outbound:
+    """The first message of each of a pipeline's partitions: which bootstrap wrote it."""
+    return Outbound("pipeline", None, orjson.dumps({"type": "pipeline", "pipeline": identity, "segment": content,
+                                                    "version": PROTOCOL_VERSION}))
+
+
+def is_pipeline_marker(value: Any, identity: str | None = None) -> bool:
+    """Whether a decoded message is a pipeline marker (of ``identity``, when given)."""
+    return (isinstance(value, dict) and value.get("type") == "pipeline"
+            and (identity is None or value.get("pipeline") == identity))
+
+
+def _converter(type_oid: int) -> Callable[[str | None], Any]:
+    return lambda text: pg.convert(type_oid, text)
+
+
+@dataclass(slots=True)
+class _Table:
+    qualified: str
+    schema: str
+    name: str
+    columns: tuple[str, ...]
+    converters: tuple[Callable[[str | None], Any], ...]
+    key_positions: tuple[int, ...]
+
+    def image(self, values: tuple[str | None, ...]) -> dict[str, Any]:
+        return {name: convert(v) for name, convert, v in zip(self.columns, self.converters, values)}
+
+    def key(self, image: dict[str, Any]) -> bytes | None:
+        if not self.key_positions:
+            return None
+        return orjson.dumps({self.columns[i]: image[self.columns[i]] for i in self.key_positions})
+
+
+@dataclass(slots=True)
+class _Txn:
+    begin: pg.Begin
+    gxid: int | None = None
+    one_phase: bool = False
+    decided: bool = False  # whether the start point's filter has judged it
+    dropped: bool = False
+    streaming: bool = False  # buffer overflowed: events go out as they come
+    seq: int = 0
+    pending: list[tuple[dict[str, Any], bytes | None]] | None = None  # row events held back
+    counts: dict[str, int] | None = None
+
+
+class TransactionAssembler:
+    def __init__(
+        self,
+        content: int,
+        *,
+        source_name: str,
+        database: str,
+        start: StartPoint | None = None,
+        max_buffered: int = 1000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.content = content
+        self.source_name = source_name
+        self.database = database
+        self.start = start
+        self.max_buffered = max_buffered
+        self.clock = clock
+        self._tables: dict[int, _Table] = {}
+        self._txn: _Txn | None = None
+        self.completed_end_lsn: int | None = None  # end LSN of the last commit fully handled
+        self.last_commit_ts_ms: int | None = None  # commit time of the last transaction handed out
+        self.transactions = 0
+        self.dropped_transactions = 0
+        self.row_events = 0
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._txn is not None
+
+    # -- the stream ------------------------------------------------------------------
+    def feed(self, payload: bytes) -> list[Outbound]:
+        message = pg.parse(payload)
+        if isinstance(message, (pg.Insert, pg.Update, pg.Delete)):
+            return self._row(message)
+        if isinstance(message, pg.Begin):
+            if self._txn is not None:
+                raise ProtocolError(f"node {self.content}: BEGIN of xid {message.xid} inside xid {self._txn.begin.xid}")
+            self._txn = _Txn(message, pending=[], counts={})
+            return []
+        if isinstance(message, pg.Commit):
+            return self._commit(message)
+        if isinstance(message, pg.Message):
+            return self._message(message)
+        if isinstance(message, pg.Relation):
+            self._tables[message.relid] = _Table(
+                message.qualified_name, message.schema, message.table,
+                tuple(c.name for c in message.columns),
+                tuple(_converter(c.type_oid) for c in message.columns),
+                tuple(i for i, c in enumerate(message.columns) if c.is_key),
+            )
+            return []
+        if isinstance(message, pg.Truncate):
+            return self._truncate(message)
+        return []
+
+    def _current(self, what: str) -> _Txn:
+        if self._txn is None:
+            raise ProtocolError(f"node {self.content}: {what} outside a transaction")
+        return self._txn
+
+    def _decide(self, txn: _Txn) -> None:
+        if not txn.decided:
+            txn.decided = True
+            if self.start is not None and not self.start.captures(self.content, txn.begin.final_lsn, txn.gxid):
+                txn.dropped = True
+
+    def _message(self, message: pg.Message) -> list[Outbound]:
+        if not message.transactional:
+            return []
+        try:
+            marker = markers.decode(message.prefix, message.content)
+        except markers.MarkerError as e:
+            raise ProtocolError(f"node {self.content}, LSN {message.lsn}: {e}") from None
+        if marker is None:
+            return []
+        txn = self._current(f"marker {message.prefix}")
+        if isinstance(marker, markers.GxidMarker):
+            txn.gxid = marker.gxid
+        elif isinstance(marker, markers.OnePhaseMarker):
+            txn.one_phase = True
+            txn.gxid = txn.gxid or marker.gxid
+        elif self.content == COORDINATOR:
+            txn.gxid = marker.gxid
+            self._decide(txn)
+            if txn.dropped:
+                return []
+            body: dict[str, Any] = {"type": "commit" if isinstance(marker, markers.CommitRecord) else "ddl",
+                                    "gxid": marker.gxid}
+            if isinstance(marker, markers.CommitRecord):
+                body["segments"] = list(marker.segments) if marker.segments is not None else None
+            else:
+                body["statement"] = marker.statement
+            body.update(self._position(txn))
+            txn.pending.append((body, None))  # type: ignore[union-attr]
+        return []
+
+    def _position(self, txn: _Txn) -> dict[str, Any]:
+        return {"segment": self.content, "xid": txn.begin.xid, "commit_lsn": txn.begin.final_lsn,
+                "commit_ts_ms": txn.begin.commit_ts_us // 1000}
+
+    def _row(self, message: pg.Insert | pg.Update | pg.Delete) -> list[Outbound]:
+        txn = self._current("a row change")
+        if self.content == COORDINATOR:
+            return []  # the coordinator stores no user rows
+        self._decide(txn)
+        if txn.dropped:
+            return []
+        table = self._tables.get(message.relid)
+        if table is None:
+            raise ProtocolError(f"node {self.content}: a change of relation {message.relid} before its RELATION message")
+        if isinstance(message, pg.Insert):
+            op, before, after = "c", None, table.image(message.new)
+            key = table.key(after)
+        elif isinstance(message, pg.Update):
+            op, after = "u", table.image(message.new)
+            before = table.image(message.old) if message.old is not None else None
+            if pg.UNCHANGED_TOAST in message.new:
+                # Not in the WAL: listed apart, so that no value can pass for the marker.
+                unchanged = [c for c, v in zip(table.columns, message.new) if v is pg.UNCHANGED_TOAST]
+                for column in unchanged:
+                    del after[column]
+                if before is not None:
+                    before = {c: v for c, v in before.items() if v is not pg.UNCHANGED_TOAST}
+                for i in table.key_positions:  # an unchanged key the WAL left out: from the old row, if logged
+                    column = table.columns[i]
+                    if column not in after:
+                        if before is None or column not in before:
+                            raise ProtocolError(
+                                f"node {self.content}: an update of {table.qualified} leaves out its key column "
+                                f"{column!r} (a TOASTed value the WAL does not carry), so the row cannot be named; "
+                                f"run ALTER TABLE {table.qualified} REPLICA IDENTITY FULL on the source")
+                        after[column] = before[column]
+                        unchanged.remove(column)
+                return self._emit_row(txn, table.qualified, table.schema, table.name, op, before, after,
+                                      table.key(after), unchanged)
+            key = table.key(after)
+        else:
+            op, before, after = "d", table.image(message.old), None
+            key = table.key(before)
+        return self._emit_row(txn, table.qualified, table.schema, table.name, op, before, after, key)
+
+    def _truncate(self, message: pg.Truncate) -> list[Outbound]:
+        txn = self._current("TRUNCATE")
+        if self.content == COORDINATOR:
+            return []
+        self._decide(txn)
+        out: list[Outbound] = []
+        for relid in message.relids:
+            table = self._tables.get(relid)
+            if table is None:
+                raise ProtocolError(f"node {self.content}: TRUNCATE of relation {relid} before its RELATION message")
+            out += self._emit_row(txn, table.qualified, table.schema, table.name, "t", None, None, None)
+        return out
+
+    def _emit_row(self, txn: _Txn, qualified: str, schema: str, name: str, op: str,
+                  before: dict[str, Any] | None, after: dict[str, Any] | None, key: bytes | None,
+                  unchanged: list[str] | None = None) -> list[Outbound]:
+        if txn.dropped:
+            return []
+        txn.seq += 1
+        counts = txn.counts if txn.counts is not None else {}
+        order = counts[qualified] = counts.get(qualified, 0) + 1
+        event: dict[str, Any] = {
+            "before": before,
+            "after": after,
+            "source": {"version": PROTOCOL_VERSION, "connector": "gpcdc", "name": self.source_name,
+                       "db": self.database, "schema": schema, "table": name, "segment": self.content,
+                       "txId": txn.begin.xid, "commit_lsn": txn.begin.final_lsn,
+                       "ts_ms": txn.begin.commit_ts_us // 1000, "gxid": txn.gxid, "seq": txn.seq,
+                       "one_phase": None},
+            "op": op,
+            "ts_ms": int(self.clock() * 1000),
+            "transaction": {"id": self._txid(txn), "total_order": txn.seq, "data_collection_order": order},
+        }
+        if unchanged:
+            event[UNCHANGED] = unchanged
+        self.row_events += 1
+        if txn.streaming:
+            return [Outbound("row", key, orjson.dumps(event))]
+        txn.pending.append((event, key))  # type: ignore[union-attr]
+        if len(txn.pending) < self.max_buffered:  # type: ignore[arg-type]
+            return []
+        # Too large to hold back: send what is held, and stream the rest.
+        txn.streaming = True
+        out = [self._begin(txn)]
+        out += [Outbound("row", k, orjson.dumps(e)) for e, k in txn.pending]  # type: ignore[union-attr]
+        txn.pending = None
+        return out
+
+    def _txid(self, txn: _Txn) -> str:
+        return f"{self.content}:{txn.begin.xid}"
+
+    def _begin(self, txn: _Txn) -> Outbound:
+        body = {"status": "BEGIN", "id": self._txid(txn), "ts_ms": txn.begin.commit_ts_us // 1000,
+                "event_count": None, "data_collections": None, "gxid": txn.gxid, **self._position(txn)}
+        return Outbound("begin", None, orjson.dumps(body))
+
+    def _commit(self, commit: pg.Commit) -> list[Outbound]:
+        txn = self._current("COMMIT")
+        self._txn = None
+        if commit.commit_lsn != txn.begin.final_lsn:
+            raise ProtocolError(
+                f"node {self.content}: xid {txn.begin.xid} commits at {commit.commit_lsn}, "
+                f"but its BEGIN announced {txn.begin.final_lsn}"
+            )
+        self.completed_end_lsn = commit.end_lsn
+        self._decide(txn)
+        if txn.dropped:
+            self.dropped_transactions += 1
+            return []
+        self.transactions += 1
+        self.last_commit_ts_ms = txn.begin.commit_ts_us // 1000
+        if self.content == COORDINATOR:
+            bodies = [body for body, _ in txn.pending or []]
+            ddl = sum(body["type"] == "ddl" for body in bodies)
+            for body in bodies:
+                if body["type"] == "commit":
+                    body["ddl_count"] = ddl  # so that a reader knows none of them was lost
+            return [Outbound(body["type"], None, orjson.dumps(body)) for body in bodies]
+        if txn.seq == 0 and txn.gxid is None:
+            return []  # nothing of ours: an empty or catalog-only local transaction
+        one_phase = txn.one_phase if txn.gxid is not None else None  # unknown without markers
+        out = [] if txn.streaming else [self._begin(txn)]
+        for event, key in txn.pending or []:
+            event["source"]["one_phase"] = one_phase
+            out.append(Outbound("row", key, orjson.dumps(event)))
+        end = {"status": "END", "id": self._txid(txn), "ts_ms": txn.begin.commit_ts_us // 1000,
+               "event_count": txn.seq,
+               "data_collections": [{"data_collection": t, "event_count": n} for t, n in (txn.counts or {}).items()],
+               "gxid": txn.gxid, "one_phase": one_phase, "end_lsn": commit.end_lsn, **self._position(txn)}
+        out.append(Outbound("end", None, orjson.dumps(end)))
+        return out
+
+    def resolved(self, lsn: int, resolved_ts_ms: int | None = None, *, prepared: list[int] | None = None,
+                 prepared_ts_ms: int | None = None) -> Outbound:
+        """A watermark: every commit of this node below ``lsn`` has been handed out, and
+        so has every commit made before ``resolved_ts_ms`` by the node's clock.
+
+        ``prepared`` lists the gxids whose parts the node held prepared (not committed)
+        when read, no earlier than ``prepared_ts_ms`` by its clock and no later than
+        ``resolved_ts_ms``: a part prepared before then and not listed had committed, so
+        it is before this watermark, or it was rolled back."""
+        if self._txn is not None:
+            raise ProtocolError(f"node {self.content}: a watermark inside xid {self._txn.begin.xid}")
+        body: dict[str, Any] = {"resolved": lsn, "resolved_ts_ms": resolved_ts_ms, "segment": self.content,
+                                "ts_ms": int(self.clock() * 1000)}
+        if prepared is not None:
+            body["prepared"] = sorted(prepared)
+            body["prepared_ts_ms"] = prepared_ts_ms
+        if self.content == COORDINATOR:
+            body["type"] = "resolved"
+        return Outbound("resolved", None, orjson.dumps(body))

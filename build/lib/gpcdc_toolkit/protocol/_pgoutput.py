@@ -1,0 +1,232 @@
+"""A decoder of PostgreSQL's pgoutput logical replication messages (pure, protocol 1).
+
+``parse(payload)`` turns the bytes of one CopyData ``XLogData`` payload into a
+message object. Tuple values stay in PostgreSQL's text form, converted to Python
+values by :func:`convert` for the types JSON has.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import StreamError
+
+_U8 = struct.Struct(">B")
+_I16 = struct.Struct(">h")
+_U32 = struct.Struct(">I")
+_I32 = struct.Struct(">i")
+_U64 = struct.Struct(">Q")
+_I64 = struct.Struct(">q")
+_BEGIN = struct.Struct(">QqI")
+_COMMIT = struct.Struct(">BQQq")
+
+# Microseconds between the Unix epoch and PostgreSQL's (2000-01-01).
+PG_EPOCH_US = 946_684_800_000_000
+
+class _Unchanged:
+    """The value of a TOASTed column an update did not change: the WAL does not carry it.
+    A distinct object, never a string, so that no data can be mistaken for it."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNCHANGED_TOAST"
+
+
+UNCHANGED_TOAST: Any = _Unchanged()
+
+
+class PgoutputError(StreamError, ValueError):
+    """The bytes are not a pgoutput message this decoder knows."""
+
+
+@dataclass(frozen=True, slots=True)
+class Begin:
+    final_lsn: int  # the commit record's LSN
+    commit_ts_us: int  # Unix epoch microseconds
+    xid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    commit_lsn: int
+    end_lsn: int
+    commit_ts_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    name: str
+    type_oid: int
+    is_key: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Relation:
+    relid: int
+    schema: str
+    table: str
+    replica_identity: str
+    columns: tuple[Column, ...]
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+
+@dataclass(frozen=True, slots=True)
+class Insert:
+    relid: int
+    new: tuple[str | None, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    relid: int
+    old: tuple[str | None, ...] | None  # the old key ('K') or old row ('O'), when sent
+    old_is_key: bool
+    new: tuple[str | None, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    relid: int
+    old: tuple[str | None, ...]
+    old_is_key: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Truncate:
+    relids: tuple[int, ...]
+    cascade: bool
+    restart_identity: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    transactional: bool
+    lsn: int
+    prefix: str
+    content: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Other:
+    """Origin and Type messages: carried, not used."""
+
+    kind: str
+
+
+PgoutputMessage = Begin | Commit | Relation | Insert | Update | Delete | Truncate | Message | Other
+
+
+def _string(buf: bytes, pos: int) -> tuple[str, int]:
+    end = buf.index(0, pos)
+    return buf[pos:end].decode(), end + 1
+
+
+def _tuple(buf: bytes, pos: int) -> tuple[tuple[str | None, ...], int]:
+    (count,) = _I16.unpack_from(buf, pos)
+    pos += 2
+    values: list[str | None] = []
+    append = values.append
+    for _ in range(count):
+        kind = buf[pos]
+        pos += 1
+        if kind == 0x74:  # 't'
+            (length,) = _U32.unpack_from(buf, pos)
+            pos += 4
+            append(buf[pos:pos + length].decode())
+            pos += length
+        elif kind == 0x6E:  # 'n'
+            append(None)
+        elif kind == 0x75:  # 'u'
+            append(UNCHANGED_TOAST)
+        else:
+            raise PgoutputError(f"tuple column of kind {chr(kind)!r}: binary mode is not supported")
+    return tuple(values), pos
+
+
+def parse(buf: bytes) -> PgoutputMessage:
+    if not buf:
+        raise PgoutputError("empty pgoutput message")
+    kind = buf[0]
+    try:
+        if kind == 0x49:  # 'I'
+            (relid,) = _U32.unpack_from(buf, 1)
+            if buf[5] != 0x4E:
+                raise PgoutputError(f"INSERT without a new tuple (got {chr(buf[5])!r})")
+            return Insert(relid, _tuple(buf, 6)[0])
+        if kind == 0x42:  # 'B'
+            final_lsn, ts, xid = _BEGIN.unpack_from(buf, 1)
+            return Begin(final_lsn, ts + PG_EPOCH_US, xid)
+        if kind == 0x43:  # 'C'
+            _flags, commit_lsn, end_lsn, ts = _COMMIT.unpack_from(buf, 1)
+            return Commit(commit_lsn, end_lsn, ts + PG_EPOCH_US)
+        if kind == 0x55:  # 'U'
+            (relid,) = _U32.unpack_from(buf, 1)
+            pos, old, old_is_key = 5, None, False
+            if buf[pos] in (0x4B, 0x4F):  # 'K' old key, 'O' old row
+                old_is_key = buf[pos] == 0x4B
+                old, pos = _tuple(buf, pos + 1)
+            if buf[pos] != 0x4E:
+                raise PgoutputError(f"UPDATE without a new tuple (got {chr(buf[pos])!r})")
+            return Update(relid, old, old_is_key, _tuple(buf, pos + 1)[0])
+        if kind == 0x44:  # 'D'
+            (relid,) = _U32.unpack_from(buf, 1)
+            if buf[5] not in (0x4B, 0x4F):
+                raise PgoutputError(f"DELETE without an old key (got {chr(buf[5])!r})")
+            return Delete(relid, _tuple(buf, 6)[0], buf[5] == 0x4B)
+        if kind == 0x4D:  # 'M'
+            flags = buf[1]
+            (lsn,) = _U64.unpack_from(buf, 2)
+            prefix, pos = _string(buf, 10)
+            (length,) = _U32.unpack_from(buf, pos)
+            return Message(bool(flags & 1), lsn, prefix, bytes(buf[pos + 4:pos + 4 + length]))
+        if kind == 0x52:  # 'R'
+            (relid,) = _U32.unpack_from(buf, 1)
+            schema, pos = _string(buf, 5)
+            table, pos = _string(buf, pos)
+            identity = chr(buf[pos])
+            (count,) = _I16.unpack_from(buf, pos + 1)
+            pos += 3
+            columns = []
+            for _ in range(count):
+                flags = buf[pos]
+                name, pos = _string(buf, pos + 1)
+                (type_oid,) = _U32.unpack_from(buf, pos)
+                pos += 8  # type oid and typmod
+                columns.append(Column(name, type_oid, bool(flags & 1)))
+            return Relation(relid, schema, table, identity, tuple(columns))
+        if kind == 0x54:  # 'T'
+            (count,) = _U32.unpack_from(buf, 1)
+            options = buf[5]
+            relids = struct.unpack_from(f">{count}I", buf, 6)
+            return Truncate(tuple(relids), bool(options & 1), bool(options & 2))
+        if kind in (0x4F, 0x59):  # 'O' origin, 'Y' type
+            return Other(chr(kind))
+    except (struct.error, IndexError, ValueError) as e:
+        if isinstance(e, PgoutputError):
+            raise
+        raise PgoutputError(f"truncated or malformed pgoutput {chr(kind)!r} message ({e})") from None
+    raise PgoutputError(f"unknown pgoutput message type {chr(kind)!r}")
+
+
+_BOOL_OIDS = {16}
+_INT_OIDS = {20, 21, 23, 26}
+_FLOAT_OIDS = {700, 701}
+
+
+def convert(type_oid: int, text: str | None) -> Any:
+    """A JSON-friendly value: ints, floats and booleans as such, the rest as PostgreSQL's text."""
+    if text is None or text is UNCHANGED_TOAST:
+        return text
+    if type_oid in _INT_OIDS:
+        return int(text)
+    if type_oid in _BOOL_OIDS:
+        return text == "t"
+    if type_oid in _FLOAT_OIDS and text not in ("NaN", "Infinity", "-Infinity"):
+        return float(text)  # JSON has no NaN or infinities: those stay text
+    return text

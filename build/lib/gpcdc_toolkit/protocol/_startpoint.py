@@ -1,0 +1,110 @@
+"""Where capture starts: the record a bootstrap writes and capture, the initial load
+and the replayer read (pure)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DistributedSnapshot:
+    """Which distributed transactions had committed at a consistent cut.
+
+    A gxid is seen (committed before the cut) when it is below ``xmax`` and was not
+    running at the cut. Aborted gxids are never decoded, so they need no entry.
+    """
+
+    xmax: int  # the first gxid not yet assigned at the cut
+    in_progress: frozenset[int]
+
+    def sees(self, gxid: int) -> bool:
+        return gxid < self.xmax and gxid not in self.in_progress
+
+
+@dataclass(frozen=True)
+class NodeStart:
+    content: int
+    slot: str
+    consistent_lsn: int  # the slot's consistent point
+    snapshot_lsn: int  # the WAL position the initial snapshot corresponds to
+    snapshot_name: str | None  # the exported snapshot, valid only while bootstrap runs
+
+
+@dataclass(frozen=True)
+class StartPoint:
+    """The agreed start of a capture: one per pipeline (topic prefix)."""
+
+    method: str  # "peaceful" or "snapshot"
+    created_at: str  # ISO 8601
+    nodes: tuple[NodeStart, ...]
+    # Which gxids are before the start. The snapshot method filters by it; for the
+    # peaceful method it only describes the start (its slots decode nothing earlier).
+    snapshot: DistributedSnapshot | None = None
+    lock_window_ms: float | None = None  # method "peaceful": how long new transactions waited
+    publication: str = "gpcdc"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def node(self, content: int) -> NodeStart:
+        for n in self.nodes:
+            if n.content == content:
+                return n
+        raise KeyError(f"the start point has no node with content {content}")
+
+    def captures(self, content: int, commit_lsn: int, gxid: int | None) -> bool:
+        """Whether a local transaction belongs to the stream (False: it is in the
+        initial snapshot already).
+
+        Peaceful slots start where no distributed transaction ran, so every transaction
+        they decode belongs. Snapshot-filter slots started before the cut: a part is
+        dropped when the distributed snapshot sees its gxid; a part without a gxid
+        (legacy markers) is dropped when it committed before the node's WAL position at
+        the cut, which is exact because no commit phase ran during the cut. A local
+        transaction outside any distributed one (a utility-mode write) takes no commit
+        lock, so one committing during the cut itself may land on the wrong side.
+        """
+        if self.method != "snapshot" or self.snapshot is None:
+            return True
+        if gxid is not None:
+            return not self.snapshot.sees(gxid)
+        return commit_lsn > self.node(content).snapshot_lsn
+
+    @property
+    def identity(self) -> str:
+        """Names this bootstrap of the pipeline: stamped first on each of its partitions,
+        so that topics that lost their history, or hold another bootstrap's events, are
+        recognised."""
+        canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.snapshot is not None:
+            data["snapshot"] = {"xmax": self.snapshot.xmax, "in_progress": sorted(self.snapshot.in_progress)}
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StartPoint:
+        snapshot = data.get("snapshot")
+        return cls(
+            method=data["method"],
+            created_at=data["created_at"],
+            nodes=tuple(NodeStart(**n) for n in data["nodes"]),
+            snapshot=DistributedSnapshot(snapshot["xmax"], frozenset(snapshot["in_progress"])) if snapshot else None,
+            lock_window_ms=data.get("lock_window_ms"),
+            publication=data.get("publication", "gpcdc"),
+            extra=data.get("extra", {}),
+        )
+
+
+def format_lsn(lsn: int) -> str:
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def parse_lsn(text: str) -> int:
+    high, _, low = text.partition("/")
+    if not low:
+        raise ValueError(f"not an LSN: {text!r}")
+    return (int(high, 16) << 32) | int(low, 16)

@@ -1,0 +1,48 @@
+"""Replay: whole distributed transactions, in source order, applied exactly once.
+
+The pure core (framing, ordering, folding, the DDL policy) is imported with the
+package; what drives it against Kafka and a target loads on first use, so that the
+core can be used, and tested, without psycopg or confluent-kafka.
+"""
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from ..errors import StreamError
+from ._compact import TableChanges, compact
+from ._ddl_policy import CheckedDdl, DdlRefused, check_ddl
+from ._legacy import SegmentOrder
+from ._order import Missing, Part, Reassembler, ReassemblyError, Record, Whole, resume_point
+from ._source import Framer, LegacyStreamError, Spill, Watermark
+
+_DRIVERS = {
+    "_apply": ("APPLIED", "STATE", "Applier", "ApplyError", "ApplyStats", "Checkpoint", "DdlRefusedError",
+               "ReplayState"),
+    "_load": ("create_statement", "load_rows", "prepare_target"),
+    "_progress": ("ProgressBar", "StatusLine"),
+    "_replayer": ("MissingPartError", "Progress", "Replayer", "ReplaySettings"),
+}
+_MODULE_OF = {name: module for module, names in _DRIVERS.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{module}"), name)
+
+
+if TYPE_CHECKING:
+    from ._apply import APPLIED, STATE, Applier, ApplyError, ApplyStats, Checkpoint, DdlRefusedError, ReplayState
+    from ._load import create_statement, load_rows, prepare_target
+    from ._progress import ProgressBar, StatusLine
+    from ._replayer import MissingPartError, Progress, Replayer, ReplaySettings
+
+__all__ = [
+    "TableChanges", "compact", "CheckedDdl", "DdlRefused", "check_ddl",
+    "SegmentOrder", "Missing", "Part", "ReassemblyError", "Reassembler", "Record", "Whole", "resume_point",
+    "Framer", "LegacyStreamError", "Spill", "StreamError", "Watermark",
+    "APPLIED", "STATE", "Applier", "ApplyError", "ApplyStats", "Checkpoint", "DdlRefusedError", "ReplayState",
+    "create_statement", "load_rows", "prepare_target", "ProgressBar", "StatusLine",
+    "MissingPartError", "Progress", "Replayer", "ReplaySettings",
+]

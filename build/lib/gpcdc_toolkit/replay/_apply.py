@@ -1,0 +1,374 @@
+"""Applying whole distributed transactions to a target cluster, exactly once.
+
+Each batch of source transactions becomes one target distributed transaction, rows
+re-routed by the target's own distribution (so the segment counts may differ). In that
+same transaction go the source gxids (``gpcdc_replay_applied``) and the pipeline's
+Kafka positions (``gpcdc_replay_state``), so a batch is applied and recorded, or
+neither. A DDL transaction is applied alone, through the target's DDL path, with its
+record in the DDL's own transaction.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..cluster import Cluster, DistributedTransaction, Session, Table, quoted, segment_for
+from ..errors import ClusterError, GpcdcError, StreamError
+from ..protocol import Topics
+from ._compact import compact, table_of
+from ._ddl_policy import SYSTEM_SCHEMAS, DdlRefused, check_ddl, check_default
+from ._order import Whole
+
+APPLIED = "gpcdc_replay_applied"
+STATE = "gpcdc_replay_state"
+_TABLES = {
+    APPLIED: f"CREATE TABLE {APPLIED} (pipeline text NOT NULL, gxid bigint NOT NULL, parts int NOT NULL, "
+             "PRIMARY KEY (gxid, pipeline)) DISTRIBUTED BY (gxid)",
+    STATE: f"CREATE TABLE {STATE} (pipeline text PRIMARY KEY, positions text NOT NULL, "
+           "loaded_tables int NOT NULL, start_point text NOT NULL) DISTRIBUTED BY (pipeline)",
+}
+
+
+class ApplyError(GpcdcError):
+    """A transaction could not be applied; nothing of it was."""
+
+
+class DdlRefusedError(ApplyError, StreamError):
+    """A DDL record the replayer will not run on the target (see ``_ddl_policy``)."""
+
+    def __init__(self, whole: Whole, statement: str, reason: str, topic: str) -> None:
+        offset = whole.record.offset if whole.record is not None else -1
+        super().__init__(
+            f"gxid {whole.gxid}'s DDL at offset {offset} of {topic} is refused: {reason} "
+            f"(statement {statement[:120]!r}); nothing of gxid {whole.gxid} was applied, nor anything after it",
+            fix="if the statement is genuine, give the target the same change by hand, then replay again with "
+                f"--skip-ddl {whole.gxid}; if it is not, the topics were written by someone other than capture")
+        self.gxid, self.offset, self.statement, self.reason = whole.gxid, offset, statement, reason
+
+
+_CHECKPOINT_FIELDS = ("resume", "read", "lsn", "applied_lsn")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where a replay resumes, per partition (segment content; -1 for the coordinator's):
+    ``resume``, the first offset of anything not applied; ``read``, the next offset not
+    read; ``lsn``, the highest commit LSN read before ``read``. Transactions between
+    ``resume`` and ``read`` may be applied; one at or past ``read`` with a commit LSN
+    up to ``lsn`` is a capture's resend of what was read before. A segment-by-segment
+    (legacy) replay also keeps ``applied_lsn``: every part up to it is applied."""
+
+    resume: Mapping[int, int] = field(default_factory=dict)
+    read: Mapping[int, int] = field(default_factory=dict)
+    lsn: Mapping[int, int] = field(default_factory=dict)
+    applied_lsn: Mapping[int, int] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({name: {str(k): v for k, v in sorted(getattr(self, name).items())}
+                           for name in _CHECKPOINT_FIELDS})
+
+    @classmethod
+    def from_json(cls, text: str) -> Checkpoint:
+        data = json.loads(text)
+        return cls(*({int(k): v for k, v in data.get(name, {}).items()} for name in _CHECKPOINT_FIELDS))
+
+
+@dataclass(frozen=True)
+class ReplayState:
+    checkpoint: Checkpoint
+    loaded_tables: int  # by the initial load (0: none)
+    start_point: str  # fingerprint of the bootstrap's start point it replays from ("": unknown)
+
+
+@dataclass
+class ApplyStats:
+    transactions: int = 0
+    rows: int = 0
+    ddl: int = 0
+    batches: int = 0
+    last_commit_ts_ms: int = 0  # source commit time of the latest transaction applied
+
+
+class Applier:
+    """Applies batches of whole transactions of one pipeline to ``target``."""
+
+    def __init__(self, target: Cluster, pipeline: str, *, skip_ddl: Iterable[int] = (),
+                 chunk_rows: int = 5_000) -> None:
+        self.target = target
+        self.chunk_rows = chunk_rows  # row events folded and written at a time
+        self.pipeline = pipeline
+        self.skip_ddl = frozenset(skip_ddl)  # gxids whose DDL was given to the target by hand
+        self.session = Session(target)
+        self.stats = ApplyStats()
+        with target.coordinator_connection() as conn:
+            # DDL text from the stream was checked as PostgreSQL parses it with standard strings.
+            if conn.execute("SHOW standard_conforming_strings").fetchone()[0] != "on":  # type: ignore[index]
+                raise ApplyError("the target runs with standard_conforming_strings = off, under which DDL text is "
+                                 "read otherwise than the replayer checked it",
+                                 fix="set standard_conforming_strings = on for the target's database")
+            missing = [t for t in _TABLES if not conn.execute("SELECT to_regclass(%s) IS NOT NULL", (t,)).fetchone()[0]]  # type: ignore[index]
+        for table in missing:
+            self.session.ddl(_TABLES[table])
+
+    def close(self) -> None:
+        self.session.close()
+
+    def __enter__(self) -> Applier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- state --------------------------------------------------------------------------
+    def _state_row(self, tx: DistributedTransaction) -> ReplayState | None:
+        rows = tx.execute(self._state_segment, f"SELECT positions, loaded_tables, start_point FROM {STATE} "
+                          "WHERE pipeline = %s", (self.pipeline,))
+        return ReplayState(Checkpoint.from_json(rows[0][0]), rows[0][1], rows[0][2]) if rows else None
+
+    @property
+    def _state_segment(self) -> int:
+        return segment_for([self.pipeline], self.target.segment_count)
+
+    def state(self) -> ReplayState | None:
+        """Where this pipeline's replay into the target stands (None: not begun)."""
+        with self.session.transaction() as tx:
+            return self._state_row(tx)
+
+    def _write_state(self, tx: DistributedTransaction, checkpoint: Checkpoint) -> None:
+        tx.execute(self._state_segment, f"UPDATE {STATE} SET positions = %s WHERE pipeline = %s",
+                   (checkpoint.to_json(), self.pipeline))
+
+    def start(self, write: Callable[[DistributedTransaction], object] | None = None, *, loaded_tables: int = 0,
+              start_point: str = "") -> None:
+        """Create the pipeline's state row, in one transaction with ``write(tx)`` (the
+        initial load), so that a load is done once or not at all."""
+        with self.session.transaction() as tx:
+            if self._state_row(tx) is not None:
+                raise ApplyError(f"pipeline {self.pipeline!r} has already started replaying into this target")
+            if write is not None:
+                write(tx)
+            tx.execute(self._state_segment, f"INSERT INTO {STATE} (pipeline, positions, loaded_tables, start_point) "
+                       "VALUES (%s, %s, %s, %s)", (self.pipeline, Checkpoint().to_json(), loaded_tables, start_point))
+
+    def applied_among(self, gxids: Iterable[int]) -> set[int]:
+        """Those of ``gxids`` this pipeline has applied."""
+        by_segment: dict[int, list[int]] = {}
+        for gxid in set(gxids):
+            by_segment.setdefault(segment_for([gxid], self.target.segment_count), []).append(gxid)
+        found: set[int] = set()
+        with self.session.transaction() as tx:
+            for segment, some in by_segment.items():
+                found.update(r[0] for r in tx.execute(
+                    segment, f"SELECT gxid FROM {APPLIED} WHERE pipeline = %s AND gxid = ANY(%s)", (self.pipeline, some)))
+            tx.rollback()  # it only read
+        return found
+
+    # -- applying -----------------------------------------------------------------------
+    def apply(self, batch: Sequence[Whole], checkpoint: Checkpoint) -> None:
+        """Apply a batch in source order as one target transaction, with ``checkpoint``.
+
+        A DDL transaction must come alone in its batch.
+        """
+        ddl = [w for w in batch if w.record is not None and w.record.ddl]
+        if ddl and len(batch) > 1:
+            raise ValueError(f"a batch with DDL must hold nothing else; this one has {len(batch)} transactions")
+
+        def record(tx: DistributedTransaction) -> None:
+            # Legacy parts have no gxid: their checkpoint alone keeps them applied once.
+            tx.insert(APPLIED, [{"pipeline": self.pipeline, "gxid": w.gxid, "parts": len(w.parts)}
+                                for w in batch if w.gxid is not None])
+            self._write_state(tx, checkpoint)
+
+        try:
+            if ddl:
+                self._apply_ddl(batch[0], record)
+            else:
+                with self.session.transaction() as tx:
+                    rows = self._apply_rows(tx, batch)
+                    record(tx)
+                self.stats.rows += rows
+        except psycopg.errors.UniqueViolation as e:
+            if e.diag.table_name != APPLIED:
+                raise ApplyError(f"{_what(batch)} failed on the target: {_first_line(e)}",
+                                 fix="the target's table has a unique constraint the source's lacks; drop it or "
+                                     "replay with --batch 1") from None
+            raise ApplyError(f"{_what(batch)} is recorded as applied already: another replayer of pipeline "
+                             f"{self.pipeline!r} writes to this target", fix="run one replayer per pipeline and target") from None
+        except psycopg.Error as e:  # raised by a statement, so the transaction was rolled back
+            raise ApplyError(f"{_what(batch)} failed on the target, and nothing of it was applied: {_first_line(e)}",
+                             fix="make the target's tables match the source's, then replay again") from None
+        self.stats.transactions += len(batch)
+        self.stats.batches += 1
+        self.stats.last_commit_ts_ms = max(self.stats.last_commit_ts_ms, *(commit_ts_ms(w) for w in batch))
+
+    def _apply_ddl(self, whole: Whole, record: Callable[[DistributedTransaction], None]) -> None:
+        statements = whole.record.ddl  # type: ignore[union-attr]
+        if whole.gxid in self.skip_ddl:
+            with self.session.transaction() as tx:  # applied by hand: only recorded
+                record(tx)
+            self.stats.ddl += 1
+            return
+        if len(statements) > 1:
+            # The target's DDL path runs one statement per distributed transaction, so
+            # these could not be applied together, nor exactly once.
+            raise ApplyError(f"gxid {whole.gxid} holds {len(statements)} DDL statements; replay applies one per "
+                             "transaction", fix="apply them on the target by hand, then replay again with "
+                             f"--skip-ddl {whole.gxid}")
+        self._refuse_unsafe(whole, statements[0])
+        self.session.ddl(statements[0], then=record)
+        self.stats.ddl += 1
+
+    def _refuse_unsafe(self, whole: Whole, statement: str) -> None:
+        """Refuse a statement the policy refuses, or one whose unqualified names the
+        target resolves into a system schema."""
+        topic = Topics(self.pipeline).dtx
+        try:
+            checked = check_ddl(statement, reserved=frozenset({APPLIED, STATE}))
+        except DdlRefused as e:
+            raise DdlRefusedError(whole, statement, str(e), topic) from None
+        if checked.added_types:
+            with self.target.coordinator_connection() as conn:
+                defaults = conn.execute(
+                    "SELECT t.name, pg_get_expr(d.typdefaultbin, 0) FROM unnest(%s::text[]) AS t(name) "
+                    "JOIN pg_type d ON d.oid = to_regtype(t.name) "
+                    "WHERE d.typtype = 'd' AND d.typdefaultbin IS NOT NULL", (list(checked.added_types),)).fetchall()
+            for name, default in defaults:
+                try:
+                    check_default(default, f"the default of domain {name}, which an added column takes")
+                except DdlRefused as e:
+                    raise DdlRefusedError(whole, statement, str(e), topic) from None
+        unqualified = [name for schema, name in checked.names if schema is None]
+        if unqualified:
+            with self.target.coordinator_connection() as conn:
+                found = conn.execute(
+                    "SELECT c.relname, n.nspname FROM unnest(%s::text[]) AS u(name) "
+                    "JOIN pg_class c ON c.oid = to_regclass(quote_ident(u.name)) "
+                    "JOIN pg_namespace n ON n.oid = c.relnamespace", (unqualified,)).fetchall()
+            for name, schema in found:
+                if schema in SYSTEM_SCHEMAS or schema.startswith("pg_"):
+                    raise DdlRefusedError(whole, statement, f"{checked.kind} names {name}, which the target "
+                                          f"resolves to {schema}.{name}, in a system schema", topic)
+
+    def _apply_rows(self, tx: DistributedTransaction, batch: Sequence[Whole]) -> int:
+        """Apply the net effect of the batch's row events; returns how many events.
+
+        Events are folded and written ``chunk_rows`` at a time, in order, so that a
+        transaction of any size is applied in bounded memory: folding consecutive runs
+        one after the other leaves what folding them all at once leaves."""
+        events = (e for whole in batch for part in whole.parts for e in part.payload or ())
+        count = 0
+        primary_keys: dict[tuple[str, str], tuple[str, ...]] = {}
+        while chunk := list(itertools.islice(events, self.chunk_rows)):
+            count += len(chunk)
+            for event in chunk:
+                table = table_of(event)
+                if table not in primary_keys:
+                    primary_keys[table] = self._table(table, event["source"].get("gxid")).primary_key
+            for changes in compact(chunk, primary_keys):
+                if changes.deletes:
+                    tx.delete_keys(changes.table, changes.deletes)
+                if changes.upserts:
+                    tx.upsert(changes.table, changes.upserts)
+                for key, values in changes.updates:
+                    _one_row(tx.update(changes.table, key, values), changes.table, key, "update")
+                self._apply_in_order(tx, changes.table, changes.ordered)
+        return count
+
+    def _apply_in_order(self, tx: DistributedTransaction, table: tuple[str, str],
+                        events: Sequence[Mapping[str, Any]]) -> None:
+        inserts: list[Mapping[str, Any]] = []
+        for event in events:
+            if event["op"] == "c":
+                inserts.append(event["after"])  # consecutive inserts go together
+                continue
+            if inserts:
+                tx.insert(table, inserts)
+                inserts = []
+            self._apply_change(tx, table, event)
+        if inserts:
+            tx.insert(table, inserts)
+
+    def _apply_keyless(self, tx: DistributedTransaction, table: Table, event: Mapping[str, Any]) -> int:
+        old = event["before"]
+        if old is None:
+            raise ApplyError(f"{table.name} has no primary key and its events carry no old row",
+                             fix=f"run ALTER TABLE {table.name} REPLICA IDENTITY FULL on the source")
+        if set(old) != set(table.writable):
+            raise ApplyError(f"a change of {table.name} (gxid {event['source'].get('gxid')}) carries its old row "
+                             f"without columns {sorted(set(table.writable) - set(old))}, so the row it changed cannot "
+                             "be told from others", fix=f"give {table.name} a primary key on the source")
+        segment = tx.route(table, old)
+        match, params = _keyless_match(table, old)
+        if event["op"] == "d":
+            return len(tx.execute(segment, sql.SQL("DELETE FROM {} WHERE {} RETURNING 1").format(table.identifier, match),
+                                  params))
+        new = {**old, **event["after"]}
+        if tx.route(table, new) != segment:  # the row moves: out of one segment, into another
+            tx.execute(segment, sql.SQL("DELETE FROM {} WHERE {} RETURNING 1").format(table.identifier, match), params)
+            return tx.insert(table.parts, [new])
+        update = sql.SQL("UPDATE {} SET {} WHERE {} RETURNING 1").format(
+            table.identifier, sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in new), match)
+        return len(tx.execute(segment, update, [*new.values(), *params]))
+
+    def _table(self, table: tuple[str, str], gxid: int | None) -> Table:
+        try:
+            return self.session.table(table)
+        except ClusterError:
+            raise ApplyError(f"the target has no table {quoted(*table)}, which gxid {gxid} writes",
+                             fix=f"create {quoted(*table)} on the target, or replay from a bootstrap whose initial "
+                                 "load creates it") from None
+
+    def _apply_change(self, tx: DistributedTransaction, table: tuple[str, str], event: Mapping[str, Any]) -> int:
+        info = self.session.table(table)
+        key_columns = info.primary_key
+        op = event["op"]
+        if not key_columns and op in ("u", "d"):
+            return self._apply_keyless(tx, info, event)
+        if op == "u":
+            values = event["after"]
+            old = event["before"] or event["after"]
+            key = {c: old[c] for c in key_columns}
+            return _one_row(tx.update(table, key, values), table, key, "update")
+        if op == "d":
+            key = {c: event["before"][c] for c in key_columns}
+            return _one_row(tx.delete(table, key), table, key, "delete")
+        raise ApplyError(f"cannot replay operation {op!r} on {info.name} (gxid {event['source'].get('gxid')})",
+                         fix="replay TRUNCATE by hand on the target")
+
+
+def _one_row(count: int, table: tuple[str, str], key: Mapping[str, Any], what: str) -> int:
+    """An update or delete of a row the source had must find that row on the target."""
+    if count != 1:
+        raise ApplyError(f"an {what} of {quoted(*table)} key {dict(key)} changed {count} rows on the target, where the "
+                         "source had the row: the target differs from the source",
+                         fix="replay into a fresh target; find out who else writes to it")
+    return count
+
+
+def _keyless_match(table: Table, row: Mapping[str, Any]) -> tuple[sql.Composable, list[Any]]:
+    """One row equal to ``row`` (NULLs included): a table without a key may hold twins."""
+    where = sql.SQL(" AND ").join(sql.SQL("{} IS NOT DISTINCT FROM %s").format(sql.Identifier(c)) for c in row)
+    return sql.SQL("ctid = (SELECT ctid FROM {} WHERE {} LIMIT 1)").format(table.identifier, where), list(row.values())
+
+
+def commit_ts_ms(whole: Whole) -> int:
+    """When the source committed a transaction (its coordinator record, or its one part)."""
+    return whole.record.commit_ts_ms if whole.record is not None else whole.parts[0].commit_ts_ms
+
+
+def _what(batch: Sequence[Whole]) -> str:
+    gxids = [w.gxid for w in batch if w.gxid is not None]
+    if len(batch) == 1:
+        return f"gxid {gxids[0]}" if gxids else "a legacy part"
+    return f"a batch of {len(batch)} transactions" + (f" (gxids {min(gxids)}..{max(gxids)})" if gxids else "")
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

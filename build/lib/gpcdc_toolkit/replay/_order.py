@@ -1,0 +1,354 @@
+"""Reassembling distributed transactions and ordering them as the source did (pure).
+
+Segments commit the parts of distributed transactions in orders that disagree with
+each other and with the coordinator. What is fixed is this:
+
+* two-phase transactions follow the coordinator's commit-record order (a writer that
+  waited for another's row lock prepared, and so wrote its record, later);
+* a one-phase transaction on segment s goes right after the latest, in coordinator
+  order, of the two-phase transactions before it in s's log (its *anchor*), and the
+  one-phase transactions of one segment keep their local order.
+
+A two-phase transaction before a one-phase one in s's log but later in coordinator
+order cannot conflict with it (the later record would have to be earlier), so the rule
+never reorders conflicting writes. A two-phase transaction is whole when its record
+and the part of every segment it lists have arrived; a one-phase one is whole on its
+own. :class:`Reassembler` is fed parts (per segment, in partition order), records (in
+coordinator order) and watermarks, in any interleaving, and hands out whole
+transactions in an order that keeps every conflicting pair as the source had it.
+
+A replay resumes by reading each partition again from the first offset of anything
+not yet applied (:meth:`Reassembler.resume_offsets`). What it reads again may include
+transactions applied already; given as ``applied``, they are passed over without being
+waited for: their parts no longer need a record, and nothing waits on their anchor.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Container, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..errors import StreamError
+
+
+@dataclass(frozen=True)
+class Part:
+    """One segment's local transaction of a distributed transaction."""
+
+    segment: int
+    gxid: int | None  # None: written with legacy markers
+    one_phase: bool
+    commit_lsn: int
+    commit_ts_ms: int = 0
+    payload: Any = None  # the row events, opaque here
+    offset: int = -1  # where the part begins in its segment's partition
+    damage: str | None = None  # why its rows are not whole (see Framer); None: whole
+
+
+@dataclass(frozen=True)
+class Record:
+    """The coordinator's commit record of a two-phase distributed transaction."""
+
+    gxid: int
+    segments: tuple[int, ...]
+    commit_ts_ms: int = 0
+    ddl: tuple[str, ...] = ()
+    commit_lsn: int = -1  # of the coordinator's local commit; -1: unknown
+    offset: int = -1  # where the record (or its first DDL statement) is in the coordinator's partition
+
+
+@dataclass(frozen=True)
+class Whole:
+    """A distributed transaction ready to apply: every part, in segment order (or, from
+    a legacy stream, one segment's local transaction, with no gxid)."""
+
+    gxid: int | None
+    parts: tuple[Part, ...]
+    record: Record | None  # None: one-phase
+
+    @property
+    def one_phase(self) -> bool:
+        return self.record is None
+
+
+@dataclass(frozen=True)
+class Missing:
+    """A part that is proven never to come whole: the segment's watermark has passed
+    the record while the segment no longer holds the transaction prepared, or the part
+    arrived damaged (``damage`` says how)."""
+
+    gxid: int | None
+    segment: int
+    present: tuple[int, ...]  # segments whose part did arrive
+    record_ts_ms: int
+    watermark_ts_ms: int
+    offsets: tuple[tuple[int, int], ...] = ()  # (segment, offset) of the parts present; -1: the record
+    damage: str | None = None  # the part arrived, but not whole
+
+
+class ReassemblyError(StreamError, ValueError):
+    """The stream contradicts itself (a part the record does not list, a duplicate record)."""
+
+
+class _Recent:
+    """The last ``size`` commit LSNs of one partition, to tell a resend (seen before)
+    from a message that was lost and sent again later (never seen: its place in the
+    order is gone)."""
+
+    def __init__(self, size: int = 20_000) -> None:
+        self._order: deque[int] = deque(maxlen=size)
+        self._set: set[int] = set()
+
+    def add(self, lsn: int) -> None:
+        if len(self._order) == self._order.maxlen:
+            self._set.discard(self._order[0])
+        self._order.append(lsn)
+        self._set.add(lsn)
+
+    def resend(self, lsn: int) -> bool:
+        """Whether ``lsn`` (below the last one added) was seen, or is too old to tell."""
+        return lsn in self._set or not self._order or lsn < self._order[0]
+
+
+@dataclass
+class _Segment:
+    log: deque[Part] = field(default_factory=deque)  # arrived, not yet passed by the cursor
+    anchor: int = -1  # coordinator position of the latest two-phase part passed so far
+    watermark_ts_ms: int = -1
+    # From the latest watermark: the gxids the segment held prepared, read at
+    # prepared_ts_ms by its clock (None: the watermark did not say, so nothing is proven).
+    prepared: frozenset[int] | None = None
+    prepared_ts_ms: int = -1
+    last_lsn: int = -1  # commit LSN of the last part arrived: partitions are in commit order
+    recent: _Recent = field(default_factory=_Recent)
+
+
+class Reassembler:
+    """Streaming reassembly and ordering; see the module docstring.
+
+    ``clock_skew_ms`` is how far a segment's clock may run ahead of the coordinator's:
+    a part is proven missing only from a prepared list read at least that long after
+    the record's commit time.
+    """
+
+    def __init__(self, segments: int, *, clock_skew_ms: int = 1000, applied: Container[int] = frozenset()) -> None:
+        self.segments = [_Segment() for _ in range(segments)]
+        self.applied = applied
+        self.clock_skew_ms = clock_skew_ms
+        self._records: deque[Record] = deque()  # not handed out yet; the first is at position _next
+        self._position: dict[int, int] = {}  # gxid -> coordinator position (counted from 0)
+        self._added = 0  # records added so far
+        self._coordinator_lsn = -1  # commit LSN of the last record added
+        self._coordinator_recent = _Recent()
+        self._parts: dict[int, dict[int, Part]] = {}  # gxid -> segment -> part (two-phase)
+        self._next = 0  # coordinator position of the next record to hand out
+        self._damaged: Missing | None = None  # the first damaged part met where it would go out
+
+    # -- input ----------------------------------------------------------------------------
+    def add_part(self, part: Part) -> None:
+        segment = self.segments[part.segment]
+        if part.commit_lsn <= segment.last_lsn:
+            if segment.recent.resend(part.commit_lsn):
+                return  # sent again after a capture restart
+            raise ReassemblyError(
+                f"segment {part.segment}'s transaction at offset {part.offset} (commit LSN {part.commit_lsn}, gxid "
+                f"{part.gxid}) arrives after a later one (commit LSN {segment.last_lsn}) and was never seen before: a "
+                "message was lost and sent again, and its place in the source order cannot be rebuilt; bootstrap the "
+                "pipeline again")
+        segment.last_lsn = part.commit_lsn
+        segment.recent.add(part.commit_lsn)
+        if part.gxid in self.applied:
+            if not part.one_phase:
+                segment.log.append(part)  # passed over in its place, see _advance
+            return
+        if not part.one_phase:
+            if part.gxid is None:
+                raise ReassemblyError(f"segment {part.segment}'s two-phase part at offset {part.offset} has no gxid")
+            known = self._parts.setdefault(part.gxid, {})
+            if part.segment in known:
+                return
+            known[part.segment] = part
+            record = self._record_of(part.gxid)
+            if record is not None and part.segment not in record.segments:
+                raise ReassemblyError(f"gxid {part.gxid} has a part on segment {part.segment}, "
+                                      f"but its commit record lists segments {list(record.segments)}")
+        segment.log.append(part)
+
+    def add_record(self, record: Record) -> None:
+        if record.commit_lsn >= 0:
+            if record.commit_lsn <= self._coordinator_lsn:
+                if self._coordinator_recent.resend(record.commit_lsn):
+                    return  # sent again after a capture restart
+                raise ReassemblyError(
+                    f"the commit record of gxid {record.gxid} at offset {record.offset} (commit LSN "
+                    f"{record.commit_lsn}) arrives after a later one and was never seen before: a message was lost and "
+                    "sent again, and its place in the source order cannot be rebuilt; bootstrap the pipeline again")
+            self._coordinator_lsn = record.commit_lsn
+            self._coordinator_recent.add(record.commit_lsn)
+        if record.gxid in self._position or record.gxid in self.applied:
+            return  # a duplicate, or applied before a restart
+        for segment in self._parts.get(record.gxid, {}):
+            if segment not in record.segments:
+                raise ReassemblyError(f"gxid {record.gxid} has a part on segment {segment}, "
+                                      f"but its commit record lists segments {list(record.segments)}")
+        self._position[record.gxid] = self._added
+        self._added += 1
+        self._records.append(record)
+
+    def add_watermark(self, segment: int, resolved_ts_ms: int, prepared: Iterable[int] | None = None,
+                      prepared_ts_ms: int | None = None) -> None:
+        if segment < 0:
+            return  # the coordinator's: records come in their own order, nothing waits on it
+        seg = self.segments[segment]
+        seg.watermark_ts_ms = max(seg.watermark_ts_ms, resolved_ts_ms)
+        if prepared is not None and prepared_ts_ms is not None and prepared_ts_ms >= seg.prepared_ts_ms:
+            seg.prepared, seg.prepared_ts_ms = frozenset(prepared), prepared_ts_ms
+
+    def _record_of(self, gxid: int) -> Record | None:
+        position = self._position.get(gxid)
+        return None if position is None or position < self._next else self._records[position - self._next]
+
+    # -- output ---------------------------------------------------------------------------
+    def ready(self) -> list[Whole]:
+        """Every transaction that can be applied now, in an order true to the source."""
+        out: list[Whole] = []
+        progress = True
+        while progress:
+            progress = False
+            for segment in self.segments:
+                progress |= self._advance(segment, out)
+            if self._records:
+                record = self._records[0]
+                parts = self._parts.get(record.gxid, {})
+                if all(s in parts for s in record.segments):
+                    damaged = [parts[s] for s in sorted(record.segments) if parts[s].damage]
+                    if damaged:
+                        self._hold_damaged(damaged[0], record, parts)
+                        break
+                    out.append(Whole(record.gxid, tuple(parts[s] for s in sorted(record.segments)), record))
+                    del self._parts[record.gxid]
+                    self._records.popleft()
+                    self._next += 1
+                    progress = True
+        if len(self._position) > 2 * len(self._records) + 10_000:
+            self._forget_handed_out()
+        return out
+
+    def _forget_handed_out(self) -> None:
+        """Drop the positions of handed-out records that no segment log still needs
+        (their parts have all arrived; a part sent again is caught by its LSN)."""
+        needed = {p.gxid for seg in self.segments for p in seg.log}
+        self._position = {g: pos for g, pos in self._position.items() if pos >= self._next or g in needed}
+
+    def _advance(self, segment: _Segment, out: list[Whole]) -> bool:
+        """Pass the head of a segment's log while its order allows."""
+        moved = False
+        while segment.log:
+            head = segment.log[0]
+            if head.one_phase:
+                if segment.anchor >= self._next:
+                    break  # its anchor has not been handed out yet
+                if head.damage:
+                    self._hold_damaged(head, None, {head.segment: head})
+                    break
+                out.append(Whole(head.gxid, (head,), None))
+            elif head.gxid not in self.applied:
+                # A two-phase part goes out with its record, in coordinator order;
+                # here it only moves the anchor of the one-phase parts after it.
+                position = self._position.get(head.gxid) if head.gxid is not None else None
+                if position is None:
+                    break  # the record has not arrived: the anchor of what follows is unknown
+                segment.anchor = max(segment.anchor, position)
+            segment.log.popleft()
+            moved = True
+        return moved
+
+    def _hold_damaged(self, part: Part, record: Record | None, parts: Mapping[int, Part]) -> None:
+        """Hand out nothing from here on: a damaged part stops the order where it stands."""
+        if self._damaged is None:
+            offsets: tuple[tuple[int, int], ...] = ((-1, record.offset),) if record is not None else ()
+            offsets += tuple((c, parts[c].offset) for c in sorted(parts))
+            self._damaged = Missing(part.gxid, part.segment, tuple(sorted(parts)),
+                                    record.commit_ts_ms if record is not None else part.commit_ts_ms,
+                                    self.segments[part.segment].watermark_ts_ms, offsets, part.damage)
+
+    def missing(self) -> list[Missing]:
+        """Parts of the next transaction proven never to come whole: damaged, or
+        missing (see :class:`Missing`). Until then a part that has not arrived is late."""
+        if self._damaged is not None:
+            return [self._damaged]
+        if not self._records:
+            return []
+        record = self._records[0]
+        parts = self._parts.get(record.gxid, {})
+        out = []
+        for s in record.segments:
+            segment = self.segments[s]
+            if s in parts or segment.prepared is None or record.gxid in segment.prepared:
+                continue  # arrived, not provable, or still prepared there: it can still commit
+            if segment.prepared_ts_ms >= record.commit_ts_ms + self.clock_skew_ms:
+                offsets = ((-1, record.offset), *((c, parts[c].offset) for c in sorted(parts)))
+                out.append(Missing(record.gxid, s, tuple(sorted(parts)), record.commit_ts_ms,
+                                   segment.watermark_ts_ms, offsets))
+        return out
+
+    def in_doubt(self) -> list[tuple[int, int]]:
+        """(gxid, segment) of the next record's parts that have not arrived and cannot be
+        called missing yet: late, or still prepared on their segment."""
+        if not self._records:
+            return []
+        record = self._records[0]
+        parts = self._parts.get(record.gxid, {})
+        return [(record.gxid, s) for s in record.segments if s not in parts]
+
+    def resume_offsets(self) -> dict[int, int]:
+        """Per segment, and for the coordinator (key -1), the first offset of anything
+        arrived but not handed out; a source with nothing waiting is left out."""
+        out: dict[int, int] = {}
+        for content, segment in enumerate(self.segments):
+            waiting = [p.offset for p in segment.log if p.gxid not in self.applied]
+            if waiting:
+                out[content] = min(waiting)
+        for parts in self._parts.values():
+            for content, part in parts.items():
+                out[content] = min(out.get(content, part.offset), part.offset)
+        if self._records:
+            out[-1] = self._records[0].offset
+        return out
+
+    def oldest_waiting_ts_ms(self) -> int | None:
+        """The source commit time of the oldest transaction arrived but not handed out."""
+        times = [p.commit_ts_ms for seg in self.segments for p in seg.log if p.gxid not in self.applied]
+        times += [p.commit_ts_ms for parts in self._parts.values() for p in parts.values()]
+        times += [r.commit_ts_ms for r in self._records]
+        return min(times, default=None)
+
+    @property
+    def pending(self) -> int:
+        """Transactions arrived in part but not handed out."""
+        waiting = {p.gxid for seg in self.segments for p in seg.log}
+        return len(waiting | set(self._parts) | {r.gxid for r in self._records})
+
+
+class Ordering(Protocol):
+    def resume_offsets(self) -> dict[int, int]: ...
+
+
+def resume_point(read: Mapping[int, int], reassembler: Ordering, unapplied: Iterable[Whole],
+                 *begun: Mapping[int, int]) -> dict[int, int]:
+    """Per partition (segment; -1 for the coordinator), where to read again so that
+    nothing not yet applied is skipped: the first offset of anything waiting in the
+    reassembler, of the ``unapplied`` transactions handed out, or of ``begun`` (framing
+    in progress); else ``read``, the next offset not read."""
+    resume = dict(read)
+    waiting = [reassembler.resume_offsets(), *begun]
+    for whole in unapplied:
+        waiting.append({p.segment: p.offset for p in whole.parts})
+        if whole.record is not None:
+            waiting.append({-1: whole.record.offset})
+    for offsets in waiting:
+        for partition, offset in offsets.items():
+            resume[partition] = min(resume.get(partition, offset), offset)
+    return resume

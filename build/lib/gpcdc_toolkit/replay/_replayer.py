@@ -1,0 +1,420 @@
+"""The replayer: the pipeline's topics in, whole transactions out to the target.
+
+It reads every partition of the changes topic and the coordinator's topic with one
+consumer, frames messages into parts and records (:class:`Framer`), orders them
+(:class:`Reassembler`) and applies them in batches (:class:`Applier`), each batch with
+the checkpoint that says where to read again after a crash. On a restart it reads
+again from the checkpoint's resume offsets; up to its read offsets, the transactions it
+meets may have been applied, so it asks the target which, and passes over those.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import orjson
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from ..bootstrap import InitialSnapshot, Pipeline
+from ..cluster import Cluster, resolve_in_doubt
+from ..config import Config
+from ..connect import kafka_client_settings, open_cluster
+from ..errors import BrokerError, GpcdcError, StreamError
+from ..ingest import EndTracker, located, partitions_of
+from ..protocol import Topics, is_pipeline_marker
+from ._apply import Applier, Checkpoint, DdlRefusedError, commit_ts_ms
+from ._legacy import SegmentOrder
+from ._load import load_rows, prepare_target
+from ._order import Missing, Part, Reassembler, Record, Whole, resume_point
+from ._source import COORDINATOR, Framer, Watermark
+from ._spill import SqliteSpill
+
+log = logging.getLogger(__name__)
+
+
+class MissingPartError(StreamError):
+    """A segment's part of a distributed transaction is proven never to arrive whole:
+    missing, or damaged."""
+
+    def __init__(self, missing: Missing, topics: Topics, read_to: int) -> None:
+        present = ", ".join(f"segment {s} at offset {o}" for s, o in missing.offsets if s != COORDINATOR) or "none"
+        record = dict(missing.offsets).get(COORDINATOR)
+        what = f"gxid {missing.gxid}" if missing.gxid is not None else "a legacy part"
+        where = (f"the commit record at offset {record} of {topics.dtx}" if record is not None
+                 else "its one-phase commit")
+        if missing.damage is not None:
+            offset = dict(missing.offsets).get(missing.segment)
+            why = (f"segment {missing.segment}'s part at offset {offset} of {topics.changes} partition "
+                   f"{missing.segment} is damaged: {missing.damage}; {where}")
+        else:
+            why = (f"segment {missing.segment}'s part is missing (read to offset {read_to} of {topics.changes} "
+                   f"partition {missing.segment}, whose watermark is {missing.watermark_ts_ms - missing.record_ts_ms} "
+                   f"ms past {where}, and the segment no longer holds gxid {missing.gxid} prepared)")
+        super().__init__(
+            f"{what} cannot be replayed whole: {why}; parts present: {present}",
+            fix=f"nothing of {what} was applied, nor anything that must follow it; restore segment {missing.segment}'s "
+                "events to the topic, or bootstrap the pipeline again")
+        self.missing = missing
+
+
+@dataclass(frozen=True)
+class Progress:
+    transactions: int  # applied in this run
+    rows: int
+    ddl: int
+    pending: int  # arrived in part, or whole and not yet applied
+    lag_ms: int  # now minus the source commit time of the oldest transaction not yet applied
+    elapsed_s: float
+    caught_up: bool  # every partition read to where it ended when the run began
+
+    @property
+    def rate(self) -> float:
+        return self.transactions / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def line(self) -> str:
+        return (f"applied {self.transactions} transactions ({self.ddl} DDL, {self.rows} rows), "
+                f"{self.rate:,.0f} tx/s, {self.rows_per_s:,.0f} rows/s, {self.pending} pending, "
+                f"lag {self.lag_ms / 1000:.1f} s")
+
+
+@dataclass
+class ReplaySettings:
+    batch_transactions: int = 500  # source transactions per target transaction, at most
+    batch_rows: int = 20_000  # rows per target transaction, at most (a larger transaction goes alone)
+    clock_skew_ms: int = 1000  # how far a segment's clock may lag the coordinator's
+    idle: float = 1.0  # seconds of silence after which a partition counts as read to its end
+    initial_load: bool = True  # load the bootstrap's snapshot before the first transaction
+    legacy_per_segment: bool = False  # replay a legacy-marker stream segment by segment (see _legacy.py)
+    skip_ddl: frozenset[int] = frozenset()  # gxids whose refused DDL was given to the target by hand
+    spill_rows: int = 2_000  # rows of one part held in memory; past that it goes to a file
+    chunk_rows: int = 5_000  # row events folded and written at a time within a batch
+    spill_dir: str | None = None  # where such files go (default: the system's temporary directory)
+
+
+class Replayer:
+    """Replays one pipeline into the target; ``run`` once or following the stream."""
+
+    def __init__(self, config: Config, *, target: Cluster | None = None, settings: ReplaySettings | None = None) -> None:
+        self.config = config
+        self.settings = settings or ReplaySettings()
+        self.topics = Topics(config.kafka.topic_prefix)
+        self.pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+        self.kafka = kafka_client_settings(config)
+        self.target = target or open_cluster(config, "target")
+        self.applier = Applier(self.target, config.kafka.topic_prefix, skip_ddl=self.settings.skip_ddl,
+                               chunk_rows=self.settings.chunk_rows)
+        self.initial_load: tuple[int, int] | None = None  # (rows, tables) when this replayer made the load
+
+    def close(self) -> None:
+        self.applier.close()
+
+    def __enter__(self) -> Replayer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the run ------------------------------------------------------------------------
+    def run(self, *, follow: bool = False, progress: Callable[[Progress], None] | None = None,
+            should_stop: Callable[[], bool] = lambda: False, progress_interval: float = 0.5) -> Progress:
+        """Apply what the topics hold; with ``follow``, keep applying what comes until
+        ``should_stop()``. Raises :class:`MissingPartError` rather than apply part of a
+        transaction; everything before it is applied."""
+        run = _Run(self)  # finds the topics before anything is written to the target
+        last_report = 0.0
+        try:
+            run.begin(self._start(), self._start_point_fingerprint())
+            if self.settings.legacy_per_segment:
+                log.warning("replaying %s segment by segment (legacy markers): each row's history is replayed in "
+                            "order and the target is exact once every segment is caught up, but until then it can "
+                            "show part of a distributed transaction, and a missing part cannot be detected",
+                            self.topics.prefix)
+            for _ in run.steps():
+                now = time.monotonic()
+                done = run.caught_up and not run.in_hand and not follow
+                if progress is not None and (done or now - last_report >= progress_interval):
+                    progress(run.progress())
+                    last_report = now
+                if done:
+                    run.check_marked()
+                if done or should_stop():
+                    break
+        finally:
+            run.close()
+        final = run.progress()
+        if progress is not None:
+            progress(final)
+        return final
+
+    def _start_point_fingerprint(self) -> str:
+        """Which bootstrap of the pipeline this is ("" where its start point is not here)."""
+        return self.pipeline.start_point().identity if self.pipeline.start_point_file.is_file() else ""
+
+    def _start(self) -> Checkpoint:
+        # A replayer killed in a commit leaves prepared parts that hold row locks.
+        resolve_in_doubt(self.target)
+        state = self.applier.state()
+        start_point = self._start_point_fingerprint()
+        if state is not None:
+            if state.start_point and start_point and state.start_point != start_point:
+                raise GpcdcError(
+                    f"this target holds the replay of an earlier bootstrap of pipeline {self.topics.prefix!r}; "
+                    "the pipeline was bootstrapped again since, so its topics start over",
+                    fix="replay into a fresh target (`gpcdc sandbox down --name <target> --remove`, then "
+                        "`gpcdc sandbox up --name <target>`)")
+            return state.checkpoint
+        snapshot = self.pipeline.snapshot_dir
+        if not self.settings.initial_load:
+            self.applier.start(start_point=start_point)
+            return Checkpoint()
+        if not (snapshot / "manifest.json").is_file():
+            raise GpcdcError(f"pipeline {self.topics.prefix!r} has no initial snapshot in {snapshot} to load into "
+                             "the target first",
+                             fix="replay with the work_dir where `gpcdc bootstrap create` ran, or pass "
+                                 "--no-initial-load if the target already holds the data as of the start point")
+        loaded = InitialSnapshot(snapshot)
+        prepare_target(self.applier.session, loaded)
+        counted: list[int] = []
+        self.applier.start(lambda tx: counted.append(load_rows(tx, loaded)), loaded_tables=len(loaded.tables),
+                           start_point=start_point)
+        self.initial_load = (sum(counted), len(loaded.tables))
+        return Checkpoint()
+
+
+class _Run:
+    """One run's reading, ordering and applying: made (the topics found), then ``begin``
+    from a checkpoint; ``steps`` yields after each poll."""
+
+    def __init__(self, replayer: Replayer) -> None:
+        self.settings = replayer.settings
+        self.applier = replayer.applier
+        self.topics = replayer.topics
+        self.quarantine = replayer.pipeline.directory / "quarantine.jsonl"
+        self.consumer = Consumer({**replayer.kafka, "group.id": f"gpcdc-replay-{self.topics.prefix}",
+                                  "enable.auto.commit": False, "enable.partition.eof": True,
+                                  "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100,
+                                  # Prefetch bounded: 16 MB queued, 8 MB per fetch (not 64 and 50).
+                                  "queued.max.messages.kbytes": 16384, "fetch.max.bytes": 8 << 20})
+        self.spill_dir = tempfile.TemporaryDirectory(prefix="gpcdc-spill-", dir=self.settings.spill_dir)
+        try:
+            self.partitions = partitions_of(self.consumer, self.topics.changes)
+            partitions_of(self.consumer, self.topics.dtx)
+        except BaseException:
+            self.consumer.close()
+            raise
+        self.segments = len(self.partitions)
+
+    def begin(self, checkpoint: Checkpoint, identity: str) -> None:
+        """Start reading from ``checkpoint``; ``identity`` names the bootstrap whose
+        marker the partitions must begin with ("": not known here)."""
+        segments = self.partitions
+        self.framer = Framer(self.topics.prefix, legacy=self.settings.legacy_per_segment,
+                             read=checkpoint.read, lsn=checkpoint.lsn, spill_rows=self.settings.spill_rows,
+                             spill=lambda: SqliteSpill(self.spill_dir.name))
+        self.began_ms = int(time.time() * 1000)
+        self.started = time.monotonic()
+        self.stats_at_start = (self.applier.stats.transactions, self.applier.stats.rows, self.applier.stats.ddl)
+        unknown = sorted(set(checkpoint.read) - {COORDINATOR, *segments})
+        if unknown:
+            raise StreamError(f"{self.topics.changes} has {len(segments)} partitions, but this target's replay read "
+                              f"partitions {unknown} of it", fix="the topics were recreated: replay into a fresh target, "
+                              "or bootstrap again")
+        self.next = {p: checkpoint.resume.get(p, 0) for p in [COORDINATOR, *segments]}
+        self.first_offsets_seen: set[int] = set()
+        # Read from their very beginning: each partition must open with the pipeline's marker.
+        self.identity = identity
+        self.unmarked = {p for p, offset in self.next.items() if offset == 0 and not checkpoint.read}
+        self.window_end = {p: o for p, o in checkpoint.read.items() if o > self.next.get(p, 0)}
+        self.consumer.assign([TopicPartition(self.topics.changes, p, self.next[p]) for p in segments]
+                             + [TopicPartition(self.topics.dtx, 0, self.next[COORDINATOR])])
+        self.reassembler: Reassembler | SegmentOrder | None = None
+        self.applied_lsn = dict(checkpoint.applied_lsn)  # legacy replay: everything up to these is applied
+        self.window: list[Part | Record | Watermark] = []  # framed while reading the window
+        self.in_hand: deque[Whole] = deque()  # handed out by the reassembler, not applied yet
+        self.ends = EndTracker(list(self.next), idle=self.settings.idle, began_ms=self.began_ms)
+
+    def close(self) -> None:
+        self.consumer.close()
+        self.spill_dir.cleanup()
+
+    @property
+    def caught_up(self) -> bool:
+        return self.reassembler is not None and len(self.ends.ended) == len(self.next)
+
+    def steps(self) -> Iterator[None]:
+        while True:
+            polling = time.monotonic()
+            messages = self.consumer.consume(1000, 0.2)
+            self.ends.polled(time.monotonic() - polling)
+            for message in messages:
+                self._receive(message)
+            self._notice_ends()
+            if self.reassembler is None and not self.window_end:
+                self._open_reassembler()
+            if self.reassembler is not None:
+                self.in_hand.extend(self.reassembler.ready())
+                self._apply_ready()
+                missing = self.reassembler.missing()
+                if missing:
+                    raise MissingPartError(missing[0], self.topics, self.next[missing[0].segment])
+            yield
+
+    def _receive(self, message: Message) -> None:
+        error = message.error()
+        if error is not None:
+            partition = COORDINATOR if message.topic() == self.topics.dtx else (message.partition() or 0)
+            if error.code() != KafkaError._PARTITION_EOF:
+                raise BrokerError(f"Kafka failed while the replayer read {self._name(partition)}: {error.str()}",
+                                  fix="check the broker and kafka.bootstrap_servers")
+            self.ends.end_of_partition(partition)
+            return
+        partition, offset = located(message)
+        if message.topic() == self.topics.dtx:
+            partition = COORDINATOR
+        self.ends.message(partition, message.timestamp()[1])
+        if partition not in self.first_offsets_seen:
+            self.first_offsets_seen.add(partition)
+            if offset != self.next[partition]:
+                raise StreamError(f"{self._name(partition)} starts at offset {offset}, not at offset {self.next[partition]} where this "
+                                  "replay resumes: events were deleted (retention) or the topic was recreated",
+                                  fix="bootstrap the pipeline again and replay into a fresh target")
+        try:
+            value = orjson.loads(message.value() or b"")
+        except orjson.JSONDecodeError as e:
+            raise StreamError(f"message at offset {offset} of {message.topic()} partition {message.partition()} "
+                              f"is not JSON ({e})", fix="the topic holds something capture did not write; check "
+                              "kafka.topic_prefix") from None
+        self.next[partition] = offset + 1
+        if partition in self.unmarked:
+            if not is_pipeline_marker(value, self.identity or None):
+                owner = value.get("pipeline") if is_pipeline_marker(value) else None
+                raise StreamError(
+                    f"{self._name(partition)} does not begin with this pipeline's marker ("
+                    + (f"it holds bootstrap {owner}'s events, not {self.identity}'s" if owner else
+                       "its history is lost, or another writer's events are in it") + ")",
+                    fix="bootstrap the pipeline again and replay into a fresh target")
+            self.unmarked.discard(partition)
+            return
+        framed = self.framer.feed(partition, offset, value)
+        if framed is not None:
+            if self.reassembler is not None:
+                self._add(framed)
+            else:
+                self.window.append(framed)
+        if partition in self.window_end and offset + 1 >= self.window_end[partition]:
+            del self.window_end[partition]  # the window of this partition is read
+
+    def check_marked(self) -> None:
+        """Once read to the end: a partition read from its beginning that held nothing
+        at all lost its history (capture writes the marker before anything else)."""
+        if self.unmarked:
+            names = ", ".join(self._name(p) for p in sorted(self.unmarked))
+            raise StreamError(f"{names} hold no events, not even the pipeline's marker: capture has not started, "
+                              "or the topics lost their history",
+                              fix="start capture (`gpcdc capture start`); if it refuses to, bootstrap the pipeline "
+                                  "again and replay into a fresh target")
+
+    def _notice_ends(self) -> None:
+        self.ends.check(what=self.topics.changes)
+        # Only silence counts here: a message's timestamp comes from another host's clock.
+        for partition in [p for p in self.window_end if self.ends.silent(p)]:
+            raise StreamError(f"{self._name(partition)} ends at offset {self.next[partition]}, before offset "
+                              f"{self.window_end[partition]} that this target's replay had read",
+                              fix="the topics were recreated: replay into a fresh target, or bootstrap again")
+
+    def _name(self, partition: int) -> str:
+        return self.topics.dtx if partition == COORDINATOR else f"{self.topics.changes} partition {partition}"
+
+    def _open_reassembler(self) -> None:
+        if self.settings.legacy_per_segment:
+            # Applied in each partition's order, so the resume offsets alone are exact.
+            self.reassembler = SegmentOrder(self.segments, clock_skew_ms=self.settings.clock_skew_ms,
+                                            applied_lsn=self.applied_lsn)
+        else:
+            gxids = {f.gxid for f in self.window if isinstance(f, (Part, Record)) and f.gxid is not None}
+            self.reassembler = Reassembler(self.segments, clock_skew_ms=self.settings.clock_skew_ms,
+                                           applied=self.applier.applied_among(gxids) if gxids else set())
+        for framed in self.window:
+            self._add(framed)
+        self.window = []
+
+    def _add(self, framed: Part | Record | Watermark) -> None:
+        assert self.reassembler is not None
+        if isinstance(framed, Part):
+            self.reassembler.add_part(framed)
+        elif isinstance(framed, Record):
+            self.reassembler.add_record(framed)
+        else:
+            self.reassembler.add_watermark(framed.segment, framed.resolved_ts_ms, framed.prepared,
+                                           framed.prepared_ts_ms)
+
+    def _apply_ready(self) -> None:
+        while self.in_hand:
+            batch = self._next_batch()
+            checkpoint = self._checkpoint(after=len(batch))
+            try:
+                self.applier.apply(batch, checkpoint)
+            except DdlRefusedError as refused:
+                self._quarantine(refused)
+                raise
+            self.applied_lsn = dict(checkpoint.applied_lsn)
+            for whole in batch:
+                self.in_hand.popleft()
+                for part in whole.parts:
+                    if isinstance(part.payload, SqliteSpill):
+                        part.payload.close()
+
+    def _quarantine(self, refused: DdlRefusedError) -> None:
+        """Keep the refused record where an operator finds it, one JSON line each."""
+        self.quarantine.parent.mkdir(parents=True, exist_ok=True)
+        with self.quarantine.open("ab") as f:
+            f.write(orjson.dumps({"gxid": refused.gxid, "topic": self.topics.dtx, "offset": refused.offset,
+                                  "statement": refused.statement, "reason": refused.reason,
+                                  "refused_ms": int(time.time() * 1000)}) + b"\n")
+
+    def _next_batch(self) -> list[Whole]:
+        batch: list[Whole] = []
+        rows = 0
+        for whole in self.in_hand:
+            if whole.record is not None and whole.record.ddl:
+                return batch or [whole]  # DDL goes alone
+            size = sum(len(p.payload or ()) for p in whole.parts)
+            if batch and (len(batch) >= self.settings.batch_transactions or rows + size > self.settings.batch_rows):
+                break
+            batch.append(whole)
+            rows += size
+        return batch
+
+    def _checkpoint(self, after: int) -> Checkpoint:
+        """Where to resume once the first ``after`` transactions in hand are applied."""
+        assert self.reassembler is not None
+        unapplied = list(self.in_hand)[after:]
+        resume = resume_point(self.next, self.reassembler, unapplied, self.framer.resume_offsets())
+        applied_lsn = dict(self.applied_lsn)
+        if self.settings.legacy_per_segment:
+            for whole in list(self.in_hand)[:after]:
+                lsns = [(p.segment, p.commit_lsn) for p in whole.parts]
+                lsns += [(COORDINATOR, whole.record.commit_lsn)] if whole.record is not None else []
+                for partition, lsn in lsns:
+                    applied_lsn[partition] = max(applied_lsn.get(partition, -1), lsn)
+        return Checkpoint(resume, dict(self.next), dict(self.framer.last_lsn), applied_lsn)
+
+    def progress(self) -> Progress:
+        stats = self.applier.stats
+        transactions, rows, ddl = (stats.transactions - self.stats_at_start[0], stats.rows - self.stats_at_start[1],
+                                   stats.ddl - self.stats_at_start[2])
+        pending = (self.reassembler.pending if self.reassembler is not None else 0) + len(self.in_hand)
+        waiting = [commit_ts_ms(w) for w in self.in_hand]
+        if self.reassembler is not None and (oldest := self.reassembler.oldest_waiting_ts_ms()) is not None:
+            waiting.append(oldest)
+        lag = max(0, int(time.time() * 1000) - min(waiting)) if waiting else 0
+        return Progress(transactions, rows, ddl, pending, lag, time.monotonic() - self.started, self.caught_up)

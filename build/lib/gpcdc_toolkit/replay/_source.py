@@ -1,0 +1,235 @@
+"""From the pipeline's messages to parts, records and watermarks (pure).
+
+Messages come per partition, in partition order: partition ``s`` of the changes topic
+holds segment ``s``'s local transactions (the ``segment`` dispatcher), and the
+coordinator's topic is called partition -1 here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..errors import StreamError
+from ..protocol import PROTOCOL_VERSION
+from ._order import Part, Record
+
+COORDINATOR = -1
+_LEGACY_FIX = ("nothing was applied past this point; replay it segment by segment with --legacy-per-segment "
+               "(exact once every segment is replayed, but parts of distributed transactions can show until then), "
+               "or capture from a cluster that writes the gxid markers")
+
+
+class LegacyStreamError(StreamError):
+    """The stream was written with legacy markers: no gxid on segment parts, or no
+    participant list on commit records."""
+
+
+@dataclass(frozen=True)
+class Watermark:
+    segment: int
+    resolved_ts_ms: int
+    prepared: frozenset[int] | None = None  # gxids the node held prepared at prepared_ts_ms (None: not said)
+    prepared_ts_ms: int | None = None
+
+
+def _watermark(partition: int, value: Mapping[str, Any]) -> Watermark | None:
+    if value.get("resolved_ts_ms") is None:
+        return None
+    prepared = value.get("prepared")
+    return Watermark(partition, value["resolved_ts_ms"], frozenset(prepared) if prepared is not None else None,
+                     value.get("prepared_ts_ms"))
+
+
+def _damage(seqs: Iterable[int], event_count: Any) -> str | None:
+    """Why a part's rows are not whole, or None: a part is whole when it holds exactly
+    the END's count of row events, numbered 1..count (``seqs``: its numbers, ascending)."""
+    if not isinstance(event_count, int) or isinstance(event_count, bool):
+        return f"its END carries no event count ({event_count!r})"
+    held, absent, extra = 0, list[int](), list[int]()
+    expected = 1
+    for seq in seqs:
+        held += 1
+        if seq > event_count:
+            extra.append(seq)
+            continue
+        if len(absent) < 1000:  # enough to name them
+            absent.extend(range(expected, min(seq, expected + 1000)))
+        expected = seq + 1
+    if len(absent) < 1000:
+        absent.extend(range(expected, min(event_count + 1, expected + 1000)))
+    if held == event_count and not absent and not extra:
+        return None
+    what = f"it holds {held} of its {event_count} row events"
+    if absent:
+        what += f"; sequence numbers {_ranges(absent)} are absent"
+    if extra:
+        what += f"; sequence numbers {_ranges(extra[:1000])} lie past its count"
+    return what
+
+
+def _ranges(numbers: list[int]) -> str:
+    spans: list[list[int]] = []
+    for n in numbers:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    shown = [f"{a}" if a == b else f"{a}..{b}" for a, b in spans[:5]]
+    return ", ".join(shown) + (", ..." if len(spans) > 5 else "")
+
+
+class Spill(Protocol):
+    """Where a large part's row events go instead of memory, by sequence number (a
+    resend replaces); it is then the part's payload, read back in sequence order."""
+
+    def put(self, seq: int, event: Mapping[str, Any]) -> None: ...
+
+    def seqs(self) -> Iterator[int]: ...  # ascending
+
+    def __iter__(self) -> Iterator[Mapping[str, Any]]: ...  # the events, by sequence number
+
+    def __len__(self) -> int: ...
+
+
+@dataclass
+class _Open:
+    offset: int  # of its first BEGIN
+    rows: dict[int, Mapping[str, Any]] = field(default_factory=dict)  # by sequence: a resend replaces
+    spill: Spill | None = None  # where its rows went once there were too many to hold
+    gxid: int | None = None  # from its rows
+
+    def put(self, seq: int, event: Mapping[str, Any], limit: int, spill: Callable[[], Spill] | None) -> None:
+        self.gxid = event["source"].get("gxid") if self.gxid is None else self.gxid
+        if self.spill is not None:
+            self.spill.put(seq, event)
+            return
+        self.rows[seq] = event
+        if spill is not None and len(self.rows) > limit:
+            self.spill = spill()
+            for number in sorted(self.rows):
+                self.spill.put(number, self.rows[number])
+            self.rows = {}
+
+    def payload(self) -> tuple[Sequence[Mapping[str, Any]] | Spill, Iterable[int]]:
+        """The rows in sequence order, and their sequence numbers."""
+        if self.spill is not None:
+            return self.spill, self.spill.seqs()
+        numbers = sorted(self.rows)
+        return tuple(self.rows[n] for n in numbers), numbers
+
+
+class Framer:
+    """Turns messages into :class:`Part`, :class:`Record` and :class:`Watermark`."""
+
+    def __init__(self, topic_prefix: str = "", *, legacy: bool = False,
+                 read: Mapping[int, int] | None = None, lsn: Mapping[int, int] | None = None,
+                 spill: Callable[[], Spill] | None = None, spill_rows: int = 10_000) -> None:
+        self.topic_prefix = topic_prefix
+        # A part of more than spill_rows rows goes to a spill() (when given) as it comes,
+        # so that memory stays bounded whatever a source transaction's size.
+        self.spill, self.spill_rows = spill, spill_rows
+        self.legacy = legacy  # accept parts without gxid and records without segments
+        # What a run before a restart had read: per partition, the next offset and the
+        # highest commit LSN. A transaction at or past that offset with a commit LSN up
+        # to that one is a resend, whether or not it was applied.
+        self.read_before = dict(read or {})
+        self.lsn_before = dict(lsn or {})
+        self.last_lsn: dict[int, int] = dict(lsn or {})  # highest commit LSN framed, per partition
+        self._open: dict[tuple[int, int], _Open] = {}  # (segment, commit_lsn) -> rows so far
+        self._ddl: dict[int, tuple[int, list[str]]] = {}  # gxid -> (first offset, statements)
+
+    def feed(self, partition: int, offset: int, value: Mapping[str, Any]) -> Part | Record | Watermark | None:
+        framed = self._coordinator(offset, value) if partition == COORDINATOR else self._segment(partition, offset, value)
+        if not isinstance(framed, (Part, Record)):
+            return framed
+        if framed.offset >= self.read_before.get(partition, 0) and framed.commit_lsn <= self.lsn_before.get(partition, -1):
+            return None  # sent again after a capture restart; read (and dealt with) before ours
+        self.last_lsn[partition] = max(self.last_lsn.get(partition, -1), framed.commit_lsn)
+        return framed
+
+    def _segment(self, partition: int, offset: int, value: Mapping[str, Any]) -> Part | Watermark | None:
+        if "op" in value:
+            source = value["source"]
+            if source.get("version") != PROTOCOL_VERSION:
+                raise StreamError(
+                    f"the row event at offset {offset} of {self.topic_prefix}.changes partition {partition} was written "
+                    f"with protocol version {source.get('version')}, and this replayer reads version {PROTOCOL_VERSION} "
+                    "(version 1 wrote unchanged TOASTed values as a string that data can equal)",
+                    fix="capture the pipeline again with this version of the toolkit (gpcdc bootstrap create) and "
+                        "replay into a fresh target")
+            key = (source["segment"], source["commit_lsn"])
+            self._open.setdefault(key, _Open(offset)).put(source["seq"], value, self.spill_rows, self.spill)
+            return None
+        if value.get("resolved") is not None:
+            return _watermark(partition, value)
+        status = value.get("status")
+        if status is None:
+            return None
+        if value["segment"] != partition:
+            raise StreamError(f"partition {partition} of {self.topic_prefix}.changes holds events of segment {value['segment']}",
+                              fix="replay needs a pipeline captured with the segment dispatcher (the default)")
+        key = (value["segment"], value["commit_lsn"])
+        self._check_unended(partition, value["commit_lsn"], offset)
+        if status == "BEGIN":
+            self._open.setdefault(key, _Open(offset))
+            return None
+        opened = self._open.pop(key, None) or _Open(offset)
+        if (value["gxid"] is None or value["one_phase"] is None) and not self.legacy:
+            raise LegacyStreamError(
+                f"segment {partition}'s transaction at offset {opened.offset} of {self.topic_prefix}.changes has no "
+                f"{'gxid' if value['gxid'] is None else 'one-phase flag'} (legacy markers): "
+                "distributed transactions cannot be rebuilt from this stream",
+                fix=_LEGACY_FIX)
+        rows, numbers = opened.payload()
+        return Part(partition, value["gxid"], bool(value["one_phase"]), value["commit_lsn"], value["commit_ts_ms"], rows,
+                    opened.offset, _damage(numbers, value.get("event_count")))
+
+    def _check_unended(self, segment: int, commit_lsn: int, offset: int) -> None:
+        """A segment's transactions come one after another, each ended before the next
+        begins; one left open below a later one lost its END (a resend after a capture
+        restart starts over from an earlier transaction, never skips ahead)."""
+        for (s, lsn), opened in self._open.items():
+            if s == segment and lsn < commit_lsn:
+                gxid = f", gxid {opened.gxid}" if opened.gxid is not None else ""
+                raise StreamError(
+                    f"segment {segment}'s transaction at offset {opened.offset} of {self.topic_prefix}.changes "
+                    f"(commit LSN {lsn}{gxid}) has no END before the next "
+                    f"transaction at offset {offset}: its rows cannot be proven whole, and nothing of it or after it "
+                    "was applied", fix="restore the partition's events from capture, or bootstrap the pipeline again")
+
+    def _coordinator(self, offset: int, value: Mapping[str, Any]) -> Record | Watermark | None:
+        kind = value.get("type")
+        if kind == "resolved":
+            return _watermark(COORDINATOR, value)
+        if kind == "ddl":
+            first, statements = self._ddl.setdefault(value["gxid"], (offset, []))
+            if value["statement"] not in statements:  # a resend after a capture restart
+                statements.append(value["statement"])
+            return None
+        if kind != "commit":
+            return None
+        if value["segments"] is None and not self.legacy:
+            raise LegacyStreamError(
+                f"the commit record of gxid {value['gxid']} at offset {offset} of {self.topic_prefix}.dtx lists no "
+                "segments (legacy markers): whole distributed transactions cannot be told apart from partial ones",
+                fix=_LEGACY_FIX)
+        first, statements = self._ddl.pop(value["gxid"], (offset, []))
+        expected = value.get("ddl_count")
+        if expected is not None and expected != len(statements):
+            raise StreamError(
+                f"the commit record of gxid {value['gxid']} at offset {offset} of {self.topic_prefix}.dtx announces "
+                f"{expected} DDL records, and {len(statements)} came before it: a DDL record was lost; nothing of "
+                f"gxid {value['gxid']} or after it was applied", fix="bootstrap the pipeline again")
+        return Record(value["gxid"], tuple(value["segments"] or ()), value["commit_ts_ms"], tuple(statements),
+                      value["commit_lsn"], first)
+
+    def resume_offsets(self) -> dict[int, int]:
+        """Per partition, the first offset of a transaction begun but not ended."""
+        out: dict[int, int] = {}
+        for (segment, _lsn), opened in self._open.items():
+            out[segment] = min(out.get(segment, opened.offset), opened.offset)
+        for first, _statements in self._ddl.values():
+            out[COORDINATOR] = min(out.get(COORDINATOR, first), first)
+        return out

@@ -1,0 +1,346 @@
+"""A Greenplum-style sandbox cluster made of real PostgreSQL 15 servers on localhost.
+
+One coordinator and N segments, each its own server with its own data directory
+under ``<work_dir>/sandboxes/<name>/``. The coordinator carries the catalog and the
+controller functions (``controller.sql``); segments carry the data. The state file
+``sandbox.json`` names the nodes; servers are stopped through their own
+``postmaster.pid``, never by process name.
+
+PostgreSQL refuses to run as root, so under root the servers run as the ``postgres``
+OS user that Debian's server package creates.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from .._runtime import free_port, pid_alive, port_in_use, read_json, write_json
+from ..cluster import Cluster
+from ..errors import SandboxError, UnreachableError
+
+PG_MAJOR = 15
+SUPERUSER = "gpcdc"
+DATABASE = "postgres"
+_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,30}$")
+
+# The sandbox trades durability for speed (fsync off): it is for tests and demos, and
+# survives killed clients, not a killed machine. synchronous_commit stays on, because
+# logical decoding only sends WAL that is flushed: asynchronous commits would reach
+# change capture up to a WAL-writer cycle late.
+SERVER_SETTINGS = {
+    "listen_addresses": "'127.0.0.1'",
+    "unix_socket_directories": "''",
+    "wal_level": "logical",
+    "max_connections": "200",
+    "max_prepared_transactions": "200",
+    "max_replication_slots": "16",
+    "max_wal_senders": "16",
+    "fsync": "off",
+    "full_page_writes": "off",
+    "shared_buffers": "64MB",
+    "logical_decoding_work_mem": "64MB",
+    "log_min_messages": "warning",
+    "log_line_prefix": "'%m [%p] '",
+}
+
+
+def find_pg_bin() -> Path:
+    """The directory of the PostgreSQL 15 server binaries."""
+    candidates = []
+    if os.environ.get("GPCDC_PG_BIN"):
+        candidates.append(("GPCDC_PG_BIN", Path(os.environ["GPCDC_PG_BIN"])))
+    else:
+        candidates.append(("Debian's layout", Path(f"/usr/lib/postgresql/{PG_MAJOR}/bin")))
+        on_path = shutil.which("pg_ctl")
+        if on_path:
+            candidates.append(("PATH", Path(on_path).resolve().parent))
+    for _, directory in candidates:
+        if all((directory / tool).is_file() for tool in ("initdb", "pg_ctl", "postgres")):
+            version = subprocess.run([directory / "postgres", "--version"], capture_output=True, text=True).stdout
+            if f" {PG_MAJOR}." in version:
+                return directory
+    looked = ", ".join(f"{where} ({d})" for where, d in candidates)
+    raise SandboxError(
+        f"PostgreSQL {PG_MAJOR} server binaries (initdb, pg_ctl, postgres) not found; looked in {looked}",
+        fix=f"install the Debian package postgresql-{PG_MAJOR}, or set GPCDC_PG_BIN to their directory",
+    )
+
+
+def _server_user() -> pwd.struct_passwd | None:
+    """The unprivileged OS user that runs the servers when we are root; None otherwise."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return pwd.getpwnam("postgres")
+    except KeyError:
+        raise SandboxError(
+            "running as root, but there is no 'postgres' OS user to run the servers as",
+            fix=f"install the Debian package postgresql-{PG_MAJOR} (it creates that user), or run as a non-root user",
+        ) from None
+
+
+@dataclass(frozen=True)
+class SandboxNode:
+    content: int
+    port: int
+    datadir: str
+
+    @property
+    def name(self) -> str:
+        return "coordinator" if self.content == -1 else f"segment {self.content}"
+
+    def pid(self) -> int | None:
+        """The postmaster's pid, from its own pid file, when it is running."""
+        try:
+            first = Path(self.datadir, "postmaster.pid").read_text().split("\n", 1)[0]
+        except (FileNotFoundError, PermissionError):
+            return None
+        pid = int(first) if first.strip().isdigit() else None
+        return pid if pid_alive(pid) else None
+
+
+class Sandbox:
+    """A named sandbox under a work directory; :meth:`up` creates or starts it."""
+
+    def __init__(self, name: str, work_dir: str | os.PathLike[str]) -> None:
+        if not _NAME.match(name):
+            raise SandboxError(
+                f"invalid sandbox name {name!r}",
+                fix="use 1-31 lowercase letters, digits, '_' or '-', starting with a letter",
+            )
+        self.name = name
+        self.work_dir = Path(work_dir).absolute()
+        self.path = self.work_dir / "sandboxes" / name
+        self._state_file = self.path / "sandbox.json"
+
+    # -- state ---------------------------------------------------------------------
+    @property
+    def exists(self) -> bool:
+        return self._state_file.is_file()
+
+    def _state(self) -> dict[str, Any]:
+        if not self.exists:
+            others = sorted(p.name for p in (self.work_dir / "sandboxes").glob("*") if (p / "sandbox.json").is_file())
+            known = f" (there are: {', '.join(others)})" if others else ""
+            raise SandboxError(
+                f"no sandbox named {self.name!r} in {self.work_dir}{known}",
+                fix=f"create it with `gpcdc sandbox up --name {self.name}`",
+            )
+        return read_json(self._state_file)
+
+    @property
+    def nodes(self) -> list[SandboxNode]:
+        return [SandboxNode(**n) for n in self._state()["nodes"]]
+
+    @property
+    def dsn(self) -> str:
+        coordinator = self.nodes[0]
+        return f"host=127.0.0.1 port={coordinator.port} user={SUPERUSER} dbname={DATABASE}"
+
+    def cluster(self) -> Cluster:
+        try:
+            return Cluster.connect(self.dsn)
+        except UnreachableError as e:
+            raise UnreachableError(f"sandbox {self.name!r} does not answer: {e.message}",
+                                   fix=f"start it with `gpcdc sandbox up --name {self.name}`") from None
+
+    def status(self) -> list[tuple[SandboxNode, int | None]]:
+        """Each node with its postmaster pid, or None when it is not running."""
+        return [(node, node.pid()) for node in self.nodes]
+
+    # -- lifecycle -------------------------------------------------------------------
+    def up(self, segments: int = 3, base_port: int | None = None) -> Sandbox:
+        """Create and start the sandbox, or start it if it exists. Idempotent.
+
+        On failure, whatever this call started is stopped and whatever it created is
+        removed.
+        """
+        if self.exists:
+            state = self._state()
+            if len(state["nodes"]) - 1 != segments:
+                raise SandboxError(
+                    f"sandbox {self.name!r} exists with {len(state['nodes']) - 1} segments, not {segments}",
+                    fix=f"use --segments {len(state['nodes']) - 1}, or `gpcdc sandbox down --name {self.name} --remove` first",
+                )
+            started: list[SandboxNode] = []
+            try:
+                for node in self.nodes:
+                    if node.pid() is None:
+                        self._pg_ctl(node, "start")
+                        started.append(node)
+            except BaseException:
+                for node in started:
+                    self._stop(node)
+                raise
+            return self
+        if not 1 <= segments <= 64:
+            raise SandboxError(f"a sandbox needs 1 to 64 segments, not {segments}")
+        pg_bin, user = find_pg_bin(), _server_user()
+        ports = self._choose_ports(segments + 1, base_port)
+        nodes = [
+            SandboxNode(content, port, str(self.path / ("coordinator" if content == -1 else f"seg{content}")))
+            for content, port in zip(range(-1, segments), ports)
+        ]
+        self._check_reachable(user)
+        self._clear_half_created()
+        self.path.mkdir(parents=True)
+        state = {"name": self.name, "pg_bin": str(pg_bin), "os_user": user.pw_name if user else None,
+                 "nodes": [asdict(n) for n in nodes]}
+        started = []
+        try:
+            (self.path / "logs").mkdir()
+            if user:
+                os.chown(self.path / "logs", user.pw_uid, user.pw_gid)
+            write_json(self.path / "sandbox.json.creating", state)
+            with ThreadPoolExecutor(max_workers=4) as pool:
+                list(pool.map(lambda n: self._initdb(n, pg_bin, user), nodes))
+            for node in nodes:
+                self._pg_ctl(node, "start", pg_bin=pg_bin, user=user)
+                started.append(node)
+            self._install_controller(nodes)
+            os.replace(self.path / "sandbox.json.creating", self._state_file)
+        except BaseException:
+            for node in started:
+                self._stop(node, pg_bin=pg_bin, user=user)
+            shutil.rmtree(self.path, ignore_errors=True)
+            raise
+        return self
+
+    def down(self, *, remove: bool = False) -> None:
+        """Stop every node (by its pid file); with ``remove``, delete the data too."""
+        errors = []
+        for node in self.nodes:
+            try:
+                self._stop(node)
+            except SandboxError as e:
+                errors.append(str(e))
+        if errors:
+            raise SandboxError("; ".join(errors))
+        if remove:
+            shutil.rmtree(self.path)
+
+    # -- helpers -----------------------------------------------------------------------
+    def _clear_half_created(self) -> None:
+        """Stop and remove what a creation killed midway left behind."""
+        leftover = self.path / "sandbox.json.creating"
+        if leftover.is_file():
+            state = read_json(leftover)
+            for node in (SandboxNode(**n) for n in state["nodes"]):
+                if node.pid() is not None:
+                    self._pg_ctl(node, "stop", pg_bin=Path(state["pg_bin"]),
+                                 user=pwd.getpwnam(state["os_user"]) if state["os_user"] else None)
+            shutil.rmtree(self.path)
+        elif self.path.exists():
+            raise SandboxError(f"{self.path} exists but holds no sandbox", fix="remove that directory")
+
+    def _choose_ports(self, count: int, base_port: int | None) -> list[int]:
+        if base_port is None:
+            ports: list[int] = []
+            while len(ports) < count:
+                port = free_port()
+                if port not in ports:
+                    ports.append(port)
+            return ports
+        ports = list(range(base_port, base_port + count))
+        if ports[0] < 1024 or ports[-1] > 65535:
+            raise SandboxError(f"ports {ports[0]}-{ports[-1]} are out of range", fix="choose a base port in 1024-65500")
+        taken = [p for p in ports if port_in_use(p)]
+        if taken:
+            raise SandboxError(
+                f"port {taken[0]} is taken by another process (the sandbox needs {ports[0]}-{ports[-1]})",
+                fix="choose another --base-port, or omit it to use free ports",
+            )
+        return ports
+
+    def _check_reachable(self, user: pwd.struct_passwd | None) -> None:
+        if user is None:
+            return
+        for parent in [self.work_dir, *self.work_dir.parents]:
+            if parent.exists() and not parent.stat().st_mode & 0o001:
+                raise SandboxError(
+                    f"the servers run as OS user {user.pw_name}, who cannot enter {parent} (mode {oct(parent.stat().st_mode & 0o777)})",
+                    fix="choose a work directory whose parent directories are world-executable (e.g. under /srv or /tmp)",
+                )
+
+    def _run_as(self, user: pwd.struct_passwd | None, argv: list[str], what: str) -> None:
+        kwargs: dict[str, Any] = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []} if user else {}
+        env = {**os.environ, "LC_ALL": "C.UTF-8"}
+        if user:
+            env["HOME"] = user.pw_dir
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd="/", **kwargs)
+        if done.returncode != 0:
+            detail = (done.stderr or done.stdout).strip().splitlines()
+            raise SandboxError(f"{what} failed: {detail[-1] if detail else f'exit {done.returncode}'}")
+
+    def _initdb(self, node: SandboxNode, pg_bin: Path, user: pwd.struct_passwd | None) -> None:
+        datadir = Path(node.datadir)
+        datadir.mkdir(mode=0o700)
+        if user:
+            os.chown(datadir, user.pw_uid, user.pw_gid)
+        self._run_as(
+            user,
+            [str(pg_bin / "initdb"), "-D", str(datadir), "-U", SUPERUSER, "--auth=trust", "-E", "UTF8",
+             "--locale=C.UTF-8", "--no-sync", "--no-instructions"],
+            f"initdb for {node.name}",
+        )
+        settings = {**SERVER_SETTINGS, "port": str(node.port)}
+        with (datadir / "postgresql.conf").open("a") as conf:
+            conf.write("\n# gpcdc sandbox\n" + "".join(f"{k} = {v}\n" for k, v in settings.items()))
+
+    def _pg_ctl(self, node: SandboxNode, action: str, *, pg_bin: Path | None = None,
+                user: pwd.struct_passwd | None = None) -> None:
+        if pg_bin is None:
+            state = self._state()
+            pg_bin = Path(state["pg_bin"])
+            user = pwd.getpwnam(state["os_user"]) if state["os_user"] else None
+        if action == "start":
+            if port_in_use(node.port):
+                raise SandboxError(
+                    f"cannot start {node.name} of sandbox {self.name!r}: port {node.port} is taken by another process",
+                    fix="stop that process, or remove the sandbox and create it again",
+                )
+            log = self.path / "logs" / f"{Path(node.datadir).name}.log"
+            argv = [str(pg_bin / "pg_ctl"), "start", "-D", node.datadir, "-l", str(log), "-w", "-t", "60", "-s"]
+        else:
+            argv = [str(pg_bin / "pg_ctl"), "stop", "-D", node.datadir, "-m", "fast", "-w", "-t", "60", "-s"]
+        try:
+            self._run_as(user, argv, f"pg_ctl {action} for {node.name} of sandbox {self.name!r}")
+        except SandboxError as e:
+            if action == "start":
+                raise SandboxError(f"{e.message} (see {self.path / 'logs'})") from None
+            raise
+
+    def _stop(self, node: SandboxNode, **kwargs: Any) -> None:
+        if node.pid() is not None:
+            self._pg_ctl(node, "stop", **kwargs)
+
+    def _install_controller(self, nodes: list[SandboxNode]) -> None:
+        controller = resources.files("gpcdc_toolkit.cluster").joinpath("controller.sql").read_text()
+        coordinator = nodes[0]
+        dsn = f"host=127.0.0.1 port={coordinator.port} user={SUPERUSER} dbname={DATABASE}"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            with conn.transaction():
+                conn.execute(controller)
+                with conn.cursor() as cur:
+                    cur.executemany(
+                        "INSERT INTO gp_dist.gp_segment_configuration VALUES "
+                        "(%s, %s, 'p', 'p', 'n', 'u', %s, '127.0.0.1', '127.0.0.1', %s)",
+                        [(dbid, n.content, n.port, n.datadir) for dbid, n in enumerate(nodes, start=1)],
+                    )
+            conn.execute(f'ALTER DATABASE {DATABASE} SET search_path = "$user", public, gp_dist')
+
+
+def list_sandboxes(work_dir: str | os.PathLike[str]) -> list[Sandbox]:
+    root = Path(work_dir) / "sandboxes"
+    return [Sandbox(p.name, work_dir) for p in sorted(root.glob("*")) if (p / "sandbox.json").is_file()]
