@@ -29,7 +29,7 @@ from gpcdc_toolkit.broker import EmbeddedBroker
 from gpcdc_toolkit.capture import CaptureGroup, CaptureWorker, WorkerSettings, wait_until_acknowledged
 from gpcdc_toolkit.cluster import Cluster, Session
 from gpcdc_toolkit.config import load_config
-from gpcdc_toolkit.protocol import Topics, parse_lsn
+from gpcdc_toolkit.protocol import Topics, kind_of, parse_lsn
 from gpcdc_toolkit.sandbox import Sandbox, find_pg_bin
 from gpcdc_toolkit.workload import WorkloadSpec, run_workload
 
@@ -106,7 +106,7 @@ def latency(cluster: Cluster, config, rate: float, seconds: float) -> None:
 
     for message in read_to_end(kafka, Topics(config.kafka.topic_prefix).changes):
         value = orjson.loads(message.value())
-        if value.get("status") == "END":
+        if kind_of(value) == "end":
             delays.append(message.timestamp()[1] - value["commit_ts_ms"])
     delays.sort()
     print(f"latency (workload {result.rate:.0f} dtx/s for {seconds:g} s, {len(delays)} local transactions):")

@@ -10,7 +10,7 @@ from typing import Any
 from ..config import Config
 from ..connect import kafka_client_settings
 from ..ingest import read_values
-from ..protocol import Topics, is_pipeline_marker
+from ..protocol import COORDINATOR, Topics, kind_of
 
 
 @dataclass
@@ -32,32 +32,34 @@ def read_captured(config: Config) -> Captured:
     out = Captured()
     seen: set[tuple[Any, ...]] = set()
     for _partition, _offset, v in read_values(kafka, topics.changes):
-        if is_pipeline_marker(v):
-            continue
-        if "op" in v:
+        kind = kind_of(v)
+        if kind == "row":
             identity: tuple[Any, ...] = (v["source"]["segment"], v["source"]["commit_lsn"], v["source"]["seq"])
-        elif "status" in v:
+        elif kind in ("begin", "end"):
             identity = (v["segment"], v["commit_lsn"], v["status"])
-        else:
+        elif kind == "resolved":
             out.watermarks[v["segment"]].append(v)
             continue
+        else:
+            continue  # the pipeline marker
         if identity in seen:
             out.duplicates += 1
             continue
         seen.add(identity)
-        if "op" in v:
+        if kind == "row":
             out.rows.append(v)
-        elif v["status"] == "END":
+        elif kind == "end":
             out.ends[(v["segment"], v["commit_lsn"])] = v
             if v["gxid"] is not None:
                 out.parts[v["gxid"]].add(v["segment"])
     for _partition, _offset, v in read_values(kafka, topics.dtx):
-        if v.get("type") == "commit":
+        kind = kind_of(v)
+        if kind == "commit":
             out.records[v["gxid"]] = tuple(v["segments"]) if v["segments"] is not None else None
-        elif v.get("type") == "ddl":
+        elif kind == "ddl":
             out.ddl.append(v)
-        elif not is_pipeline_marker(v):
-            out.watermarks[-1].append(v)
+        elif kind == "resolved":
+            out.watermarks[COORDINATOR].append(v)
     return out
 
 

@@ -1,6 +1,7 @@
 """The cluster interface: discovery, distributed transactions, routing."""
 
-from ._cluster import COORDINATOR, Cluster, Node, Table, TableRef, connect_dsn, quoted
+from ..protocol import COORDINATOR
+from ._cluster import Cluster, Node, Table, TableRef, connect_dsn, quoted
 from ._dtx import DistributedTransaction, Session, gid, gxid_of, resolve_in_doubt
 from ._routing import jump_consistent_hash, key_hash, segment_for
 

@@ -17,8 +17,7 @@ import psycopg
 from psycopg import conninfo, sql
 
 from ..errors import ClusterError, UnreachableError
-
-COORDINATOR = -1
+from ..protocol import COORDINATOR
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,9 @@ import psycopg
 from psycopg import sql
 
 from ..errors import DistributedTransactionError, GpcdcError
-from ..protocol import DdlError, parse_create_table
+from ..protocol import COORDINATOR, DdlError, parse_create_table
 from ..protocol import _markers as markers
-from ._cluster import COORDINATOR, Cluster, Node, Table, TableRef
+from ._cluster import Cluster, Node, Table, TableRef
 from ._routing import segment_for
 
 log = logging.getLogger(__name__)

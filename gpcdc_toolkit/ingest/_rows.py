@@ -14,6 +14,8 @@ from typing import Any
 
 import orjson
 
+from ..protocol import kind_of
+
 # (name, Spark SQL type). Stable: columns are only ever added at the end.
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("topic", "string"),
@@ -71,27 +73,27 @@ def to_row(topic: str, partition: int, offset: int, timestamp_ms: int | None,
         v = orjson.loads(value) if value is not None else None
         if not isinstance(v, dict):
             raise ValueError("not a JSON object")
-        if "op" in v:
+        kind = kind_of(v)
+        if kind == "row":
             s = v["source"]
             return head + ("row", s["segment"], s["gxid"], s["txId"], s["commit_lsn"], s["ts_ms"], v["op"],
                            s["schema"], s["table"], s["seq"], s["one_phase"],
                            key.decode() if key is not None else None, _image(v["before"]), _image(v["after"]),
                            None, None, None, None, None, None, None, v.get("unchanged"))
-        if "status" in v:
-            return head + (v["status"].lower(), v["segment"], v["gxid"], v["xid"], v["commit_lsn"],
+        if kind in ("begin", "end"):
+            return head + (kind, v["segment"], v["gxid"], v["xid"], v["commit_lsn"],
                            v["commit_ts_ms"], None, None, None, None, v.get("one_phase"), None, None, None,
                            v["event_count"], v.get("end_lsn"), None, None, None, None, None, None)
-        if "resolved" in v:
+        if kind == "resolved":
             return head + ("resolved", v["segment"], None, None, None, None, None, None, None, None, None, None,
                            None, None, None, None, None, None, v["resolved"], v.get("resolved_ts_ms"), None, None)
-        kind = v["type"]
         if kind == "pipeline":  # the first message of each partition: which bootstrap wrote it
             return head + ("pipeline", v["segment"]) + (None,) * (WIDTH - 6)
         if kind in ("commit", "ddl"):
             return head + (kind, v["segment"], v["gxid"], v["xid"], v["commit_lsn"], v["commit_ts_ms"],
                            None, None, None, None, None, None, None, None, None, None,
                            v.get("segments"), v.get("statement"), None, None, None, None)
-        raise ValueError(f"unknown message type {kind!r}")
+        raise ValueError(f"not a protocol message: {str(v)[:80]}")
     except (ValueError, KeyError, TypeError, AttributeError):
         raw = value.decode("utf-8", errors="replace") if value is not None else None
         return head + (None,) * (WIDTH - 6) + (raw, None)

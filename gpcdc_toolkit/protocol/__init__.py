@@ -1,17 +1,24 @@
-"""The event protocol: pgoutput decoding, transaction assembly, WAL markers, start points,
-and the Greenplum DDL syntax the stream carries (pure: no I/O library is imported)."""
+"""The event protocol: the wire format (``_events``: the one place the message kinds and
+their constants are defined), pgoutput decoding, transaction assembly, WAL markers, start
+points, and the Greenplum DDL syntax the stream carries (pure: no I/O library is imported)."""
 
-from ._assembler import (
+from ._assembler import Outbound, ProtocolError, TransactionAssembler, pipeline_marker
+from ._ddl import CreateTable, DdlError, parse_create_table
+from ._events import (
     COORDINATOR,
+    KINDS,
     PROTOCOL_VERSION,
     UNCHANGED,
-    Outbound,
-    ProtocolError,
-    TransactionAssembler,
+    CoordinatorRecord,
+    Kind,
+    PipelineMarker,
+    RowEvent,
+    Source,
+    TransactionEvent,
+    Watermark,
     is_pipeline_marker,
-    pipeline_marker,
+    kind_of,
 )
-from ._ddl import CreateTable, DdlError, parse_create_table
 from ._markers import CommitRecord, DdlRecord, GxidMarker, MarkerError, OnePhaseMarker
 from ._pgoutput import UNCHANGED_TOAST, PgoutputError, convert, parse
 from ._startpoint import DistributedSnapshot, NodeStart, StartPoint, format_lsn, parse_lsn
@@ -19,7 +26,8 @@ from ._topics import Dispatcher, Topics
 
 __all__ = [
     "COORDINATOR", "PROTOCOL_VERSION", "UNCHANGED", "Outbound", "ProtocolError", "TransactionAssembler",
-    "is_pipeline_marker", "pipeline_marker",
+    "pipeline_marker", "KINDS", "CoordinatorRecord", "Kind", "PipelineMarker", "RowEvent", "Source",
+    "TransactionEvent", "Watermark", "is_pipeline_marker", "kind_of",
     "CreateTable", "DdlError", "parse_create_table",
     "CommitRecord", "DdlRecord", "GxidMarker", "MarkerError", "OnePhaseMarker",
     "UNCHANGED_TOAST", "PgoutputError", "convert", "parse",

@@ -23,11 +23,8 @@ import orjson
 from ..errors import StreamError
 from . import _markers as markers
 from . import _pgoutput as pg
+from ._events import COORDINATOR, PROTOCOL_VERSION, UNCHANGED
 from ._startpoint import StartPoint
-
-PROTOCOL_VERSION = 2  # 2: unchanged TOASTed values are listed in "unchanged", not written as a placeholder
-COORDINATOR = -1
-UNCHANGED = "unchanged"  # row event field: columns an update left out of "after" (TOASTed, not in the WAL)
 
 
 class ProtocolError(StreamError, ValueError):
@@ -47,12 +44,6 @@ def pipeline_marker(identity: str, content: int) -> Outbound:
     """The first message of each of a pipeline's partitions: which bootstrap wrote it."""
     return Outbound("pipeline", None, orjson.dumps({"type": "pipeline", "pipeline": identity, "segment": content,
                                                     "version": PROTOCOL_VERSION}))
-
-
-def is_pipeline_marker(value: Any, identity: str | None = None) -> bool:
-    """Whether a decoded message is a pipeline marker (of ``identity``, when given)."""
-    return (isinstance(value, dict) and value.get("type") == "pipeline"
-            and (identity is None or value.get("pipeline") == identity))
 
 
 def _converter(type_oid: int) -> Callable[[str | None], Any]:

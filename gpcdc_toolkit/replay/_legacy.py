@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ..protocol import COORDINATOR
 from ._order import Missing, Part, Record, Whole
 
 
@@ -66,7 +67,7 @@ class SegmentOrder:
 
     def add_watermark(self, segment: int, resolved_ts_ms: int, prepared: object = None,
                       prepared_ts_ms: int | None = None) -> None:
-        if segment == -1:
+        if segment == COORDINATOR:
             self._coordinator_watermark_ts_ms = max(self._coordinator_watermark_ts_ms, resolved_ts_ms)
             return
         log = self.logs[segment]

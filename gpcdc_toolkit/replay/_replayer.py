@@ -26,12 +26,12 @@ from ..config import Config
 from ..connect import kafka_client_settings, open_cluster
 from ..errors import BrokerError, GpcdcError, StreamError
 from ..ingest import EndTracker, located, partitions_of
-from ..protocol import Topics, is_pipeline_marker
+from ..protocol import COORDINATOR, Topics, is_pipeline_marker
 from ._apply import Applier, Checkpoint, DdlRefusedError, commit_ts_ms
 from ._legacy import SegmentOrder
 from ._load import load_rows, prepare_target
 from ._order import Missing, Part, Reassembler, Record, Whole, resume_point
-from ._source import COORDINATOR, Framer, Watermark
+from ._source import Framer, Watermark
 from ._spill import SqliteSpill
 
 log = logging.getLogger(__name__)

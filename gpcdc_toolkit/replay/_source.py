@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import StreamError
-from ..protocol import PROTOCOL_VERSION
+from ..protocol import COORDINATOR, PROTOCOL_VERSION, kind_of
 from ._order import Part, Record
 
-COORDINATOR = -1
 _LEGACY_FIX = ("nothing was applied past this point; replay it segment by segment with --legacy-per-segment "
                "(exact once every segment is replayed, but parts of distributed transactions can show until then), "
                "or capture from a cluster that writes the gxid markers")
@@ -150,7 +149,8 @@ class Framer:
         return framed
 
     def _segment(self, partition: int, offset: int, value: Mapping[str, Any]) -> Part | Watermark | None:
-        if "op" in value:
+        kind = kind_of(value)
+        if kind == "row":
             source = value["source"]
             if source.get("version") != PROTOCOL_VERSION:
                 raise StreamError(
@@ -162,17 +162,16 @@ class Framer:
             key = (source["segment"], source["commit_lsn"])
             self._open.setdefault(key, _Open(offset)).put(source["seq"], value, self.spill_rows, self.spill)
             return None
-        if value.get("resolved") is not None:
+        if kind == "resolved":
             return _watermark(partition, value)
-        status = value.get("status")
-        if status is None:
-            return None
+        if kind not in ("begin", "end"):
+            return None  # the pipeline marker
         if value["segment"] != partition:
             raise StreamError(f"partition {partition} of {self.topic_prefix}.changes holds events of segment {value['segment']}",
                               fix="replay needs a pipeline captured with the segment dispatcher (the default)")
         key = (value["segment"], value["commit_lsn"])
         self._check_unended(partition, value["commit_lsn"], offset)
-        if status == "BEGIN":
+        if kind == "begin":
             self._open.setdefault(key, _Open(offset))
             return None
         opened = self._open.pop(key, None) or _Open(offset)
@@ -200,7 +199,7 @@ class Framer:
                     "was applied", fix="restore the partition's events from capture, or bootstrap the pipeline again")
 
     def _coordinator(self, offset: int, value: Mapping[str, Any]) -> Record | Watermark | None:
-        kind = value.get("type")
+        kind = kind_of(value)
         if kind == "resolved":
             return _watermark(COORDINATOR, value)
         if kind == "ddl":

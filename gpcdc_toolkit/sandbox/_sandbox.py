@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 
 from .._runtime import free_port, pid_alive, port_in_use, read_json, write_json
-from ..cluster import Cluster
+from ..cluster import COORDINATOR, Cluster
 from ..errors import SandboxError, UnreachableError
 
 PG_MAJOR = 15
@@ -98,7 +98,7 @@ class SandboxNode:
 
     @property
     def name(self) -> str:
-        return "coordinator" if self.content == -1 else f"segment {self.content}"
+        return "coordinator" if self.content == COORDINATOR else f"segment {self.content}"
 
     def pid(self) -> int | None:
         """The postmaster's pid, from its own pid file, when it is running."""
@@ -189,7 +189,7 @@ class Sandbox:
         pg_bin, user = find_pg_bin(), _server_user()
         ports = self._choose_ports(segments + 1, base_port)
         nodes = [
-            SandboxNode(content, port, str(self.path / ("coordinator" if content == -1 else f"seg{content}")))
+            SandboxNode(content, port, str(self.path / ("coordinator" if content == COORDINATOR else f"seg{content}")))
             for content, port in zip(range(-1, segments), ports)
         ]
         self._check_reachable(user)
