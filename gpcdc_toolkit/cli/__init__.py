@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 from ..config import load_config
 from ..errors import GpcdcError
-from ._commands import COMMANDS, GROUPS, Command, add_config_flags
+from ._command import Command, add_config_flags
+from ._commands import COMMANDS, GROUPS
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,150 @@
+"""``gpcdc bootstrap``, ``gpcdc capture`` and ``gpcdc status``: a pipeline's slots and workers."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+from ..bootstrap import METHODS, Pipeline, bootstrap
+from ..broker import check_reachable
+from ..capture import (
+    CaptureGroup,
+    capture_status,
+    drop_pipeline,
+    run_worker,
+)
+from ..config import Config
+from ..connect import kafka_client_settings, open_cluster
+from ..protocol import StartPoint, format_lsn
+from ..protocol._topics import DISPATCHERS
+from ._command import Command, say
+
+
+class BootstrapCreate(Command):
+    name, help = "create", "create slots on every node at a consistent point, and export the initial snapshot"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--method", choices=METHODS, default="snapshot",
+                            help="peaceful: hold new transactions back while slots are made; "
+                                 "snapshot: filter by a distributed snapshot (default)")
+        parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for transactions or locks")
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+        reused: list[StartPoint] = []
+        start = bootstrap(open_cluster(config, "source"), pipeline, args.method, timeout=args.timeout,
+                          on_reuse=reused.append)
+        verb = "reused the existing" if reused else "created"
+        say(f"{verb} slot {pipeline.slot} on {len(start.nodes)} nodes ({start.method} method); "
+               f"start point: {pipeline.start_point_file}")
+        for node in start.nodes:
+            say(f"  node {node.content:>2}: consistent at {format_lsn(node.consistent_lsn)}, "
+                   f"snapshot at {format_lsn(node.snapshot_lsn)}")
+        if start.lock_window_ms is not None:
+            say(f"  new distributed transactions waited at most {start.lock_window_ms:.0f} ms")
+        if start.snapshot is not None:
+            say(f"  distributed snapshot: xmax {start.snapshot.xmax}, "
+                   f"{len(start.snapshot.in_progress)} in progress; cut took {start.extra.get('cut_ms')} ms")
+        return 0
+
+
+class BootstrapDrop(Command):
+    name, help = "drop", "drop the pipeline's slots and publications, and forget its start point"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--delete-topics", action="store_true", help="also delete the pipeline's Kafka topics")
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+        dropped = drop_pipeline(config, open_cluster(config, "source"), delete_topics=args.delete_topics)
+        if dropped.workers:
+            say("stopped the capture workers")
+        say(f"dropped slot {pipeline.slot} on {len(dropped.slots)} nodes" if dropped.slots
+            else f"no slot {pipeline.slot} on any node")
+        if dropped.directory:
+            say(f"removed {dropped.directory}")
+        if dropped.topics is not None:
+            say(f"deleted topics {', '.join(dropped.topics) or '(none existed)'}")
+        return 0
+
+
+def _add_capture_tuning(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dispatcher", choices=DISPATCHERS, default="segment",
+                        help="partition the changes topic by segment (default) or by key")
+    parser.add_argument("--max-buffered", type=int, default=1000,
+                        help="events of one transaction held back before it is streamed (bounds memory)")
+    parser.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between watermarks")
+
+
+class CaptureRun(Command):
+    name, help = "run", "run capture workers in the foreground (all nodes, or one with --node)"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--node", type=int, help="content id of the one node to capture")
+        _add_capture_tuning(parser)
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        if args.node is not None:
+            run_worker(config, args.node, dispatcher=args.dispatcher, max_buffered=args.max_buffered,
+                       heartbeat_interval=args.heartbeat_interval)
+            return 0
+        group = CaptureGroup(config, dispatcher=args.dispatcher, max_buffered=args.max_buffered,
+                             heartbeat_interval=args.heartbeat_interval)
+        check_reachable(kafka_client_settings(config)["bootstrap.servers"])
+        procs = [subprocess.Popen(group.worker_argv(node.content)) for node in group.pipeline.start_point().nodes]
+        say(f"capturing {len(procs)} nodes; Ctrl-C stops")
+        try:
+            codes = [p.wait() for p in procs]
+        except KeyboardInterrupt:
+            for p in procs:
+                p.terminate()
+            codes = [p.wait() for p in procs]
+        return max(codes, default=0)
+
+
+class CaptureStart(Command):
+    name, help = "start", "start capture workers in the background"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        _add_capture_tuning(parser)
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        check_reachable(kafka_client_settings(config)["bootstrap.servers"])
+        group = CaptureGroup(config, dispatcher=args.dispatcher, max_buffered=args.max_buffered,
+                             heartbeat_interval=args.heartbeat_interval)
+        started = group.start()
+        say(f"started {len(started)} capture workers" + (f": pids {sorted(started.values())}" if started else ""))
+        return 0
+
+
+class CaptureStop(Command):
+    name, help = "stop", "stop the background capture workers"
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        stopped = CaptureGroup(config).stop()
+        say(f"stopped {len(stopped)} capture workers")
+        return 0
+
+
+class Status(Command):
+    name, help = "status", "per node: slot position against the WAL, acknowledged commits, events, worker"
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        rows = capture_status(open_cluster(config, "source"), CaptureGroup(config))
+        say(f"{'node':>4} {'worker':<14} {'behind':>12} {'seconds':>8} {'events':>10} {'MB':>8} "
+               f"{'acked LSN':>12} {'last acked commit':<24}")
+        for r in rows:
+            say(f"{r.node:>4} {r.worker:<14} {r.bytes_behind:>12} {r.seconds_behind:>8} {r.events:>10} "
+                   f"{r.megabytes:>8.1f} {r.acked_lsn:>12} {r.last_commit:<24}")
+        troubled = [r for r in rows if r.state.startswith(("reconnecting", "waiting", "failed"))]
+        for r in troubled:
+            # A live worker that cannot reach Kafka, or one that stopped for good, says why.
+            print(f"gpcdc: node {r.node}'s capture worker is {r.state.split(':')[0]}"
+                  + (f": {r.last_error}" if r.last_error else ""), file=sys.stderr)
+        down = [str(r.node) for r in rows if not r.alive]
+        if down:
+            print(f"gpcdc: capture workers are not running for nodes {', '.join(down)} "
+                  f"(start them with `gpcdc capture start`)", file=sys.stderr)
+            return 3
+        return 3 if troubled else 0

@@ -1,0 +1,117 @@
+"""The main job on the embedded default, end to end: a sandbox source and target, the
+broker, bootstrap, capture under a workload, replay, and the checks that each stage
+equals the source. ``gpcdc demo`` runs it; it returns 0 when every check passed."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .bootstrap import InitialSnapshot, bootstrap
+from .broker import EmbeddedBroker, check_reachable
+from .capture import CaptureGroup, check_against_truth, drop_pipeline, read_captured, wait_until_acknowledged
+from .config import Config
+from .connect import kafka_client_settings
+from .errors import ConfigError
+from .protocol import Topics
+from .replay import Replayer, StatusLine
+from .sandbox import Sandbox
+from .workload import ACCOUNTS, EVENTS, WorkloadSpec, read_ground_truth, reset_tables, run_workload, verify
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    segments: int = 3
+    method: str = "snapshot"  # bootstrap method
+    keep: bool = False  # leave the sandboxes, the broker and capture running
+    workload: WorkloadSpec = dataclasses.field(default_factory=lambda: WorkloadSpec(hot_keys=10, duration=5.0))
+
+
+def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None] = print,
+             progress: Callable[[object], None] | None = None) -> int:
+    if config.source.dsn:
+        raise ConfigError("the demo runs on a sandbox, but source.dsn is set", fix="unset it, or run `gpcdc workload`")
+    spec = options.workload
+    started = time.monotonic()
+    sandbox = Sandbox(config.source.sandbox or "source", config.work_dir)
+    target = Sandbox(config.target.sandbox or "target", config.work_dir)
+    broker = EmbeddedBroker(config.work_dir)
+    group = CaptureGroup(config, heartbeat_interval=0.5)
+    pipeline = group.pipeline
+    try:
+        sandbox.up(segments=options.segments)
+        say(f"sandbox {sandbox.name!r}: coordinator + {options.segments} segments ({sandbox.dsn})")
+        if not config.kafka.bootstrap_servers:
+            broker.up()
+        servers = kafka_client_settings(config)["bootstrap.servers"]
+        check_reachable(servers)
+        say(f"Kafka: {servers}")
+        cluster = sandbox.cluster()
+        cluster.check_logical_decoding()
+        # A fresh start, so that the checks below compare like with like.
+        drop_pipeline(config, cluster, delete_topics=True)
+        reset_tables(cluster)
+
+        truth = config.work_dir / "demo-ground-truth.jsonl"
+        truth.unlink(missing_ok=True)
+        before = run_workload(cluster, dataclasses.replace(spec, duration=1.0, transactions=None),
+                              ground_truth=truth)
+        say(f"workload before the bootstrap: {before.summary()}")
+        start = bootstrap(cluster, pipeline, options.method)
+        snapshot = InitialSnapshot(pipeline.snapshot_dir)
+        rows = sum(sum(snapshot.row_counts(t).values()) for t in snapshot.tables)
+        say(f"bootstrap ({start.method}): slot {pipeline.slot} on {len(start.nodes)} nodes; "
+               f"initial snapshot of {rows} rows in {len(snapshot.tables)} tables")
+        group.start()
+        say(f"capture: {len(start.nodes)} workers streaming into {Topics(pipeline.prefix).changes} "
+               f"and {Topics(pipeline.prefix).dtx}")
+        result = run_workload(cluster, spec, ground_truth=truth, progress=progress)
+        if sys.stderr.isatty():
+            print(file=sys.stderr)
+        say(f"workload under capture: {result.summary()}")
+        wait_until_acknowledged(cluster, pipeline.slot)
+        for table, (expected, differ) in verify(cluster, truth, spec.hot_keys).items():
+            say(f"check {table}: {expected} rows expected from the ground-truth log, {differ} differ")
+            if differ:
+                return 1
+        captured = read_captured(config)
+        check = check_against_truth(captured, read_ground_truth(truth), start.snapshot.sees)  # type: ignore[union-attr]
+        say(f"check Kafka: {check.after} distributed transactions after the start point captured "
+               f"whole on every segment they touched, {check.before} before it left to the initial snapshot, "
+               f"{len(captured.rows)} row events, {len(check.problems)} problems")
+        for problem in check.problems[:10]:
+            say(f"  {problem}")
+        if not check.ok:
+            return 1
+
+        if target.exists:
+            target.down(remove=True)  # a fresh target, as the pipeline is fresh
+        target.up(segments=max(1, options.segments - 1))
+        say(f"target sandbox {target.name!r}: coordinator + {max(1, options.segments - 1)} segments")
+        status = StatusLine()
+        with Replayer(config) as replayer:
+            replayed = replayer.run(progress=status)
+        status.close()
+        if replayer.initial_load is not None:
+            say("replay: initial load of {} rows into {} tables".format(*replayer.initial_load))
+        say(f"replay: {replayed.line()}")
+        target_cluster = target.cluster()
+        for table in (ACCOUNTS, EVENTS):
+            on_source = sorted(r for rows in cluster.rows_by_segment(table).values() for r in rows)
+            on_target = sorted(r for rows in target_cluster.rows_by_segment(table).values() for r in rows)
+            say(f"check target {table}: {len(on_target)} rows, "
+                   f"{'equal to the source' if on_target == on_source else 'DIFFERENT from the source'}")
+            if on_target != on_source:
+                return 1
+        say(f"done in {time.monotonic() - started:.1f} s")
+    finally:
+        if not options.keep:
+            group.stop()
+            broker.down()
+            for cluster_sandbox in (sandbox, target):
+                if cluster_sandbox.exists:
+                    cluster_sandbox.down()
+    return 0
