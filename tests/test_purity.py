@@ -14,3 +14,16 @@ def test_the_pure_core_imports_no_io_library():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "", f"the pure core imported {done.stdout.strip()}"
+
+
+def test_a_capture_host_needs_neither_spark_nor_the_notebook_stack():
+    # Each of these made unimportable: the command line, bootstrap, capture and replay load all the same.
+    probe = ("import sys\n"
+             "for m in ('pyspark', 'pyarrow', 'pandas', 'plotly', 'papermill', 'great_expectations', 'ipywidgets'):\n"
+             "    sys.modules[m] = None\n"
+             "import gpcdc_toolkit.bootstrap, gpcdc_toolkit.capture, gpcdc_toolkit.replay, gpcdc_toolkit.demo\n"
+             "from gpcdc_toolkit.replay import Replayer\n"
+             "from gpcdc_toolkit.cli import build_parser\n"
+             "build_parser().parse_args(['capture', 'run', '--node', '0'])\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
