@@ -132,7 +132,8 @@ class Replayer:
         run = _Run(self)  # finds the topics before anything is written to the target
         last_report = 0.0
         try:
-            run.begin(self._start(), self._start_point_fingerprint())
+            identity = self._start_point_fingerprint()
+            run.begin(self._start(identity), identity)
             if self.settings.legacy_per_segment:
                 log.warning("replaying %s segment by segment (legacy markers): each row's history is replayed in "
                             "order and the target is exact once every segment is caught up, but until then it can "
@@ -159,11 +160,10 @@ class Replayer:
         """Which bootstrap of the pipeline this is ("" where its start point is not here)."""
         return self.pipeline.start_point().identity if self.pipeline.start_point_file.is_file() else ""
 
-    def _start(self) -> Checkpoint:
+    def _start(self, start_point: str) -> Checkpoint:
         # A replayer killed in a commit leaves prepared parts that hold row locks.
         resolve_in_doubt(self.target)
         state = self.applier.state()
-        start_point = self._start_point_fingerprint()
         if state is not None:
             if state.start_point and start_point and state.start_point != start_point:
                 raise GpcdcError(
