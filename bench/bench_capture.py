@@ -89,7 +89,7 @@ def throughput(cluster: Cluster, config, rows: int) -> None:
 
 def latency(cluster: Cluster, config, rate: float, seconds: float) -> None:
     bootstrap(cluster, Pipeline(config.work_dir, config.kafka.topic_prefix), "snapshot")
-    group = CaptureGroup(config, heartbeat_interval=1.0)
+    group = CaptureGroup(config)
     group.start()
     try:
         result = run_workload(cluster, WorkloadSpec(threads=4, duration=seconds, rate=rate, hot_keys=10))
@@ -115,7 +115,7 @@ def latency(cluster: Cluster, config, rate: float, seconds: float) -> None:
 
 
 def memory(cluster: Cluster, config, large_mb: int) -> None:
-    group = CaptureGroup(config, max_buffered=1000)
+    group = CaptureGroup(config)
     group.start()
     try:
         rows = large_mb * 1000  # 1000-byte payloads

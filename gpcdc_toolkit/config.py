@@ -1,81 +1,258 @@
 """Typed configuration, resolved from a TOML file, the environment and flags.
 
-Every setting has one dotted name (``source.dsn``), one environment variable
-(``GPCDC_SOURCE_DSN``) and one flag (``--source-dsn``). Flags win over the
-environment, which wins over the file, which wins over the defaults. The file is
-``--config``, else ``$GPCDC_CONFIG``, else ``./gpcdc.toml`` when it exists.
+The configuration is declared once, as typed sections (dataclasses of ``setting``
+fields). Each setting's dotted name (``replay.batch_transactions``), which is also its
+key in the file (``[replay] batch_transactions = 100``), its environment variable
+(``GPCDC_REPLAY_BATCH_TRANSACTIONS``) and its flag (``--replay-batch-transactions``)
+are derived from that declaration. Flags win over the environment, which wins over the
+file, which wins over the defaults. The file is ``--config``, else ``$GPCDC_CONFIG``,
+else ``./gpcdc.toml`` when it exists.
 
 A cluster is named either by a coordinator DSN or by the name of a sandbox under the
 work directory; the defaults are the sandboxes ``source`` and ``target`` and the
 embedded broker, so that everything runs on one machine with no configuration.
+
+A new stage (audit, validate, report) adds its section as one more dataclass and one
+more field of ``Config``; nothing else changes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
-from collections.abc import Mapping
+import typing
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .protocol._topics import DISPATCHERS
 
 ENV_PREFIX = "GPCDC_"
 DEFAULT_FILE = "gpcdc.toml"
 
-# name -> (default, help). Every value is a string until validated below.
-SETTINGS: dict[str, tuple[str | None, str]] = {
-    "work_dir": (".gpcdc", "directory for sandboxes, the broker and state"),
-    "source.dsn": (None, "coordinator DSN of the source cluster"),
-    "source.sandbox": ("source", "sandbox name of the source cluster (when no DSN)"),
-    "target.dsn": (None, "coordinator DSN of the target cluster"),
-    "target.sandbox": ("target", "sandbox name of the target cluster (when no DSN)"),
-    "kafka.bootstrap_servers": (None, "Kafka bootstrap servers; unset: the embedded broker"),
-    "kafka.topic_prefix": ("gpcdc", "prefix of every topic the toolkit writes"),
-    "spark.master": ("local[2]", "Spark master URL"),
-}
+
+def setting(default: Any, help: str, *, choices: tuple[str, ...] = (), minimum: float | None = None,
+            check: Callable[[Any], str | None] | None = None) -> Any:
+    """A configurable field: its default, a help line, and what values it accepts
+    (``check`` returns what is wrong with a value, or None)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum, "check": check})
 
 
-def env_var(name: str) -> str:
-    return ENV_PREFIX + name.replace(".", "_").upper()
+def internal(default: Any = dataclasses.MISSING, **kwargs: Any) -> Any:
+    """A field of a section that is not a setting (set by code or a command's own flag)."""
+    if default is dataclasses.MISSING:
+        return field(metadata={"internal": True}, **kwargs)
+    return field(default=default, metadata={"internal": True}, **kwargs)
 
 
-def flag(name: str) -> str:
-    return "--" + name.replace(".", "-").replace("_", "-")
+def _topic_prefix_problem(prefix: str) -> str | None:
+    if prefix and all(c.isalnum() or c in "._-" for c in prefix):
+        return None
+    return "is not a valid topic prefix: use letters, digits, '.', '_' or '-'"
 
 
 @dataclass(frozen=True)
 class ClusterRef:
     """Where a cluster is: a coordinator DSN, or a sandbox of this work directory."""
 
-    dsn: str | None
-    sandbox: str | None
+    dsn: str | None = setting(None, "coordinator DSN of the cluster")
+    sandbox: str | None = setting(None, "sandbox name of the cluster (when no DSN)")
 
     def describe(self) -> str:
         return f"dsn {self.dsn!r}" if self.dsn else f"sandbox {self.sandbox!r}"
 
 
 @dataclass(frozen=True)
+class SourceRef(ClusterRef):
+    dsn: str | None = setting(None, "coordinator DSN of the source cluster")
+    sandbox: str | None = setting("source", "sandbox name of the source cluster (when no DSN)")
+
+
+@dataclass(frozen=True)
+class TargetRef(ClusterRef):
+    dsn: str | None = setting(None, "coordinator DSN of the target cluster")
+    sandbox: str | None = setting("target", "sandbox name of the target cluster (when no DSN)")
+
+
+@dataclass(frozen=True)
 class KafkaSettings:
-    bootstrap_servers: str | None  # None: the embedded broker of the work directory
-    topic_prefix: str
-    client: Mapping[str, str] = field(default_factory=dict)  # extra librdkafka settings
+    bootstrap_servers: str | None = setting(None, "Kafka bootstrap servers; unset: the embedded broker")
+    topic_prefix: str = setting("gpcdc", "prefix of every topic the toolkit writes", check=_topic_prefix_problem)
+    # Extra librdkafka settings: the file's table [kafka.client] only.
+    client: Mapping[str, str] = internal(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    master: str = setting("local[2]", "Spark master URL")
+
+
+@dataclass(frozen=True)
+class CaptureSettings:
+    dispatcher: str = setting("segment", "partition the changes topic by segment or by key", choices=DISPATCHERS)
+    heartbeat_interval: float = setting(1.0, "seconds between resolved watermarks", minimum=0.01)
+    max_buffered: int = setting(1000, "events of one transaction held back before it is streamed", minimum=1)
+    ack_interval: float = setting(0.5, "seconds between acknowledgements to the slot", minimum=0.01)
+    flush_timeout: float = setting(10.0, "seconds Kafka may take to confirm a batch before the session restarts",
+                                   minimum=0.1)
+    max_backoff: float = setting(30.0, "longest wait, in seconds, between reconnection attempts", minimum=0.1)
+    producer_queue_kbytes: int = setting(65536, "the Kafka producer's buffer, in KiB", minimum=1024)
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    batch_transactions: int = setting(500, "source transactions per target transaction, at most", minimum=1)
+    batch_rows: int = setting(20_000, "rows per target transaction, at most (a larger transaction goes alone)",
+                              minimum=1)
+    clock_skew_ms: int = setting(1000, "how far, in ms, a segment's clock may lag the coordinator's", minimum=0)
+    idle: float = setting(1.0, "seconds of silence after which a partition counts as read to its end", minimum=0.01)
+    initial_load: bool = setting(True, "load the bootstrap's snapshot before the first transaction")
+    legacy_per_segment: bool = setting(False, "replay a stream written with legacy markers segment by segment: "
+                                              "exact once caught up, but parts of distributed transactions can "
+                                              "show until then")
+    spill_rows: int = setting(2_000, "rows of one part held in memory; past that they go to a file", minimum=1)
+    chunk_rows: int = setting(5_000, "row events folded and written at a time within a batch", minimum=1)
+    spill_dir: str | None = setting(None, "directory of spilled parts (default: the system's temporary directory)")
+    # gxids whose refused DDL was given to the target by hand: `gpcdc replay --skip-ddl`.
+    skip_ddl: frozenset[int] = internal(frozenset())
 
 
 @dataclass(frozen=True)
 class Config:
-    work_dir: Path
-    source: ClusterRef
-    target: ClusterRef
-    kafka: KafkaSettings
-    spark_master: str
-    origins: Mapping[str, str] = field(default_factory=dict)  # setting -> where it came from
+    work_dir: Path = setting(Path(".gpcdc"), "directory for sandboxes, the broker and state")
+    source: ClusterRef = field(default_factory=SourceRef)
+    target: ClusterRef = field(default_factory=TargetRef)
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    spark: SparkSettings = field(default_factory=SparkSettings)
+    capture: CaptureSettings = field(default_factory=CaptureSettings)
+    replay: ReplaySettings = field(default_factory=ReplaySettings)
+    origins: Mapping[str, str] = internal(default_factory=dict)  # setting -> where its value came from
 
     def cluster(self, role: str) -> ClusterRef:
         if role not in ("source", "target"):
             raise ConfigError(f"unknown cluster role {role!r}", fix="use 'source' or 'target'")
         return self.source if role == "source" else self.target
+
+    def value(self, name: str) -> Any:
+        """The value of a setting by its dotted name."""
+        section, _, key = name.rpartition(".")
+        return getattr(getattr(self, section) if section else self, key)
+
+    def with_settings(self, values: Mapping[str, object]) -> Config:
+        """This configuration with some settings changed, checked as flags are."""
+        unknown = sorted(set(values) - set(SETTINGS))
+        if unknown:
+            raise ConfigError(f"unknown setting(s) {', '.join(unknown)}", fix=f"known: {', '.join(SETTINGS)}")
+        sections: dict[str, dict[str, Any]] = {}
+        top: dict[str, Any] = {}
+        origins = dict(self.origins)
+        for name, raw in values.items():
+            spec = SETTINGS[name]
+            (sections.setdefault(spec.section, {}) if spec.section else top)[spec.key] = spec.parse(raw, "code")
+            origins[name] = "code"
+        changed = {s: dataclasses.replace(getattr(self, s), **kv) for s, kv in sections.items()}
+        return dataclasses.replace(self, **top, **changed, origins=origins)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting as derived from its declaration."""
+
+    section: str  # "" for the top-level ones
+    key: str
+    type: type
+    optional: bool
+    default: Any
+    help: str
+    choices: tuple[str, ...]
+    minimum: float | None
+    check: Callable[[Any], str | None] | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.section}.{self.key}" if self.section else self.key
+
+    @property
+    def env_var(self) -> str:
+        return ENV_PREFIX + self.name.replace(".", "_").upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace(".", "-").replace("_", "-")
+
+    def parse(self, raw: object, origin: str) -> Any:
+        """The typed value of ``raw`` (a string from a flag or the environment, or a TOML
+        value), or a ConfigError naming the setting, the value and where it came from."""
+        def bad(what: str) -> ConfigError:
+            return ConfigError(f"{self.name} = {raw!r} ({origin}) {what}")
+
+        if raw is None or raw == "":
+            if self.optional:
+                return None
+            raise ConfigError(f"{self.name} is empty ({origin})",
+                              fix=f"give it a value, or unset it for the default {self.default!r}")
+        value: Any
+        if self.type is bool:
+            if isinstance(raw, bool):
+                value = raw
+            elif str(raw).strip().lower() in ("1", "true", "yes", "on"):
+                value = True
+            elif str(raw).strip().lower() in ("0", "false", "no", "off"):
+                value = False
+            else:
+                raise bad("is not a boolean: use true or false")
+        elif self.type in (int, float):
+            kind = "an integer" if self.type is int else "a number"
+            if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
+                raise bad(f"is not {kind}")
+            try:
+                value = self.type(str(raw))  # through str: 1.5 is no integer, though int(1.5) is 1
+            except ValueError:
+                raise bad(f"is not {kind}") from None
+            if self.minimum is not None and value < self.minimum:
+                raise bad(f"is below the minimum {self.minimum:g}")
+        elif self.type is Path:
+            if not isinstance(raw, (str, os.PathLike)):
+                raise bad("is not a path")
+            value = Path(raw)
+        else:
+            if not isinstance(raw, (str, int)) or isinstance(raw, bool):
+                raise bad(f"must be a string, not {type(raw).__name__}")
+            value = str(raw)
+        if self.choices and value not in self.choices:
+            raise bad(f"is not one of {', '.join(self.choices)}")
+        problem = self.check(value) if self.check else None
+        if problem:
+            raise bad(problem)
+        return value
+
+
+def _fields(cls: type, section: str) -> Iterator[Setting]:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("internal") or "help" not in f.metadata:
+            continue
+        hint = hints[f.name]
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        optional = len(args) == 1 and type(None) in typing.get_args(hint)
+        yield Setting(section, f.name, args[0] if optional else hint, optional, f.default,
+                      f.metadata["help"], f.metadata["choices"], f.metadata["minimum"], f.metadata["check"])
+
+
+def _declared() -> dict[str, Setting]:
+    out = {s.name: s for s in _fields(Config, "")}
+    for f in dataclasses.fields(Config):
+        section = f.default_factory
+        if isinstance(section, type) and dataclasses.is_dataclass(section):
+            out.update({s.name: s for s in _fields(section, f.name)})
+    return out
+
+
+SETTINGS: dict[str, Setting] = _declared()
+SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(s.section for s in SETTINGS.values() if s.section))
 
 
 def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -107,19 +284,16 @@ def _read_file(path: Path, where: str) -> dict[str, Any]:
     client = values.get("kafka.client", {})
     if not isinstance(client, Mapping):
         raise ConfigError(f"{path}: kafka.client must be a table of librdkafka settings")
-    for name, value in values.items():
-        if name != "kafka.client" and not isinstance(value, (str, int)):
-            raise ConfigError(f"{path}: {name} must be a string, not {type(value).__name__}")
     return values
 
 
 def load_config(
-    flags: Mapping[str, str | None] | None = None,
+    flags: Mapping[str, object] | None = None,
     *,
     config_file: str | os.PathLike[str] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Config:
-    """Resolve the configuration; ``flags`` maps setting names to flag values (None: unset)."""
+    """Resolve the configuration; ``flags`` maps setting names to values (None: unset)."""
     environ = os.environ if environ is None else environ
     flags = {k: v for k, v in (flags or {}).items() if v is not None}
     unknown = sorted(set(flags) - set(SETTINGS))
@@ -139,23 +313,26 @@ def load_config(
         tried.append(f"file ./{DEFAULT_FILE}")
     else:
         tried.append(f"file ./{DEFAULT_FILE} (absent)")
-    tried += ["environment GPCDC_*", "flags"]
+    tried += [f"environment {ENV_PREFIX}*", "flags"]
 
-    values: dict[str, str | None] = {}
+    sections: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+    top: dict[str, Any] = {}
     origins: dict[str, str] = {}
-    for name, (default, _help) in SETTINGS.items():
-        value, origin = default, "default"
+    for name, spec in SETTINGS.items():
+        value, origin = spec.default, "default"
         if name in file_values:
-            value, origin = str(file_values[name]), "file"
-        if env_var(name) in environ:
-            value, origin = environ[env_var(name)], f"environment {env_var(name)}"
+            value, origin = spec.parse(file_values[name], "file"), "file"
+        if spec.env_var in environ:
+            origin = f"environment {spec.env_var}"
+            value = spec.parse(environ[spec.env_var], origin)
         if name in flags:
-            value, origin = str(flags[name]), f"flag {flag(name)}"
-        values[name] = value if value != "" else None
+            origin = f"flag {spec.flag}"
+            value = spec.parse(flags[name], origin)
+        (sections[spec.section] if spec.section else top)[spec.key] = value
         origins[name] = origin
 
-    def cluster(role: str) -> ClusterRef:
-        dsn, sandbox = values[f"{role}.dsn"], values[f"{role}.sandbox"]
+    def cluster(role: str, cls: type[ClusterRef]) -> ClusterRef:
+        dsn, sandbox = sections[role]["dsn"], sections[role]["sandbox"]
         explicit_sandbox = origins[f"{role}.sandbox"] != "default"
         if dsn and explicit_sandbox and sandbox:
             raise ConfigError(
@@ -164,28 +341,21 @@ def load_config(
                 fix=f"set only one of {role}.dsn and {role}.sandbox",
             )
         if not dsn and not sandbox:
+            dsn_spec, sandbox_spec = SETTINGS[f"{role}.dsn"], SETTINGS[f"{role}.sandbox"]
             raise ConfigError(
                 f"no {role} cluster configured; looked in {', '.join(tried)}",
-                fix=f"set {flag(role + '.dsn')} / {env_var(role + '.dsn')} or {flag(role + '.sandbox')}",
+                fix=f"set {dsn_spec.flag} / {dsn_spec.env_var} or {sandbox_spec.flag} / {sandbox_spec.env_var}",
             )
-        return ClusterRef(dsn=dsn, sandbox=None if dsn else sandbox)
+        return cls(dsn=dsn, sandbox=None if dsn else sandbox)
 
-    prefix = values["kafka.topic_prefix"] or ""
-    if not prefix or not all(c.isalnum() or c in "._-" for c in prefix):
-        raise ConfigError(
-            f"kafka.topic_prefix {prefix!r} ({origins['kafka.topic_prefix']}) is not a valid topic prefix",
-            fix="use letters, digits, '.', '_' or '-'",
-        )
     client = file_values.get("kafka.client", {})
     return Config(
-        work_dir=Path(values["work_dir"] or ".gpcdc").absolute(),
-        source=cluster("source"),
-        target=cluster("target"),
-        kafka=KafkaSettings(
-            bootstrap_servers=values["kafka.bootstrap_servers"],
-            topic_prefix=prefix,
-            client={str(k): str(v) for k, v in client.items()},
-        ),
-        spark_master=values["spark.master"] or "local[2]",
+        work_dir=Path(top["work_dir"]).absolute(),
+        source=cluster("source", SourceRef),
+        target=cluster("target", TargetRef),
+        kafka=KafkaSettings(**sections["kafka"], client={str(k): str(v) for k, v in client.items()}),
+        spark=SparkSettings(**sections["spark"]),
+        capture=CaptureSettings(**sections["capture"]),
+        replay=ReplaySettings(**sections["replay"]),
         origins=origins,
     )

@@ -39,7 +39,7 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
     sandbox = Sandbox(config.source.sandbox or "source", config.work_dir)
     target = Sandbox(config.target.sandbox or "target", config.work_dir)
     broker = EmbeddedBroker(config.work_dir)
-    group = CaptureGroup(config, heartbeat_interval=0.5)
+    group = CaptureGroup(config.with_settings({"capture.heartbeat_interval": 0.5}))
     pipeline = group.pipeline
     try:
         sandbox.up(segments=options.segments)

@@ -107,7 +107,7 @@ def replay_target(source, broker, work_dir):
                           "kafka.topic_prefix": f"r{uuid.uuid4().hex[:8]}", "source.sandbox": "source",
                           "target.sandbox": target.name}, environ={})
     pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
-    group = CaptureGroup(config, heartbeat_interval=0.3)
+    group = CaptureGroup(config.with_settings({"capture.heartbeat_interval": 0.3}))
     try:
         yield target, config, pipeline, group
     finally:

@@ -149,7 +149,7 @@ def test_snapshot_filter_cuts_between_slots_and_start_point(source, config):
     for segment in (0, 1):
         gxids = slot_gxids(source, source.segments[segment], pipeline)
         assert before in gxids and across in gxids  # both decoded; the filter decides
-    group = CaptureGroup(config, heartbeat_interval=0.3)
+    group = CaptureGroup(config.with_settings({"capture.heartbeat_interval": 0.3}))
     group.start()
     wait_until_acknowledged(source, pipeline.slot)
     captured = read_captured(config)
@@ -171,7 +171,7 @@ def test_bootstrap_under_load_captures_every_later_transaction_whole(source, con
         while not truth.exists() or truth.stat().st_size < 30_000:
             assert load.is_alive()  # the workload runs before the bootstrap starts
         start = bootstrap(source, pipeline_of(config), method, timeout=30)
-        group = CaptureGroup(config, heartbeat_interval=0.3)
+        group = CaptureGroup(config.with_settings({"capture.heartbeat_interval": 0.3}))
         group.start()
         with Session(source) as session:
             session.ddl("ALTER TABLE wl_events ADD COLUMN extra text")
@@ -204,7 +204,7 @@ def test_sigkill_at_random_moments_loses_nothing(source, config, work_dir):
     run_workload(source, WorkloadSpec(threads=1, transactions=1))
     pipeline = pipeline_of(config)
     start = bootstrap(source, pipeline, "snapshot")
-    group = CaptureGroup(config, heartbeat_interval=0.2)
+    group = CaptureGroup(config.with_settings({"capture.heartbeat_interval": 0.2}))
     group.start()
     truth = work_dir / "truth-kill.jsonl"
     truth.unlink(missing_ok=True)
@@ -242,7 +242,7 @@ def test_large_transaction_with_bounded_worker_memory(source, config):
     run_workload(source, WorkloadSpec(threads=1, transactions=1))
     pipeline = pipeline_of(config)
     bootstrap(source, pipeline, "snapshot")
-    group = CaptureGroup(config, max_buffered=1000)
+    group = CaptureGroup(config)
     group.start()
     rows = 300_000
     with Session(source) as session, session.transaction() as tx:
@@ -265,7 +265,7 @@ def test_large_transaction_with_bounded_worker_memory(source, config):
 def test_idle_segments_advance_their_watermarks(source, config):
     pipeline = pipeline_of(config)
     bootstrap(source, pipeline, "snapshot")
-    group = CaptureGroup(config, heartbeat_interval=0.2)
+    group = CaptureGroup(config.with_settings({"capture.heartbeat_interval": 0.2}))
     group.start()
     stop = threading.Event()
     while True:
@@ -342,7 +342,7 @@ def test_nothing_is_acknowledged_while_kafka_is_away(source, work_dir, source_sa
     config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
                           "kafka.topic_prefix": f"o{uuid.uuid4().hex[:8]}", "source.sandbox": "source"}, environ={})
     pipeline = pipeline_of(config)
-    group = CaptureGroup(config, heartbeat_interval=0.2)
+    group = CaptureGroup(config.with_settings({"capture.heartbeat_interval": 0.2}))
     truth = work_dir / "truth-outage.jsonl"
     truth.unlink(missing_ok=True)
     try:
@@ -393,7 +393,7 @@ def test_key_dispatcher_spreads_rows_by_key_and_frames_every_partition(source, c
     run_workload(source, WorkloadSpec(threads=1, transactions=1))
     pipeline = pipeline_of(config)
     bootstrap(source, pipeline, "snapshot")
-    group = CaptureGroup(config, dispatcher="key", heartbeat_interval=0.3)
+    group = CaptureGroup(config.with_settings({"capture.dispatcher": "key", "capture.heartbeat_interval": 0.3}))
     group.start()
     run_workload(source, WorkloadSpec(threads=2, transactions=60, hot_keys=2, update_share=0.3))
     wait_until_acknowledged(source, pipeline.slot)

@@ -53,7 +53,7 @@ def test_a_malformed_stream(work_dir, broker, garbage):
     target = Sandbox(f"mal-{uuid.uuid4().hex[:4]}", work_dir).up(segments=1)
     try:
         done = gpcdc(work_dir, "--target-sandbox", target.name, "--kafka-bootstrap-servers",
-                     broker.bootstrap_servers, "--kafka-topic-prefix", prefix, "replay", "--once", "--no-initial-load")
+                     broker.bootstrap_servers, "--kafka-topic-prefix", prefix, "replay", "--once", "--no-replay-initial-load")
         assert_one_line(done)
     finally:
         target.down(remove=True)

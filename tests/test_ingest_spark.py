@@ -151,7 +151,7 @@ def test_capture_output_reads_as_captured(spark, source, broker, work_dir, tmp_p
     pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
     reset_tables(source)
     run_workload(source, WorkloadSpec(threads=1, transactions=1))
-    group = CaptureGroup(config, heartbeat_interval=0.3)
+    group = CaptureGroup(config.with_settings({"capture.heartbeat_interval": 0.3}))
     try:
         bootstrap(source, pipeline, "snapshot")
         group.start()

@@ -70,16 +70,16 @@ def test_a_legacy_stream_is_refused_whole_and_replayed_segment_by_segment_on_req
     refused = gpcdc(work_dir, *flags)
     assert refused.returncode != 0
     line = one_line_error(refused)
-    assert "legacy markers" in line and "--legacy-per-segment" in line
+    assert "legacy markers" in line and "--replay-legacy-per-segment" in line
 
-    done = gpcdc(work_dir, *flags, "--legacy-per-segment")
+    done = gpcdc(work_dir, *flags, "--replay-legacy-per-segment")
     assert done.returncode == 0, done.stderr
     assert "segment by segment (legacy markers)" in done.stderr
     target_cluster = target.cluster()
     for table in (ACCOUNTS, EVENTS):
         assert table_rows(target_cluster, table) == table_rows(source, table), f"{table} differs"
     # Run again: the checkpoint alone keeps every part applied once.
-    again = gpcdc(work_dir, *flags, "--legacy-per-segment")
+    again = gpcdc(work_dir, *flags, "--replay-legacy-per-segment")
     assert again.returncode == 0 and "applied 0 transactions" in again.stdout, again.stderr
     for table in (ACCOUNTS, EVENTS):
         assert table_rows(target_cluster, table) == table_rows(source, table), f"{table} differs"
@@ -103,7 +103,7 @@ def test_replay_errors_are_one_line_and_write_nothing_first(broker, work_dir):
         kafka = {"bootstrap.servers": broker.bootstrap_servers}
         ensure_topics(kafka, Topics(prefix), 2)
         line = one_line_error(gpcdc(work_dir, *flags))
-        assert "has no initial snapshot" in line and "--no-initial-load" in line
+        assert "has no initial snapshot" in line and "--no-replay-initial-load" in line
         with target.cluster().coordinator_connection() as conn:
             exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (STATE,)).fetchone()[0]
             assert not exists or conn.execute(f"SELECT count(*) FROM {STATE}").fetchone()[0] == 0
@@ -111,7 +111,7 @@ def test_replay_errors_are_one_line_and_write_nothing_first(broker, work_dir):
         producer = Producer(kafka)
         producer.produce(f"{prefix}.changes", b"{not json", partition=1)
         assert producer.flush(10) == 0
-        line = one_line_error(gpcdc(work_dir, *flags, "--no-initial-load"))
+        line = one_line_error(gpcdc(work_dir, *flags, "--no-replay-initial-load"))
         assert f"message at offset 0 of {prefix}.changes partition 1 is not JSON" in line
     finally:
         target.down(remove=True)

@@ -90,7 +90,7 @@ def test_replayer_and_capture_killed_at_random_moments_apply_everything_once(sou
                         move_share=0.05, abort_share=0.05)
     load = threading.Thread(target=run_workload, args=(source, spec))
     load.start()
-    command = replay_command(work_dir, target, config, "--batch", "7")
+    command = replay_command(work_dir, target, config, "--replay-batch-transactions", "7")
     rng = random.Random(11)
     kills = 0
     replayer = None

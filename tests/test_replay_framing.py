@@ -59,7 +59,7 @@ def test_after_a_restart_a_resend_past_the_read_offset_is_dropped_but_the_window
 
 
 def test_legacy_and_key_dispatched_streams_are_refused_in_one_line():
-    with pytest.raises(LegacyStreamError, match="legacy markers.*--legacy-per-segment"):
+    with pytest.raises(LegacyStreamError, match="legacy markers.*--replay-legacy-per-segment"):
         feed_all(Framer("p"), 0, [begin(0, 1, gxid=None), end(0, 1, gxid=None, one_phase=None)])
     with pytest.raises(LegacyStreamError, match="lists no segments"):
         feed_all(Framer("p"), -1, [{"type": "commit", "gxid": 3, "segments": None, "commit_ts_ms": 1, "commit_lsn": 1}])

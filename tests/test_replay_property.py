@@ -105,7 +105,7 @@ def test_snapshot_plus_replay_equals_the_source(source, broker, work_dir, data):
                           "kafka.topic_prefix": f"p{tag}", "source.sandbox": "source", "target.sandbox": target.name},
                          environ={})
     pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
-    group = CaptureGroup(config, heartbeat_interval=0.3)
+    group = CaptureGroup(config.with_settings({"capture.heartbeat_interval": 0.3}))
     keys = {name: [] for name, _k, _c in tables}  # live keys (keyed tables) or rows (keyless)
     try:
         with Session(source) as session:

@@ -220,7 +220,7 @@ def test_a_broker_that_lost_its_data_is_refused_by_capture_status_and_replay(sou
     config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
                           "kafka.topic_prefix": f"l{uuid.uuid4().hex[:8]}", "source.sandbox": "source"}, environ={})
     pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
-    group = CaptureGroup(config, heartbeat_interval=0.3)
+    group = CaptureGroup(config.with_settings({"capture.heartbeat_interval": 0.3}))
     status = ["--source-sandbox", "source", "--kafka-bootstrap-servers", config.kafka.bootstrap_servers,
               "--kafka-topic-prefix", config.kafka.topic_prefix, "status"]
     try:

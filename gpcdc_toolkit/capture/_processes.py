@@ -20,7 +20,7 @@ from psycopg import conninfo
 
 from .._runtime import pid_alive, read_json, runs, stop_pids
 from ..bootstrap import Pipeline
-from ..config import SETTINGS, Config, flag
+from ..config import SETTINGS, Config
 from ..connect import kafka_client_settings, open_cluster
 from ..errors import GpcdcError
 from ._worker import CaptureWorker, WorkerSettings
@@ -28,31 +28,22 @@ from ._worker import CaptureWorker, WorkerSettings
 
 def config_flags(config: Config) -> list[str]:
     """Command-line flags that make a child process resolve the same configuration."""
-    values = {
-        "work_dir": str(config.work_dir),
-        "source.dsn": config.source.dsn, "source.sandbox": config.source.sandbox,
-        "target.dsn": config.target.dsn, "target.sandbox": config.target.sandbox,
-        "kafka.bootstrap_servers": config.kafka.bootstrap_servers,
-        "kafka.topic_prefix": config.kafka.topic_prefix, "spark.master": config.spark_master,
-    }
-    assert set(values) == set(SETTINGS)
     out = []
-    for name, value in values.items():
-        if value:
-            out += [flag(name), value]
+    for name, spec in SETTINGS.items():
+        value = config.value(name)
+        if spec.type is bool:
+            out.append(spec.flag if value else "--no-" + spec.flag[2:])
+        elif value is not None:
+            out.append(f"{spec.flag}={value}")  # one word: a value may start with a dash
     return out
 
 
 class CaptureGroup:
     """The capture workers of one pipeline (topic prefix) over the source cluster."""
 
-    def __init__(self, config: Config, *, dispatcher: str = "segment", max_buffered: int = 1000,
-                 heartbeat_interval: float = 1.0) -> None:
+    def __init__(self, config: Config) -> None:
         self.config = config
         self.pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
-        self.dispatcher = dispatcher
-        self.max_buffered = max_buffered
-        self.heartbeat_interval = heartbeat_interval
 
     def pid_file(self, content: int) -> Path:
         return self.pipeline.directory / f"node{content}.pid"
@@ -75,8 +66,7 @@ class CaptureGroup:
 
     def worker_argv(self, content: int) -> list[str]:
         return [sys.executable, "-m", "gpcdc_toolkit", *config_flags(self.config), "capture", "run",
-                "--node", str(content), "--dispatcher", self.dispatcher, "--max-buffered", str(self.max_buffered),
-                "--heartbeat-interval", str(self.heartbeat_interval)]
+                "--node", str(content)]
 
     def start(self, timeout: float = 60.0) -> dict[int, int]:
         """Start a background worker for every node that has none, and return their pids
@@ -136,8 +126,7 @@ class CaptureGroup:
         return sorted(int(p.name[4:-4]) for p in self.pipeline.directory.glob("node*.pid"))
 
 
-def run_worker(config: Config, content: int, *, dispatcher: str, max_buffered: int,
-               heartbeat_interval: float) -> None:
+def run_worker(config: Config, content: int) -> None:
     """Run one node's worker in this process until SIGTERM or SIGINT."""
     group = CaptureGroup(config)
     pipeline = group.pipeline
@@ -148,8 +137,7 @@ def run_worker(config: Config, content: int, *, dispatcher: str, max_buffered: i
         raise GpcdcError(f"the source cluster has no node with content {content}",
                          fix=f"use one of {', '.join(map(str, sorted(nodes)))}")
     settings = WorkerSettings(prefix=config.kafka.topic_prefix, kafka=kafka_client_settings(config),
-                              dispatcher=dispatcher, max_buffered=max_buffered,
-                              heartbeat_interval=heartbeat_interval)
+                              capture=config.capture)
     database = conninfo.conninfo_to_dict(cluster.coordinator_dsn).get("dbname") or "postgres"
     worker = CaptureWorker(cluster, nodes[content], start, settings, database=str(database),
                            partitions=cluster.segment_count, status_file=group.status_file(content))

@@ -37,6 +37,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from .._runtime import write_json
 from ..cluster import Cluster, Node, gxid_of
+from ..config import CaptureSettings
 from ..errors import GpcdcError, StreamError
 from ..ingest import first_message, located
 from ..protocol import (
@@ -72,13 +73,7 @@ class HistoryLost(StreamError):
 class WorkerSettings:
     prefix: str
     kafka: dict[str, str]
-    dispatcher: str = "segment"
-    heartbeat_interval: float = 1.0
-    ack_interval: float = 0.5
-    flush_timeout: float = 10.0
-    max_buffered: int = 1000
-    max_backoff: float = 30.0
-    producer_queue_kbytes: int = 65536
+    capture: CaptureSettings = CaptureSettings()
 
 
 @dataclass
@@ -107,7 +102,7 @@ def producer_config(settings: WorkerSettings, on_error: Any) -> dict[str, Any]:
         "acks": "all",
         "linger.ms": 5,
         "batch.num.messages": 10000,
-        "queue.buffering.max.kbytes": settings.producer_queue_kbytes,
+        "queue.buffering.max.kbytes": settings.capture.producer_queue_kbytes,
         "queue.buffering.max.messages": 200000,
         "message.timeout.ms": 60000,
         "partitioner": "murmur2_random",
@@ -126,7 +121,7 @@ class CaptureWorker:
         self.settings = settings
         self.database = database
         self.topics = Topics(settings.prefix)
-        self.dispatcher = Dispatcher(settings.dispatcher, partitions)
+        self.dispatcher = Dispatcher(settings.capture.dispatcher, partitions)
         self.slot = start.node(node.content).slot
         self.status_file = status_file
         self.stats = WorkerStats(node=node.content, slot=self.slot)
@@ -157,7 +152,7 @@ class CaptureWorker:
             if time.monotonic() - began > 60:
                 backoff = 0.5
             stop.wait(backoff)  # backoff, cut short by a stop request
-            backoff = min(backoff * 2, self.settings.max_backoff)
+            backoff = min(backoff * 2, self.settings.capture.max_backoff)
         self._set_state("stopped")
 
     def _set_state(self, state: str) -> None:
@@ -227,7 +222,7 @@ class CaptureWorker:
                         "`gpcdc bootstrap create`) and replay into a fresh target")
             marker = pipeline_marker(identity, content)
             producer.produce(topic, marker.value, partition=partition)
-            if producer.flush(self.settings.flush_timeout) or self._delivery_error is not None:
+            if producer.flush(self.settings.capture.flush_timeout) or self._delivery_error is not None:
                 raise DeliveryFailed(f"Kafka did not take the pipeline marker of {topic} partition {partition}")
             return
         if located(first)[1] > 0:
@@ -250,7 +245,7 @@ class CaptureWorker:
               probe: psycopg.Connection[Any], acked: int) -> None:
         settings, stats = self.settings, self.stats
         assembler = TransactionAssembler(self.node.content, source_name=settings.prefix, database=self.database,
-                                         start=self.start, max_buffered=settings.max_buffered)
+                                         start=self.start, max_buffered=settings.capture.max_buffered)
         produced_end = acked  # end LSN of the last transaction whose events were all produced
         resolved = acked
         # (flush LSN, server ms, ms before the prepared list was read, gxids prepared), oldest first
@@ -268,7 +263,7 @@ class CaptureWorker:
                     produced_end = max(produced_end, assembler.completed_end_lsn)
             now = time.monotonic()
             if now >= next_beat and not assembler.in_transaction:
-                next_beat = now + settings.heartbeat_interval
+                next_beat = now + settings.capture.heartbeat_interval
                 clock_probes.append(self._probe(probe))
                 candidate = max(produced_end, cur.wal_end if caught_up else 0)
                 resolved = max(resolved, candidate)
@@ -284,7 +279,7 @@ class CaptureWorker:
                 cur.send_feedback(reply=True)  # a keepalive tells how far the server has sent
                 self._write_status()
             if now >= next_ack:
-                next_ack = now + settings.ack_interval
+                next_ack = now + settings.capture.ack_interval
                 target = max(produced_end, resolved)
                 acked = self._acknowledge(producer, cur, acked, target)
                 stats.transactions = assembler.transactions
@@ -331,7 +326,7 @@ class CaptureWorker:
 
     def _acknowledge(self, producer: Producer, cur: Any, acked: int, target: int) -> int:
         """Move the slot to ``target`` once Kafka has every event produced so far."""
-        remaining = producer.flush(self.settings.flush_timeout)
+        remaining = producer.flush(self.settings.capture.flush_timeout)
         if self._delivery_error is not None:
             raise DeliveryFailed(f"Kafka did not take an event: {self._delivery_error.str()}")
         if remaining:

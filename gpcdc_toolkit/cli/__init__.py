@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _add(subparsers: argparse._SubParsersAction, command: Command) -> None:  # type: ignore[type-arg]
     parser = subparsers.add_parser(command.name, help=command.help, description=command.help)
     command.add_arguments(parser)
+    if command.sections:
+        add_config_flags(parser.add_argument_group("settings"), command.sections)
     parser.set_defaults(handler=command)
 
 

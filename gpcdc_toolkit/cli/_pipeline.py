@@ -17,7 +17,6 @@ from ..capture import (
 from ..config import Config
 from ..connect import kafka_client_settings, open_cluster
 from ..protocol import StartPoint, format_lsn
-from ..protocol._topics import DISPATCHERS
 from ._command import Command, say
 
 
@@ -69,28 +68,18 @@ class BootstrapDrop(Command):
         return 0
 
 
-def _add_capture_tuning(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dispatcher", choices=DISPATCHERS, default="segment",
-                        help="partition the changes topic by segment (default) or by key")
-    parser.add_argument("--max-buffered", type=int, default=1000,
-                        help="events of one transaction held back before it is streamed (bounds memory)")
-    parser.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between watermarks")
-
-
 class CaptureRun(Command):
     name, help = "run", "run capture workers in the foreground (all nodes, or one with --node)"
+    sections = ("capture",)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--node", type=int, help="content id of the one node to capture")
-        _add_capture_tuning(parser)
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
         if args.node is not None:
-            run_worker(config, args.node, dispatcher=args.dispatcher, max_buffered=args.max_buffered,
-                       heartbeat_interval=args.heartbeat_interval)
+            run_worker(config, args.node)
             return 0
-        group = CaptureGroup(config, dispatcher=args.dispatcher, max_buffered=args.max_buffered,
-                             heartbeat_interval=args.heartbeat_interval)
+        group = CaptureGroup(config)
         check_reachable(kafka_client_settings(config)["bootstrap.servers"])
         procs = [subprocess.Popen(group.worker_argv(node.content)) for node in group.pipeline.start_point().nodes]
         say(f"capturing {len(procs)} nodes; Ctrl-C stops")
@@ -105,14 +94,11 @@ class CaptureRun(Command):
 
 class CaptureStart(Command):
     name, help = "start", "start capture workers in the background"
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        _add_capture_tuning(parser)
+    sections = ("capture",)
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
         check_reachable(kafka_client_settings(config)["bootstrap.servers"])
-        group = CaptureGroup(config, dispatcher=args.dispatcher, max_buffered=args.max_buffered,
-                             heartbeat_interval=args.heartbeat_interval)
+        group = CaptureGroup(config)
         started = group.start()
         say(f"started {len(started)} capture workers" + (f": pids {sorted(started.values())}" if started else ""))
         return 0

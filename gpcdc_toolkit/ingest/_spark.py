@@ -21,7 +21,7 @@ def spark_session(config: Config, app_name: str = "gpcdc") -> Any:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master(config.spark_master).appName(app_name)
+    spark = (SparkSession.builder.master(config.spark.master).appName(app_name)
              .config("spark.sql.session.timeZone", "UTC")
              .config("spark.sql.shuffle.partitions", "4")
              .config("spark.ui.enabled", "false")

@@ -8,6 +8,7 @@ core can be used, and tested, without psycopg or confluent-kafka.
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from ..config import ReplaySettings
 from ..errors import StreamError
 from ._compact import TableChanges, compact
 from ._ddl_policy import CheckedDdl, DdlRefused, check_ddl
@@ -20,7 +21,7 @@ _DRIVERS = {
                "ReplayState"),
     "_load": ("create_statement", "load_rows", "prepare_target"),
     "_progress": ("ProgressBar", "StatusLine"),
-    "_replayer": ("MissingPartError", "Progress", "Replayer", "ReplaySettings"),
+    "_replayer": ("MissingPartError", "Progress", "Replayer"),
 }
 _MODULE_OF = {name: module for module, names in _DRIVERS.items() for name in names}
 
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from ._apply import APPLIED, STATE, Applier, ApplyError, ApplyStats, Checkpoint, DdlRefusedError, ReplayState
     from ._load import create_statement, load_rows, prepare_target
     from ._progress import ProgressBar, StatusLine
-    from ._replayer import MissingPartError, Progress, Replayer, ReplaySettings
+    from ._replayer import MissingPartError, Progress, Replayer
 
 __all__ = [
     "TableChanges", "compact", "CheckedDdl", "DdlRefused", "check_ddl",

@@ -198,7 +198,7 @@ class Applier:
             if e.diag.table_name != APPLIED:
                 raise ApplyError(f"{_what(batch)} failed on the target: {_first_line(e)}",
                                  fix="the target's table has a unique constraint the source's lacks; drop it or "
-                                     "replay with --batch 1") from None
+                                     "replay with --replay-batch-transactions 1") from None
             raise ApplyError(f"{_what(batch)} is recorded as applied already: another replayer of pipeline "
                              f"{self.pipeline!r} writes to this target", fix="run one replayer per pipeline and target") from None
         except psycopg.Error as e:  # raised by a statement, so the transaction was rolled back

@@ -52,7 +52,7 @@ def prepare_target(session: Session, snapshot: InitialSnapshot) -> None:
             rows = session.cluster.fetch_all(f"SELECT 1 FROM {table} LIMIT 1")
             if rows:
                 raise ApplyError(f"target table {table} has rows; the initial load needs it empty",
-                                 fix=f"truncate {table} on the target, or replay with --no-initial-load")
+                                 fix=f"truncate {table} on the target, or replay with --no-replay-initial-load")
 
 
 def load_rows(tx: DistributedTransaction, snapshot: InitialSnapshot) -> int:

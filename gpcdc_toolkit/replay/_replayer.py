@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from ..bootstrap import InitialSnapshot, Pipeline
 from ..cluster import Cluster, resolve_in_doubt
-from ..config import Config
+from ..config import Config, ReplaySettings
 from ..connect import kafka_client_settings, open_cluster
 from ..errors import BrokerError, GpcdcError, StreamError
 from ..ingest import EndTracker, located, partitions_of
@@ -86,26 +86,12 @@ class Progress:
                 f"lag {self.lag_ms / 1000:.1f} s")
 
 
-@dataclass
-class ReplaySettings:
-    batch_transactions: int = 500  # source transactions per target transaction, at most
-    batch_rows: int = 20_000  # rows per target transaction, at most (a larger transaction goes alone)
-    clock_skew_ms: int = 1000  # how far a segment's clock may lag the coordinator's
-    idle: float = 1.0  # seconds of silence after which a partition counts as read to its end
-    initial_load: bool = True  # load the bootstrap's snapshot before the first transaction
-    legacy_per_segment: bool = False  # replay a legacy-marker stream segment by segment (see _legacy.py)
-    skip_ddl: frozenset[int] = frozenset()  # gxids whose refused DDL was given to the target by hand
-    spill_rows: int = 2_000  # rows of one part held in memory; past that it goes to a file
-    chunk_rows: int = 5_000  # row events folded and written at a time within a batch
-    spill_dir: str | None = None  # where such files go (default: the system's temporary directory)
-
-
 class Replayer:
     """Replays one pipeline into the target; ``run`` once or following the stream."""
 
     def __init__(self, config: Config, *, target: Cluster | None = None, settings: ReplaySettings | None = None) -> None:
         self.config = config
-        self.settings = settings or ReplaySettings()
+        self.settings = settings or config.replay
         self.topics = Topics(config.kafka.topic_prefix)
         self.pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
         self.kafka = kafka_client_settings(config)
@@ -180,7 +166,7 @@ class Replayer:
             raise GpcdcError(f"pipeline {self.topics.prefix!r} has no initial snapshot in {snapshot} to load into "
                              "the target first",
                              fix="replay with the work_dir where `gpcdc bootstrap create` ran, or pass "
-                                 "--no-initial-load if the target already holds the data as of the start point")
+                                 "--no-replay-initial-load if the target already holds the data as of the start point")
         loaded = InitialSnapshot(snapshot)
         prepare_target(self.applier.session, loaded)
         counted: list[int] = []

@@ -15,7 +15,7 @@ from ..errors import StreamError
 from ..protocol import COORDINATOR, PROTOCOL_VERSION, kind_of
 from ._order import Part, Record
 
-_LEGACY_FIX = ("nothing was applied past this point; replay it segment by segment with --legacy-per-segment "
+_LEGACY_FIX = ("nothing was applied past this point; replay it segment by segment with --replay-legacy-per-segment "
                "(exact once every segment is replayed, but parts of distributed transactions can show until then), "
                "or capture from a cluster that writes the gxid markers")
 
