@@ -37,13 +37,10 @@ from gpcdc_toolkit.capture import CaptureGroup, wait_until_acknowledged
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.replay import Progress, Replayer, ReplaySettings
 from gpcdc_toolkit.sandbox import Sandbox
+from gpcdc_toolkit.validate import table_rows
 from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, reset_tables, run_workload
 
 SPEC = dict(threads=4, hot_keys=20, update_share=0.3, delete_share=0.05, move_share=0.02)
-
-
-def table_rows(cluster, table):  # type: ignore[no-untyped-def]
-    return sorted(r for rows in cluster.rows_by_segment(table).values() for r in rows)
 
 
 class Timeline:

@@ -12,14 +12,15 @@ from dataclasses import dataclass
 
 from .bootstrap import InitialSnapshot, bootstrap
 from .broker import EmbeddedBroker, check_reachable
-from .capture import CaptureGroup, check_against_truth, drop_pipeline, read_captured, wait_until_acknowledged
+from .capture import CaptureGroup, drop_pipeline, wait_until_acknowledged
 from .config import Config
 from .connect import kafka_client_settings
 from .errors import ConfigError
 from .protocol import Topics
 from .replay import Replayer, StatusLine
 from .sandbox import Sandbox
-from .workload import ACCOUNTS, EVENTS, WorkloadSpec, read_ground_truth, reset_tables, run_workload, verify
+from .validate import check_against_truth, check_workload, compare_tables, read_captured
+from .workload import ACCOUNTS, EVENTS, WorkloadSpec, read_ground_truth, reset_tables, run_workload
 
 
 @dataclass(frozen=True)
@@ -73,9 +74,9 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
             print(file=sys.stderr)
         say(f"workload under capture: {result.summary()}")
         wait_until_acknowledged(cluster, pipeline.slot)
-        for table, (expected, differ) in verify(cluster, truth, spec.hot_keys).items():
-            say(f"check {table}: {expected} rows expected from the ground-truth log, {differ} differ")
-            if differ:
+        for diff in check_workload(cluster, truth, spec.hot_keys):
+            say(f"check {diff.table}: {diff.expected} rows expected from the ground-truth log, {diff.differing} differ")
+            if not diff.equal:
                 return 1
         captured = read_captured(config)
         check = check_against_truth(captured, read_ground_truth(truth), start.snapshot.sees)  # type: ignore[union-attr]
@@ -98,13 +99,10 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
         if replayer.initial_load is not None:
             say("replay: initial load of {} rows into {} tables".format(*replayer.initial_load))
         say(f"replay: {replayed.line()}")
-        target_cluster = target.cluster()
-        for table in (ACCOUNTS, EVENTS):
-            on_source = sorted(r for rows in cluster.rows_by_segment(table).values() for r in rows)
-            on_target = sorted(r for rows in target_cluster.rows_by_segment(table).values() for r in rows)
-            say(f"check target {table}: {len(on_target)} rows, "
-                   f"{'equal to the source' if on_target == on_source else 'DIFFERENT from the source'}")
-            if on_target != on_source:
+        for diff in compare_tables(cluster, target.cluster(), [ACCOUNTS, EVENTS]):
+            say(f"check target {diff.table}: {diff.actual} rows, "
+                f"{'equal to the source' if diff.equal else 'DIFFERENT from the source: ' + diff.line()}")
+            if not diff.equal:
                 return 1
         say(f"done in {time.monotonic() - started:.1f} s")
     finally:

@@ -21,6 +21,16 @@ from gpcdc_toolkit.broker import EmbeddedBroker
 from gpcdc_toolkit.cluster import Cluster
 from gpcdc_toolkit.sandbox import Sandbox, list_sandboxes
 
+# Fixtures that start servers; a test using any of them is marked `servers`, so that
+# `pytest -m "not servers"` runs the pure tests alone, in seconds.
+SERVER_FIXTURES = {"work_dir", "source_sandbox", "source", "broker", "spark", "replay_target"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.servers)
+
 
 def _stop_everything(work_dir: Path) -> None:
     for sandbox in list_sandboxes(work_dir):

@@ -11,12 +11,13 @@ import pytest
 
 from gpcdc_toolkit import BrokerError
 from gpcdc_toolkit.bootstrap import BootstrapError, InitialSnapshot, Pipeline, bootstrap, create_slots_naively, drop_slots
-from gpcdc_toolkit.capture import CaptureGroup, capture_status, check_against_truth, read_captured, wait_until_acknowledged
+from gpcdc_toolkit.capture import CaptureGroup, capture_status, wait_until_acknowledged
 from gpcdc_toolkit.cluster import Session, segment_for
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.protocol import _markers as markers
 from gpcdc_toolkit.protocol import _pgoutput as pg
 from gpcdc_toolkit.protocol import parse
+from gpcdc_toolkit.validate import check_against_truth, read_captured
 from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, read_ground_truth, reset_tables, run_workload
 
 from ._stream import apply_rows

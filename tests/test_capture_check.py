@@ -1,6 +1,6 @@
 """The ground-truth check of a capture, on hand-made data (no servers)."""
 
-from gpcdc_toolkit.capture import Captured, check_against_truth
+from gpcdc_toolkit.validate import Captured, check_against_truth
 
 
 def truth(gxid, segments, outcome="committed"):

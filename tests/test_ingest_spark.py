@@ -8,7 +8,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from gpcdc_toolkit.bootstrap import Pipeline, bootstrap, drop_slots
-from gpcdc_toolkit.capture import CaptureGroup, read_captured, wait_until_acknowledged
+from gpcdc_toolkit.capture import CaptureGroup, wait_until_acknowledged
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.ingest.spark import (
     IncrementalRead,
@@ -18,6 +18,7 @@ from gpcdc_toolkit.ingest.spark import (
     stream_changes,
 )
 from gpcdc_toolkit.protocol import Topics
+from gpcdc_toolkit.validate import read_captured
 from gpcdc_toolkit.workload import WorkloadSpec, reset_tables, run_workload
 
 BASE_MS = 1_700_000_000_000

@@ -40,9 +40,8 @@ def test_bootstrap_notebook(work_dir, broker, source_sandbox, source, tmp_path):
 def test_replay_notebook(work_dir, source, replay_target, tmp_path):
     from gpcdc_toolkit.bootstrap import bootstrap
     from gpcdc_toolkit.capture import wait_until_acknowledged
+    from gpcdc_toolkit.validate import table_rows
     from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, reset_tables, run_workload
-
-    from .test_replay_apply import table_rows
 
     target, config, pipeline, group = replay_target
     reset_tables(source)

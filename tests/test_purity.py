@@ -4,7 +4,8 @@ import subprocess
 import sys
 
 PURE = ["gpcdc_toolkit.protocol", "gpcdc_toolkit.replay._order", "gpcdc_toolkit.replay._compact",
-        "gpcdc_toolkit.replay._source", "gpcdc_toolkit.replay._legacy", "gpcdc_toolkit.replay._ddl_policy"]
+        "gpcdc_toolkit.replay._source", "gpcdc_toolkit.replay._legacy", "gpcdc_toolkit.replay._ddl_policy",
+        "gpcdc_toolkit.validate._diff", "gpcdc_toolkit.config"]
 IO = ["psycopg", "psycopg2", "confluent_kafka", "pyspark", "sqlite3"]
 
 

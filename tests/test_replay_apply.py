@@ -7,13 +7,10 @@ from gpcdc_toolkit.capture import wait_until_acknowledged
 from gpcdc_toolkit.cluster import Session
 from gpcdc_toolkit.replay import APPLIED, Replayer
 from gpcdc_toolkit.sandbox import Sandbox
+from gpcdc_toolkit.validate import table_rows
 from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, reset_tables, run_workload
 
 from .test_cli import gpcdc, one_line_error
-
-
-def table_rows(cluster, table):
-    return sorted(row for rows in cluster.rows_by_segment(table).values() for row in rows)
 
 
 def test_initial_load_and_replay_reproduce_the_source_on_two_segments_exactly_once(source, replay_target, work_dir):

@@ -14,15 +14,14 @@ import pytest
 from confluent_kafka import Producer
 
 from gpcdc_toolkit.bootstrap import Pipeline, bootstrap
-from gpcdc_toolkit.capture import ensure_topics, read_captured, wait_until_acknowledged
+from gpcdc_toolkit.capture import ensure_topics, wait_until_acknowledged
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.connect import kafka_client_settings
 from gpcdc_toolkit.ingest import read_values
 from gpcdc_toolkit.protocol import Topics
 from gpcdc_toolkit.replay import APPLIED, Applier, MissingPartError, Replayer, ReplaySettings
+from gpcdc_toolkit.validate import read_captured, table_rows
 from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, reset_tables, run_workload
-
-from .test_replay_apply import table_rows
 
 
 @pytest.fixture

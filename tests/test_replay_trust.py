@@ -11,15 +11,15 @@ import orjson
 from confluent_kafka import Producer
 
 from gpcdc_toolkit.bootstrap import bootstrap
-from gpcdc_toolkit.capture import read_captured, wait_until_acknowledged
+from gpcdc_toolkit.capture import wait_until_acknowledged
 from gpcdc_toolkit.cluster import Session, gid
 from gpcdc_toolkit.connect import kafka_client_settings
 from gpcdc_toolkit.protocol import Topics
 from gpcdc_toolkit.replay import APPLIED, Replayer, ReplaySettings
+from gpcdc_toolkit.validate import read_captured, table_rows
 from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, reset_tables, run_workload
 
 from .test_cli import gpcdc, one_line_error
-from .test_replay_apply import table_rows
 
 
 def replay_flags(target, config):

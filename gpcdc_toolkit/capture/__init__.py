@@ -3,11 +3,9 @@
 from ._processes import CaptureGroup, config_flags, run_worker
 from ._reset import DroppedPipeline, drop_pipeline
 from ._status import NodeStatus, capture_status, wait_until_acknowledged
-from ._verify import CaptureCheck, Captured, check_against_truth, read_captured
 from ._worker import CaptureWorker, WorkerSettings, WorkerStats, delete_topics, ensure_topics, producer_config
 
 __all__ = [
-    "Captured", "CaptureCheck", "check_against_truth", "read_captured",
     "NodeStatus", "capture_status", "wait_until_acknowledged",
     "CaptureGroup", "config_flags", "run_worker", "DroppedPipeline", "drop_pipeline",
     "CaptureWorker", "WorkerSettings", "WorkerStats", "delete_topics", "ensure_topics", "producer_config",

@@ -5,9 +5,9 @@ package; what drives it against Kafka and a target loads on first use, so that t
 core can be used, and tested, without psycopg or confluent-kafka.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .._lazy import lazy_exports
 from ..config import ReplaySettings
 from ..errors import StreamError
 from ._compact import TableChanges, compact
@@ -16,21 +16,13 @@ from ._legacy import SegmentOrder
 from ._order import Missing, Part, Reassembler, ReassemblyError, Record, Whole, resume_point
 from ._source import Framer, LegacyStreamError, Spill, Watermark
 
-_DRIVERS = {
+__getattr__ = lazy_exports(__name__, {
     "_apply": ("APPLIED", "STATE", "Applier", "ApplyError", "ApplyStats", "Checkpoint", "DdlRefusedError",
                "ReplayState"),
     "_load": ("create_statement", "load_rows", "prepare_target"),
     "_progress": ("ProgressBar", "StatusLine"),
     "_replayer": ("MissingPartError", "Progress", "Replayer"),
-}
-_MODULE_OF = {name: module for module, names in _DRIVERS.items() for name in names}
-
-
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f"{__name__}.{module}"), name)
+})
 
 
 if TYPE_CHECKING:

@@ -23,7 +23,6 @@ from ._plan import (
     Plan,
     ThreadPlanner,
     WorkloadSpec,
-    expected_state,
     first_free_id,
     large_plan,
     large_rows,
@@ -241,22 +240,3 @@ def run_workload(
     if failures:
         raise failures[0]
     return result
-
-
-def verify(cluster: Cluster, ground_truth: Path, hot_keys: int) -> dict[str, tuple[int, int]]:
-    """Compare the tables with what the ground-truth log implies.
-
-    Returns table -> (rows expected, rows that differ); raises nothing, so callers
-    decide what a difference means.
-    """
-    expected = expected_state(read_ground_truth(ground_truth), hot_keys)
-    report: dict[str, tuple[int, int]] = {}
-    for table, key_len in ((ACCOUNTS, 1), (EVENTS, 2)):
-        actual = {}
-        for rows in cluster.rows_by_segment(table).values():
-            for row in rows:
-                actual[tuple(row[:key_len])] = tuple(row[key_len:])
-        want = expected[table]
-        differ = sum(1 for k in set(want) | set(actual) if want.get(k) != actual.get(k))
-        report[table] = (len(want), differ)
-    return report

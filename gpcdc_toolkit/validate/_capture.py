@@ -1,4 +1,4 @@
-"""Check what capture put in Kafka against a workload's ground-truth log."""
+"""What capture put in Kafka, read whole, and checked against a workload's ground-truth log."""
 
 from __future__ import annotations
 

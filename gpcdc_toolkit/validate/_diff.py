@@ -1,0 +1,65 @@
+"""Differences between two sets of rows, free of I/O.
+
+A table's rows are compared as a multiset (a table without a key may hold a row
+twice), or by key when the caller knows the key (``diff_by_key``): then a changed row
+counts once, as changed, not as one missing and one extra."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Row = tuple[Any, ...]
+
+EXAMPLES = 5  # rows quoted per kind of difference
+
+
+@dataclass(frozen=True)
+class TableDiff:
+    """How the rows of one table differ from what was expected."""
+
+    table: str
+    expected: int  # rows expected
+    actual: int  # rows found
+    missing: int = 0  # expected, not found
+    extra: int = 0  # found, not expected
+    changed: int = 0  # found under an expected key, with other values (by-key comparisons only)
+    examples: tuple[str, ...] = ()
+
+    @property
+    def equal(self) -> bool:
+        return not (self.missing or self.extra or self.changed)
+
+    @property
+    def differing(self) -> int:
+        return self.missing + self.extra + self.changed
+
+    def line(self) -> str:
+        if self.equal:
+            return f"{self.table}: {self.actual} rows, equal"
+        parts = [f"{n} {what}" for n, what in ((self.missing, "missing"), (self.extra, "extra"),
+                                                 (self.changed, "changed")) if n]
+        return f"{self.table}: {self.actual} rows where {self.expected} were expected; {', '.join(parts)}"
+
+
+def diff_rows(table: str, expected: Iterable[Row], actual: Iterable[Row]) -> TableDiff:
+    """Compare two multisets of rows."""
+    want, have = Counter(expected), Counter(actual)
+    missing, extra = want - have, have - want
+    examples = [f"missing {row!r}" for row in sorted(missing, key=repr)[:EXAMPLES]]
+    examples += [f"extra {row!r}" for row in sorted(extra, key=repr)[:EXAMPLES]]
+    return TableDiff(table, sum(want.values()), sum(have.values()), sum(missing.values()), sum(extra.values()),
+                     examples=tuple(examples))
+
+
+def diff_by_key(table: str, expected: Mapping[Row, Row], actual: Mapping[Row, Row]) -> TableDiff:
+    """Compare two tables given as key -> non-key values."""
+    missing = sorted((k for k in expected if k not in actual), key=repr)
+    extra = sorted((k for k in actual if k not in expected), key=repr)
+    changed = sorted((k for k in expected if k in actual and expected[k] != actual[k]), key=repr)
+    examples = [f"missing key {k!r}" for k in missing[:EXAMPLES]]
+    examples += [f"extra key {k!r}" for k in extra[:EXAMPLES]]
+    examples += [f"key {k!r}: {actual[k]!r}, expected {expected[k]!r}" for k in changed[:EXAMPLES]]
+    return TableDiff(table, len(expected), len(actual), len(missing), len(extra), len(changed), tuple(examples))
