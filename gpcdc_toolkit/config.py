@@ -108,7 +108,6 @@ class ReplaySettings:
     batch_rows: int = setting(20_000, "rows per target transaction, at most (a larger transaction goes alone)",
                               minimum=1)
     clock_skew_ms: int = setting(1000, "how far, in ms, a segment's clock may lag the coordinator's", minimum=0)
-    idle: float = setting(1.0, "seconds of silence after which a partition counts as read to its end", minimum=0.01)
     initial_load: bool = setting(True, "load the bootstrap's snapshot before the first transaction")
     legacy_per_segment: bool = setting(False, "replay a stream written with legacy markers segment by segment: "
                                               "exact once caught up, but parts of distributed transactions can "

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import time
+
 from .broker import EmbeddedBroker
 from .cluster import Cluster
 from .config import Config
@@ -21,3 +24,32 @@ def kafka_client_settings(config: Config) -> dict[str, str]:
     """librdkafka settings: the configured servers, else the embedded broker's."""
     servers = config.kafka.bootstrap_servers or EmbeddedBroker(config.work_dir).bootstrap_servers
     return {**config.kafka.client, "bootstrap.servers": servers}
+
+
+class _OncePerWindow(logging.Filter):
+    """Lets a message through once per ``window`` seconds: while a broker is away,
+    librdkafka logs every refused reconnection, many times a second."""
+
+    def __init__(self, window: float = 60.0) -> None:
+        super().__init__()
+        self.window = window
+        self.last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # The text after librdkafka's "[thrd:...]: " prefix, which names the thread.
+        text = record.getMessage().split("]: ", 1)[-1]
+        now = time.monotonic()
+        if now - self.last.get(text, -self.window) < self.window:
+            return False
+        self.last[text] = now
+        return True
+
+
+_KAFKA_LOG = logging.getLogger("gpcdc.kafka")
+_KAFKA_LOG.addFilter(_OncePerWindow())
+
+
+def kafka_logger() -> logging.Logger:
+    """The logger a long-running client (capture's producer, the replayer's consumer)
+    gives librdkafka (its ``logger`` setting): each message at most once a minute."""
+    return _KAFKA_LOG

@@ -1,4 +1,4 @@
-"""The embedded broker: a real Kafka-protocol server in its own process."""
+"""The embedded broker: Apache Kafka in its own process, started and stopped by its pid."""
 
 import socket
 import uuid
@@ -63,3 +63,77 @@ def test_port_taken(tmp_path_factory):
         port = s.getsockname()[1]
         with pytest.raises(BrokerError, match=f"port {port} is taken"):
             EmbeddedBroker(tmp_path_factory.mktemp("taken")).up(port=port)
+
+
+def test_a_restart_keeps_the_port_and_the_data_even_after_a_crash(tmp_path_factory):
+    broker = EmbeddedBroker(tmp_path_factory.mktemp("restart")).up()
+    try:
+        servers = broker.bootstrap_servers
+        topic = f"t-{uuid.uuid4().hex[:8]}"
+        admin = AdminClient({"bootstrap.servers": servers})  # kept: its futures die with it
+        for future in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+            future.result(10)
+        producer = Producer({"bootstrap.servers": servers, "enable.idempotence": True})
+        for i in range(100):
+            producer.produce(topic, value=b"m%d" % i)
+        assert producer.flush(10) == 0
+        broker.down()
+        assert broker.up().bootstrap_servers == servers
+        broker.kill()
+        assert broker.status().running is False
+        assert broker.up().bootstrap_servers == servers
+        assert broker.status().answers
+        from gpcdc_toolkit.ingest import read_to_end
+
+        assert [m.value() for m in read_to_end({"bootstrap.servers": servers}, topic)] == [b"m%d" % i for i in range(100)]
+    finally:
+        broker.remove()
+    assert not broker.path.exists()
+
+
+def test_a_failed_start_says_the_brokers_own_reason(tmp_path_factory):
+    broker = EmbeddedBroker(tmp_path_factory.mktemp("fails")).up()
+    try:
+        broker.down()
+        meta = broker.data / "meta.properties"
+        meta.write_text(meta.read_text().replace("node.id=1", "node.id=7"))
+        with pytest.raises(BrokerError) as caught:
+            broker.up()
+        message = str(caught.value)
+        assert "\n" not in message
+        assert "exited with status 1: Stored node id 7 doesn't match previous node id 1" in message
+        assert str(broker.log_file) in message
+        assert broker.pid is None
+    finally:
+        broker.remove()
+
+
+def test_status_says_where_it_listens_and_whether_it_answers(tmp_path_factory):
+    from .test_cli import gpcdc
+
+    work_dir = tmp_path_factory.mktemp("status")
+    assert "is not running; start it" in gpcdc(work_dir, "broker", "status").stderr
+    up = gpcdc(work_dir, "broker", "up")
+    try:
+        assert up.returncode == 0, up.stderr
+        servers = EmbeddedBroker(work_dir).bootstrap_servers
+        shown = gpcdc(work_dir, "broker", "status")
+        assert shown.returncode == 0 and f"answers at {servers}" in shown.stdout
+    finally:
+        assert gpcdc(work_dir, "broker", "down").returncode == 0
+    shown = gpcdc(work_dir, "broker", "status")
+    assert shown.returncode == 3 and f"it listened at {servers}" in shown.stderr
+    assert gpcdc(work_dir, "broker", "down", "--remove").returncode == 0
+
+
+def test_topics_keep_their_history_whatever_the_timestamps(broker):
+    # Time-based retention would delete, at its next check, messages stamped long ago.
+    from confluent_kafka.admin import ConfigResource
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    topic = f"t-{uuid.uuid4().hex[:8]}"
+    for future in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+        future.result(10)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    config = admin.describe_configs([resource])[resource].result(10)
+    assert config["retention.ms"].value == "-1" and config["retention.bytes"].value == "-1"

@@ -7,9 +7,12 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from gpcdc_toolkit import ConfigError
 from gpcdc_toolkit.bootstrap import Pipeline, bootstrap, drop_slots
 from gpcdc_toolkit.capture import CaptureGroup, wait_until_acknowledged
 from gpcdc_toolkit.config import load_config
+from gpcdc_toolkit.connect import kafka_client_settings
+from gpcdc_toolkit.ingest import end_offsets
 from gpcdc_toolkit.ingest.spark import (
     IncrementalRead,
     read_changes,
@@ -166,12 +169,71 @@ def test_capture_output_reads_as_captured(spark, source, broker, work_dir, tmp_p
         assert {(r.segment, r.gxid) for r in ends} == {(s, g) for g, segs in captured.parts.items() for s in segs}
         records = read_transactions(spark, config).where("kind = 'commit'").collect()
         assert {r.gxid: tuple(r.segments) for r in records} == captured.records
+        # Spark's own Kafka source reads the real stream (every kind of message) the same
+        # way; up to the same offsets, as capture goes on writing watermarks.
+        ends = end_offsets(kafka_client_settings(config), Topics(config.kafka.topic_prefix).changes)
+        assert_same_frames(read_changes(spark, config, ending_offsets=ends),
+                           read_changes(spark, config, ending_offsets=ends, source="kafka"))
         marks = read_watermarks(spark, config)
         assert {r.segment for r in marks.select("segment").distinct().collect()} == {-1, 0, 1, 2}
         run_explore_notebook(config, tmp_path, len(captured.rows))
     finally:
         group.stop()
         drop_slots(source, pipeline.slot, publication=pipeline.publication)
+
+
+def normalized(df):
+    """A DataFrame's rows, sorted, with maps as sorted item tuples (comparable)."""
+    def plain(value):
+        if isinstance(value, dict):
+            return tuple(sorted(value.items()))
+        if isinstance(value, list):
+            return tuple(value)
+        return value
+
+    return sorted((tuple(plain(v) for v in row) for row in df.collect()), key=lambda r: (r[0], r[1], r[2]))
+
+
+def assert_same_frames(python_df, jvm_df):
+    assert python_df.schema == jvm_df.schema
+    rows = normalized(python_df)
+    assert rows and rows == normalized(jvm_df)
+
+
+@pytest.mark.parametrize("window", [
+    {},
+    {"starting_offsets": {0: 10, 1: -2, 2: -1}, "ending_offsets": {0: 20, 1: 5, 2: -1}},
+    {"starting_timestamp": BASE_MS + 30, "ending_timestamp": BASE_MS + 60},
+], ids=["whole", "offsets", "time"])
+def test_spark_kafka_source_gives_the_same_dataframe_as_the_gpcdc_source(spark, topics, window):
+    config, produce = topics
+    produce(300, corrupt={4, 13, 50})
+    assert_same_frames(read_changes(spark, config, **window), read_changes(spark, config, source="kafka", **window))
+
+
+def test_both_sources_stream_the_same_rows_once_across_runs(spark, topics, tmp_path):
+    config, produce = topics
+    produce(90, corrupt={7})
+
+    def run(source):
+        out, checkpoint = str(tmp_path / source / "out"), str(tmp_path / source / "checkpoint")
+        query = (stream_changes(spark, config, max_offsets_per_trigger=40, source=source).writeStream
+                 .format("parquet").option("path", out).option("checkpointLocation", checkpoint)
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        assert query.exception() is None
+        return spark.read.parquet(out)
+
+    run("gpcdc"), run("kafka")
+    produce(30)
+    assert_same_frames(run("gpcdc"), run("kafka"))
+    assert run("kafka").count() == 120, "each message exactly once across the two runs"
+
+
+def test_an_unknown_source_is_named(spark, topics):
+    config, _ = topics
+    with pytest.raises(ConfigError, match="unknown source 'jdbc'.*use one of gpcdc, kafka"):
+        read_changes(spark, config, source="jdbc")
 
 
 def test_missing_options_are_named(spark):

@@ -1,5 +1,5 @@
-"""The embedded Kafka-compatible broker for demos and tests."""
+"""The embedded broker, Apache Kafka in KRaft mode, for the demo and the tests."""
 
-from ._embedded import EmbeddedBroker, broker_binary, check_reachable
+from ._embedded import KAFKA_VERSION, BrokerStatus, EmbeddedBroker, check_reachable, kafka_classpath
 
-__all__ = ["EmbeddedBroker", "broker_binary", "check_reachable"]
+__all__ = ["KAFKA_VERSION", "BrokerStatus", "EmbeddedBroker", "check_reachable", "kafka_classpath"]

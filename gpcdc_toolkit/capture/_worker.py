@@ -38,6 +38,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from .._runtime import write_json
 from ..cluster import Cluster, Node, gxid_of
 from ..config import CaptureSettings
+from ..connect import kafka_logger
 from ..errors import GpcdcError, StreamError
 from ..ingest import first_message, located
 from ..protocol import (
@@ -109,6 +110,7 @@ def producer_config(settings: WorkerSettings, on_error: Any) -> dict[str, Any]:
         # Only failures call back into Python: success is learnt from flush().
         "delivery.report.only.error": True,
         "on_delivery": on_error,
+        "logger": kafka_logger(),
     }
 
 

@@ -11,7 +11,7 @@ from ._workload import Demo, Workload
 
 GROUPS: dict[str, tuple[str, list[Command]]] = {
     "sandbox": ("sandbox clusters of PostgreSQL 15 servers", [SandboxUp(), SandboxDown(), SandboxStatus()]),
-    "broker": ("the embedded Kafka-compatible broker", [BrokerUp(), BrokerDown(), BrokerStatus()]),
+    "broker": ("the embedded Apache Kafka broker", [BrokerUp(), BrokerDown(), BrokerStatus()]),
     "bootstrap": ("replication slots at a distributed-transaction-consistent point", [BootstrapCreate(), BootstrapDrop()]),
     "capture": ("capture workers: every node into Kafka", [CaptureRun(), CaptureStart(), CaptureStop()]),
 }

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 
-from ..broker import EmbeddedBroker, check_reachable
+from ..broker import KAFKA_VERSION, EmbeddedBroker, check_reachable
 from ..config import Config
-from ..connect import kafka_client_settings
 from ..sandbox import Sandbox, list_sandboxes
 from ._command import Command, say
 
@@ -60,31 +61,53 @@ class SandboxStatus(Command):
 
 
 class BrokerUp(Command):
-    name, help = "up", "start the embedded Kafka-compatible broker"
+    name, help = "up", "start the embedded Kafka broker (Apache Kafka, KRaft mode)"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--port", type=int, help="port (default: a free one)")
+        parser.add_argument("--port", type=int, help="port (default: the one it had before, else a free one)")
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
+        started = time.monotonic()
         broker = EmbeddedBroker(config.work_dir).up(port=args.port)
-        say(f"broker is up: bootstrap.servers={broker.bootstrap_servers} (pid {broker.pid})")
+        say(f"broker is up: bootstrap.servers={broker.bootstrap_servers} (Apache Kafka {KAFKA_VERSION}, "
+            f"pid {broker.pid}, {time.monotonic() - started:.1f} s); data in {broker.data}")
         return 0
 
 
 class BrokerDown(Command):
-    name, help = "down", "stop the embedded broker"
+    name, help = "down", "stop the embedded broker (its data stays)"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--remove", action="store_true", help="also delete its data, ports and logs")
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
-        EmbeddedBroker(config.work_dir).down()
-        say("broker is stopped")
+        broker = EmbeddedBroker(config.work_dir)
+        if args.remove:
+            broker.remove()
+            say(f"broker is stopped and {broker.path} removed")
+        else:
+            broker.down()
+            say("broker is stopped")
         return 0
 
 
 class BrokerStatus(Command):
-    name, help = "status", "tell whether the configured Kafka answers"
+    name, help = "status", "where the configured Kafka listens, and whether it answers"
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
-        servers = kafka_client_settings(config)["bootstrap.servers"]
-        check_reachable(servers)
-        say(f"Kafka answers at {servers}")
-        return 0
+        if config.kafka.bootstrap_servers:
+            check_reachable(config.kafka.bootstrap_servers)
+            say(f"Kafka answers at {config.kafka.bootstrap_servers}")
+            return 0
+        broker = EmbeddedBroker(config.work_dir)
+        status = broker.status()
+        if status.answers:
+            say(f"the embedded broker answers at {status.bootstrap_servers} (pid {status.pid})")
+            return 0
+        if status.running:
+            print(f"gpcdc: the embedded broker runs (pid {status.pid}) but does not answer at "
+                  f"{status.bootstrap_servers}; see {broker.log_file}", file=sys.stderr)
+        else:
+            where = f" (it listened at {status.bootstrap_servers})" if status.bootstrap_servers else ""
+            print(f"gpcdc: the embedded broker is not running{where}; start it with `gpcdc broker up`", file=sys.stderr)
+        return 3

@@ -1,9 +1,19 @@
 """Reading the toolkit's Kafka topics: a plain consumer, and a Spark data source."""
 
-from ._consumer import EndTracker, end_offsets, first_message, located, partitions_of, read_to_end, read_values
+from ._consumer import (
+    EndTracker,
+    end_offsets,
+    first_message,
+    high_watermarks,
+    located,
+    partitions_of,
+    read_to_end,
+    read_values,
+)
 from ._rows import COLUMNS, SCHEMA_DDL, to_row
 
-__all__ = ["EndTracker", "end_offsets", "first_message", "located", "partitions_of", "read_to_end", "read_values",
+__all__ = ["EndTracker", "end_offsets", "first_message", "high_watermarks", "located", "partitions_of", "read_to_end",
+           "read_values",
            "COLUMNS", "SCHEMA_DDL", "to_row"]
 
 # The Spark parts (gpcdc_toolkit.ingest.spark) import pyspark; they are kept apart so

@@ -1,24 +1,19 @@
 """Reading the toolkit's topics with a plain Kafka consumer, to their current end.
 
-Where a partition ends is found by reading, not from its high watermark: some
-Kafka-compatible brokers (the embedded one among them) report a high watermark
-short of the real end after multi-message batches, so the consumer's end-of-partition
-event comes early, or never. A partition counts as read to its end when a message
-produced after the read began arrives (it is left out), or when no message comes
-from it for ``idle`` seconds, or for a quarter second after an end-of-partition event.
+A partition's end is its high watermark when the read begins (the offset the next
+message will take): Apache Kafka reports it exactly. A read stops at it, leaving out
+what was produced since; an end-of-partition event also ends a partition, as the
+consumer is then at the high watermark of that moment, which is at or past the first.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Generator, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from ..errors import BrokerError
-
-EOF_GRACE = 0.25  # seconds of silence after an end-of-partition event
 
 
 def located(message: Message) -> tuple[int, int]:
@@ -39,54 +34,31 @@ def partitions_of(consumer: Consumer, topic: str, timeout: float = 10.0) -> list
     return sorted(info.partitions)
 
 
+def high_watermarks(consumer: Consumer, topic: str, partitions: list[int], timeout: float = 30.0) -> dict[int, int]:
+    """Each partition's end now: the offset its next message will take."""
+    try:
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1] for p in partitions}
+    except KafkaException as e:
+        raise BrokerError(f"Kafka did not say where {topic!r} ends within {timeout:g} s ({e.args[0].str()})",
+                          fix="check the broker and kafka.bootstrap_servers") from None
+
+
 class EndTracker:
-    """Tells when each partition has been read to where it ended when reading began,
-    by the rules above. Feed it every message and end-of-partition event, and the time
-    spent in each poll: silence counts only while the consumer listens, so a caller
-    busy between polls does not make partitions look idle."""
+    """Tells when each partition has been read to its end as of when reading began.
+    Feed it every message and end-of-partition event."""
 
-    def __init__(self, partitions: list[Any], *, idle: float = 1.0, began_ms: int | None = None) -> None:
-        self.idle = idle
-        self.began_ms = began_ms if began_ms is not None else int(time.time() * 1000)
-        self.listened = 0.0  # seconds spent polling so far
-        self.last_heard = {p: 0.0 for p in partitions}
-        self.at_eof: dict[Any, float] = {}
-        self.ended: set[Any] = set()
-        self.connected = False
+    def __init__(self, ends: Mapping[Any, int], start: Mapping[Any, int]) -> None:
+        self.ends = dict(ends)
+        self.ended = {p for p, end in self.ends.items() if start.get(p, 0) >= end}
 
-    def polled(self, seconds: float) -> None:
-        self.listened += seconds
-
-    def message(self, partition: Any, timestamp_ms: int) -> bool:
-        """Note a message; False when it was produced after reading began."""
-        self.connected = True
-        self.last_heard[partition] = self.listened
-        if timestamp_ms > self.began_ms:
+    def message(self, partition: Any, offset: int) -> bool:
+        """Note a message; False when it came after the partition's end."""
+        if offset + 1 >= self.ends[partition]:
             self.ended.add(partition)
-            return False
-        return True
+        return bool(offset < self.ends[partition])
 
     def end_of_partition(self, partition: Any) -> None:
-        self.connected = True
-        self.at_eof[partition] = self.listened
-
-    def silent(self, partition: Any) -> bool:
-        """Whether nothing came from ``partition`` for ``idle`` seconds of polling."""
-        return self.connected and self.listened - self.last_heard[partition] > self.idle
-
-    def check(self, timeout: float = 30.0, what: str = "") -> set[Any]:
-        """The partitions read to their end so far; raises BrokerError when Kafka has not
-        answered for ``timeout`` seconds of polling."""
-        now = self.listened
-        for partition, heard in self.last_heard.items():
-            # After an end-of-partition event, a short silence confirms it (a broker
-            # with a short high watermark sends what follows at once).
-            eof = self.at_eof.get(partition)
-            if self.connected and (now - heard > self.idle or (eof is not None and now - eof > EOF_GRACE and eof >= heard)):
-                self.ended.add(partition)
-        if not self.connected and now > timeout:
-            raise BrokerError(f"no answer from Kafka for {timeout:g} s while reading {what}")
-        return self.ended
+        self.ended.add(partition)
 
 
 def read_to_end(
@@ -95,46 +67,42 @@ def read_to_end(
     *,
     start: Mapping[int, int] | None = None,
     partitions: list[int] | None = None,
-    idle: float = 1.0,
     timeout: float = 30.0,
 ) -> Generator[Message, None, None]:
     """Every message of ``topic`` (of ``partitions``; default: all) from ``start``
     (partition -> offset; default: the beginning) up to where each partition ended
     when the read began."""
-    began_ms = int(time.time() * 1000)
     consumer = Consumer({**kafka, "group.id": "gpcdc-reader", "enable.auto.commit": False,
                          "enable.partition.eof": True, "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100})
     try:
-        known = partitions_of(consumer, topic)  # which also says clearly when the topic is missing
+        known = partitions_of(consumer, topic, timeout)  # which also says clearly when the topic is missing
         partitions = known if partitions is None else partitions
         offsets = start or {}
+        ends = EndTracker(high_watermarks(consumer, topic, partitions, timeout), offsets)
         consumer.assign([TopicPartition(topic, p, offsets.get(p, 0)) for p in partitions])
-        ends = EndTracker(partitions, idle=idle, began_ms=began_ms)
-        while len(ends.check(timeout, repr(topic))) < len(partitions):
-            polling = time.monotonic()
-            message = consumer.poll(0.1)
-            ends.polled(time.monotonic() - polling)
+        while len(ends.ended) < len(partitions):
+            message = consumer.poll(timeout)
             if message is None:
-                continue
+                waiting = sorted(set(partitions) - ends.ended)
+                raise BrokerError(f"no message from {topic!r} partitions {waiting} within {timeout:g} s, "
+                                  "though they hold more", fix="check the broker and kafka.bootstrap_servers")
             error = message.error()
-            partition = message.partition()
             if error is None:
-                partition, _offset = located(message)
-                if ends.message(partition, message.timestamp()[1]) and partition not in ends.ended:
+                partition, offset = located(message)
+                if partition not in ends.ended and ends.message(partition, offset):
                     yield message
             elif error.code() == KafkaError._PARTITION_EOF:
-                ends.end_of_partition(partition)
+                ends.end_of_partition(message.partition())
             else:
-                raise BrokerError(f"Kafka failed while reading {topic!r} partition {partition}: {error.str()}",
+                raise BrokerError(f"Kafka failed while reading {topic!r} partition {message.partition()}: {error.str()}",
                                   fix="check the broker and kafka.bootstrap_servers")
     finally:
         consumer.close()
 
 
-def first_message(kafka: Mapping[str, str], topic: str, partition: int, *, idle: float = 1.0,
-                  timeout: float = 30.0) -> Message | None:
+def first_message(kafka: Mapping[str, str], topic: str, partition: int, *, timeout: float = 30.0) -> Message | None:
     """The first message a partition holds now, or None when it holds none."""
-    messages = read_to_end(kafka, topic, partitions=[partition], idle=idle, timeout=timeout)
+    messages = read_to_end(kafka, topic, partitions=[partition], timeout=timeout)
     try:
         return next(messages, None)
     finally:
@@ -142,20 +110,14 @@ def first_message(kafka: Mapping[str, str], topic: str, partition: int, *, idle:
 
 
 def end_offsets(kafka: Mapping[str, str], topic: str, partitions: list[int] | None = None,
-                *, idle: float = 1.0, timeout: float = 30.0) -> dict[int, int]:
-    """The real end (next offset to be written) of each partition, found by reading
-    forward from the reported high watermark, which may fall short but not beyond."""
+                *, timeout: float = 30.0) -> dict[int, int]:
+    """The end (next offset to be written) of each partition."""
     consumer = Consumer({**kafka, "group.id": "gpcdc-reader", "enable.auto.commit": False})
     try:
-        partitions = partitions if partitions is not None else partitions_of(consumer, topic)
-        starts = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1] for p in partitions}
+        partitions = partitions if partitions is not None else partitions_of(consumer, topic, timeout)
+        return high_watermarks(consumer, topic, partitions, timeout)
     finally:
         consumer.close()
-    ends = dict(starts)
-    for message in read_to_end(kafka, topic, start=starts, idle=idle, timeout=timeout):
-        partition, offset = located(message)
-        ends[partition] = offset + 1
-    return ends
 
 
 def read_values(kafka: Mapping[str, str], topic: str, **kwargs: Any) -> list[tuple[int, int, dict[str, Any]]]:

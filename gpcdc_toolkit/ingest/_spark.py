@@ -1,4 +1,10 @@
-"""Spark helpers the notebooks use: a session, and the toolkit's topics as DataFrames."""
+"""Spark helpers the notebooks use: a session, and the toolkit's topics as DataFrames.
+
+Every reader takes ``source``: ``"gpcdc"`` (default), the toolkit's Python data source,
+which reads Kafka with confluent-kafka and needs no jars; or ``"kafka"``, Spark's own
+Kafka source in the JVM (what a Spark cluster usually has), its values parsed by the
+same code. Both give the same DataFrame.
+"""
 
 from __future__ import annotations
 
@@ -11,21 +17,29 @@ from typing import Any
 from .._runtime import read_json, write_json
 from ..config import Config
 from ..connect import kafka_client_settings
+from ..errors import ConfigError
 from ..protocol import Topics
+from ._spark_kafka import connector_jars, kafka_options, parse_kafka_frame
 from ._spark_source import NAME, GpcdcDataSource
 
+SOURCES = (NAME, "kafka")
 
-def spark_session(config: Config, app_name: str = "gpcdc") -> Any:
-    """A Spark session on ``spark.master``, with the gpcdc source registered."""
+
+def spark_session(config: Config, app_name: str = "gpcdc", *, kafka_connector: bool = True) -> Any:
+    """A Spark session on ``spark.master``, with the gpcdc source registered and, unless
+    ``kafka_connector`` is False, Spark's Kafka connector on its classpath (resolved from
+    Maven Central the first time)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master(config.spark.master).appName(app_name)
-             .config("spark.sql.session.timeZone", "UTC")
-             .config("spark.sql.shuffle.partitions", "4")
-             .config("spark.ui.enabled", "false")
-             .getOrCreate())
+    builder = (SparkSession.builder.master(config.spark.master).appName(app_name)
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.shuffle.partitions", "4")
+               .config("spark.ui.enabled", "false"))
+    if kafka_connector:
+        builder = builder.config("spark.jars", ",".join(str(jar) for jar in connector_jars()))
+    spark = builder.getOrCreate()
     register(spark)
     return spark
 
@@ -44,45 +58,60 @@ def _options(config: Config, topic: str, **options: Any) -> dict[str, str]:
     return out
 
 
-def _read(spark: Any, config: Config, topic: str, **window: Any) -> Any:
-    return spark.read.format(NAME).options(**_options(config, topic, **window)).load()
+_OPTION_NAMES = {"starting_offsets": "startingOffsets", "ending_offsets": "endingOffsets",
+                 "starting_timestamp": "startingTimestamp", "ending_timestamp": "endingTimestamp",
+                 "max_offsets_per_trigger": "maxOffsetsPerTrigger"}
+
+
+def _reader(spark: Any, config: Config, topic: str, source: str, streaming: bool, window: dict[str, Any]) -> Any:
+    if source not in SOURCES:
+        raise ConfigError(f"unknown source {source!r}", fix=f"use one of {', '.join(SOURCES)}")
+    reader = spark.readStream if streaming else spark.read
+    if source == NAME:
+        return reader.format(NAME).options(**_options(config, topic, **{_OPTION_NAMES[k]: v for k, v in window.items()})
+                                           ).load()
+    kafka = kafka_client_settings(config)
+    starting = window.get("starting_offsets")
+    if not streaming and (starting == "latest" or isinstance(starting, dict) and -1 in starting.values()):
+        # Spark's Kafka source takes no "latest" start for a batch: give it the offsets.
+        from ._consumer import end_offsets
+
+        ends = end_offsets(kafka, topic)
+        starting = ends if starting == "latest" else {p: ends[p] if o == -1 else o for p, o in starting.items()}
+        window = {**window, "starting_offsets": starting}
+    return parse_kafka_frame(reader.format("kafka").options(**kafka_options(kafka["bootstrap.servers"], topic,
+                                                                            **window)).load())
 
 
 def read_changes(spark: Any, config: Config, *, starting_offsets: Any = None, ending_offsets: Any = None,
-                 starting_timestamp: int | None = None, ending_timestamp: int | None = None) -> Any:
+                 starting_timestamp: int | None = None, ending_timestamp: int | None = None,
+                 source: str = NAME) -> Any:
     """The segments' events (row events, BEGIN/END, watermarks) in an offset or time window."""
-    return _read(spark, config, Topics(config.kafka.topic_prefix).changes, startingOffsets=starting_offsets,
-                 endingOffsets=ending_offsets, startingTimestamp=starting_timestamp, endingTimestamp=ending_timestamp)
+    window = dict(starting_offsets=starting_offsets, ending_offsets=ending_offsets,
+                  starting_timestamp=starting_timestamp, ending_timestamp=ending_timestamp)
+    return _reader(spark, config, Topics(config.kafka.topic_prefix).changes, source, False, window)
 
 
-def read_transactions(spark: Any, config: Config, **window: Any) -> Any:
+def read_transactions(spark: Any, config: Config, *, source: str = NAME, **window: Any) -> Any:
     """The coordinator's distributed commit records and DDL records."""
-    df = _read(spark, config, Topics(config.kafka.topic_prefix).dtx, **_window(window))
+    df = _reader(spark, config, Topics(config.kafka.topic_prefix).dtx, source, False, window)
     return df.where(df.kind.isin("commit", "ddl"))
 
 
-def read_watermarks(spark: Any, config: Config, **window: Any) -> Any:
+def read_watermarks(spark: Any, config: Config, *, source: str = NAME, **window: Any) -> Any:
     """Every node's resolved watermarks, the coordinator's included."""
     topics = Topics(config.kafka.topic_prefix)
-    parts = [_read(spark, config, t, **_window(window)) for t in (topics.changes, topics.dtx)]
+    parts = [_reader(spark, config, t, source, False, window) for t in (topics.changes, topics.dtx)]
     df = parts[0].unionByName(parts[1])
     return df.where(df.kind == "resolved").select("segment", "resolved_lsn", "resolved_ts", "timestamp", "topic",
                                                   "partition", "offset")
 
 
-def _window(window: dict[str, Any]) -> dict[str, Any]:
-    names = {"starting_offsets": "startingOffsets", "ending_offsets": "endingOffsets",
-             "starting_timestamp": "startingTimestamp", "ending_timestamp": "endingTimestamp"}
-    return {names[k]: v for k, v in window.items()}
-
-
 def stream_changes(spark: Any, config: Config, *, starting_offsets: Any = None,
-                   max_offsets_per_trigger: int | None = None) -> Any:
+                   max_offsets_per_trigger: int | None = None, source: str = NAME) -> Any:
     """The changes topic as a streaming DataFrame (restartable from a checkpoint)."""
-    return (spark.readStream.format(NAME)
-            .options(**_options(config, Topics(config.kafka.topic_prefix).changes, startingOffsets=starting_offsets,
-                                maxOffsetsPerTrigger=max_offsets_per_trigger))
-            .load())
+    window = dict(starting_offsets=starting_offsets, max_offsets_per_trigger=max_offsets_per_trigger)
+    return _reader(spark, config, Topics(config.kafka.topic_prefix).changes, source, True, window)
 
 
 class IncrementalRead:
@@ -110,7 +139,8 @@ class IncrementalRead:
         topic = Topics(self.config.kafka.topic_prefix).changes
         self._end = end_offsets(kafka_client_settings(self.config), topic)
         start = {p: self.saved_position().get(p, -2) for p in self._end}
-        return _read(self.spark, self.config, topic, startingOffsets=start, endingOffsets=self._end)
+        return _reader(self.spark, self.config, topic, NAME, False,
+                       dict(starting_offsets=start, ending_offsets=self._end))
 
     def commit(self) -> None:
         if self._end is None:

@@ -16,7 +16,7 @@ Options (strings, like Spark's own Kafka source):
 =========================  ====================================================================
 
 Every Kafka partition becomes at least one Spark partition. Ends of partitions are
-found by reading (see :mod:`._consumer`), never taken from the high watermark alone.
+their high watermarks when the read is planned (see :mod:`._consumer`).
 Executors read with confluent-kafka and parse with :func:`._rows.to_row`.
 """
 
@@ -50,8 +50,6 @@ class KafkaRange(InputPartition):
     partition: int
     start: int
     end: int
-    stop_before_ms: int | None = None  # endingTimestamp
-    skip_before_ms: int | None = None  # startingTimestamp: a broker's time index may start early
 
 
 def _normalized(options: Any) -> dict[str, str]:
@@ -193,12 +191,10 @@ def read_range(kafka: dict[str, str], r: KafkaRange, batch: int = 10_000) -> Ite
                 if offset < position:
                     continue  # a broker may return a batch from before the requested offset
                 ts = m.timestamp()[1]
-                if offset >= r.end or (r.stop_before_ms is not None and ts >= r.stop_before_ms):
+                if offset >= r.end:
                     done = True
                     break
                 position = offset + 1
-                if r.skip_before_ms is not None and ts < r.skip_before_ms:
-                    continue
                 rows.append(to_row(r.topic, r.partition, offset, ts if ts >= 0 else None, m.key(), m.value()))
             if rows:
                 yield to_arrow(rows, schema)
@@ -214,11 +210,10 @@ class _BatchReader(DataSourceReader):
         partitions, lows, ends = planner._bounds()
         self.kafka = planner.kafka
         start = planner.offsets("startingOffsets", "earliest", "startingTimestamp", partitions, lows, ends)
-        end = planner.offsets("endingOffsets", "latest", "__none__", partitions, lows, ends)
-        stop_before = _int_option(options, "endingTimestamp")
-        skip_before = _int_option(options, "startingTimestamp")
-        self._ranges = [KafkaRange(r.topic, r.partition, r.start, r.end, stop_before, skip_before)
-                        for r in planner.ranges(start, end)]
+        # By time, each partition's first offset whose timestamp is at or after it (the
+        # broker's time index), as Spark's Kafka source does: both sources read the same.
+        end = planner.offsets("endingOffsets", "latest", "endingTimestamp", partitions, lows, ends)
+        self._ranges = planner.ranges(start, end)
 
     def partitions(self) -> Sequence[InputPartition]:
         return self._ranges or [KafkaRange("", 0, 0, 0)]

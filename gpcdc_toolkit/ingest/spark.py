@@ -9,9 +9,10 @@ from ._spark import (
     spark_session,
     stream_changes,
 )
+from ._spark_kafka import connector_jars, parse_kafka_frame
 from ._spark_source import NAME, GpcdcDataSource, KafkaRange, SourceOptionError
 
 __all__ = [
     "IncrementalRead", "read_changes", "read_transactions", "read_watermarks", "register", "spark_session",
-    "stream_changes", "NAME", "GpcdcDataSource", "KafkaRange", "SourceOptionError",
+    "stream_changes", "NAME", "GpcdcDataSource", "KafkaRange", "SourceOptionError", "connector_jars", "parse_kafka_frame",
 ]

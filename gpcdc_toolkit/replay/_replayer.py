@@ -23,9 +23,9 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from ..bootstrap import InitialSnapshot, Pipeline
 from ..cluster import Cluster, resolve_in_doubt
 from ..config import Config, ReplaySettings
-from ..connect import kafka_client_settings, open_cluster
+from ..connect import kafka_client_settings, kafka_logger, open_cluster
 from ..errors import BrokerError, GpcdcError, StreamError
-from ..ingest import EndTracker, located, partitions_of
+from ..ingest import EndTracker, high_watermarks, located, partitions_of
 from ..protocol import COORDINATOR, Topics, is_pipeline_marker
 from ._apply import Applier, Checkpoint, DdlRefusedError, commit_ts_ms
 from ._legacy import SegmentOrder
@@ -189,7 +189,8 @@ class _Run:
                                   "enable.auto.commit": False, "enable.partition.eof": True,
                                   "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100,
                                   # Prefetch bounded: 16 MB queued, 8 MB per fetch (not 64 and 50).
-                                  "queued.max.messages.kbytes": 16384, "fetch.max.bytes": 8 << 20})
+                                  "queued.max.messages.kbytes": 16384, "fetch.max.bytes": 8 << 20,
+                                  "logger": kafka_logger()})
         self.spill_dir = tempfile.TemporaryDirectory(prefix="gpcdc-spill-", dir=self.settings.spill_dir)
         try:
             self.partitions = partitions_of(self.consumer, self.topics.changes)
@@ -206,7 +207,6 @@ class _Run:
         self.framer = Framer(self.topics.prefix, legacy=self.settings.legacy_per_segment,
                              read=checkpoint.read, lsn=checkpoint.lsn, spill_rows=self.settings.spill_rows,
                              spill=lambda: SqliteSpill(self.spill_dir.name))
-        self.began_ms = int(time.time() * 1000)
         self.started = time.monotonic()
         self.stats_at_start = (self.applier.stats.transactions, self.applier.stats.rows, self.applier.stats.ddl)
         unknown = sorted(set(checkpoint.read) - {COORDINATOR, *segments})
@@ -220,13 +220,20 @@ class _Run:
         self.identity = identity
         self.unmarked = {p for p, offset in self.next.items() if offset == 0 and not checkpoint.read}
         self.window_end = {p: o for p, o in checkpoint.read.items() if o > self.next.get(p, 0)}
+        ends = {**high_watermarks(self.consumer, self.topics.changes, segments),
+                COORDINATOR: high_watermarks(self.consumer, self.topics.dtx, [0])[0]}
+        for partition, read in sorted(self.window_end.items()):
+            if ends[partition] < read:
+                raise StreamError(f"{self._name(partition)} ends at offset {ends[partition]}, before offset {read} "
+                                  "that this target's replay had read",
+                                  fix="the topics were recreated: replay into a fresh target, or bootstrap again")
+        self.ends = EndTracker(ends, self.next)
         self.consumer.assign([TopicPartition(self.topics.changes, p, self.next[p]) for p in segments]
                              + [TopicPartition(self.topics.dtx, 0, self.next[COORDINATOR])])
         self.reassembler: Reassembler | SegmentOrder | None = None
         self.applied_lsn = dict(checkpoint.applied_lsn)  # legacy replay: everything up to these is applied
         self.window: list[Part | Record | Watermark] = []  # framed while reading the window
         self.in_hand: deque[Whole] = deque()  # handed out by the reassembler, not applied yet
-        self.ends = EndTracker(list(self.next), idle=self.settings.idle, began_ms=self.began_ms)
 
     def close(self) -> None:
         self.consumer.close()
@@ -238,12 +245,8 @@ class _Run:
 
     def steps(self) -> Iterator[None]:
         while True:
-            polling = time.monotonic()
-            messages = self.consumer.consume(1000, 0.2)
-            self.ends.polled(time.monotonic() - polling)
-            for message in messages:
+            for message in self.consumer.consume(1000, 0.2):
                 self._receive(message)
-            self._notice_ends()
             if self.reassembler is None and not self.window_end:
                 self._open_reassembler()
             if self.reassembler is not None:
@@ -266,7 +269,7 @@ class _Run:
         partition, offset = located(message)
         if message.topic() == self.topics.dtx:
             partition = COORDINATOR
-        self.ends.message(partition, message.timestamp()[1])
+        self.ends.message(partition, offset)
         if partition not in self.first_offsets_seen:
             self.first_offsets_seen.add(partition)
             if offset != self.next[partition]:
@@ -308,14 +311,6 @@ class _Run:
                               "or the topics lost their history",
                               fix="start capture (`gpcdc capture start`); if it refuses to, bootstrap the pipeline "
                                   "again and replay into a fresh target")
-
-    def _notice_ends(self) -> None:
-        self.ends.check(what=self.topics.changes)
-        # Only silence counts here: a message's timestamp comes from another host's clock.
-        for partition in [p for p in self.window_end if self.ends.silent(p)]:
-            raise StreamError(f"{self._name(partition)} ends at offset {self.next[partition]}, before offset "
-                              f"{self.window_end[partition]} that this target's replay had read",
-                              fix="the topics were recreated: replay into a fresh target, or bootstrap again")
 
     def _name(self, partition: int) -> str:
         return self.topics.dtx if partition == COORDINATOR else f"{self.topics.changes} partition {partition}"
