@@ -19,6 +19,7 @@ more field of ``Config``; nothing else changes.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 import typing
@@ -129,6 +130,7 @@ class Config:
     capture: CaptureSettings = field(default_factory=CaptureSettings)
     replay: ReplaySettings = field(default_factory=ReplaySettings)
     origins: Mapping[str, str] = internal(default_factory=dict)  # setting -> where its value came from
+    file: Path | None = internal(None)  # the configuration file read, if any (child processes read it too)
 
     def cluster(self, role: str) -> ClusterRef:
         if role not in ("source", "target"):
@@ -152,6 +154,16 @@ class Config:
             spec = SETTINGS[name]
             (sections.setdefault(spec.section, {}) if spec.section else top)[spec.key] = spec.parse(raw, "code")
             origins[name] = "code"
+        for role in ("source", "target"):
+            # A DSN replaces the sandbox, as in load_config; naming both is refused.
+            given = sections.get(role, {})
+            if given.get("dsn"):
+                if given.get("sandbox"):
+                    raise ConfigError(f"{role} names both a DSN and a sandbox",
+                                      fix=f"set only one of {role}.dsn and {role}.sandbox")
+                given["sandbox"] = None
+            elif given.get("sandbox"):
+                given["dsn"] = None
         changed = {s: dataclasses.replace(getattr(self, s), **kv) for s, kv in sections.items()}
         return dataclasses.replace(self, **top, **changed, origins=origins)
 
@@ -211,6 +223,8 @@ class Setting:
                 value = self.type(str(raw))  # through str: 1.5 is no integer, though int(1.5) is 1
             except ValueError:
                 raise bad(f"is not {kind}") from None
+            if not math.isfinite(value):
+                raise bad("is not a finite number")
             if self.minimum is not None and value < self.minimum:
                 raise bad(f"is below the minimum {self.minimum:g}")
         elif self.type is Path:
@@ -301,14 +315,18 @@ def load_config(
 
     tried: list[str] = []
     file_values: dict[str, Any] = {}
+    file: Path | None = None
     if config_file is not None:
-        file_values = _read_file(Path(config_file), "config file")
+        file = Path(config_file)
+        file_values = _read_file(file, "config file")
         tried.append(f"file {config_file}")
     elif environ.get(ENV_PREFIX + "CONFIG"):
-        file_values = _read_file(Path(environ[ENV_PREFIX + "CONFIG"]), f"{ENV_PREFIX}CONFIG file")
+        file = Path(environ[ENV_PREFIX + "CONFIG"])
+        file_values = _read_file(file, f"{ENV_PREFIX}CONFIG file")
         tried.append(f"file {environ[ENV_PREFIX + 'CONFIG']} (from {ENV_PREFIX}CONFIG)")
     elif Path(DEFAULT_FILE).is_file():
-        file_values = _read_file(Path(DEFAULT_FILE), "config file")
+        file = Path(DEFAULT_FILE)
+        file_values = _read_file(file, "config file")
         tried.append(f"file ./{DEFAULT_FILE}")
     else:
         tried.append(f"file ./{DEFAULT_FILE} (absent)")
@@ -357,4 +375,5 @@ def load_config(
         capture=CaptureSettings(**sections["capture"]),
         replay=ReplaySettings(**sections["replay"]),
         origins=origins,
+        file=file.absolute() if file is not None else None,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 from .broker import EmbeddedBroker
@@ -36,11 +37,14 @@ class _OncePerWindow(logging.Filter):
         self.last: dict[str, float] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        # The text after librdkafka's "[thrd:...]: " prefix, which names the thread.
-        text = record.getMessage().split("]: ", 1)[-1]
+        # The text after librdkafka's "[thrd:...]: " prefix, which names the thread, with
+        # its numbers (durations, counts of suppressed repeats) left out.
+        text = re.sub(r"\d+", "#", record.getMessage().split("]: ", 1)[-1])
         now = time.monotonic()
         if now - self.last.get(text, -self.window) < self.window:
             return False
+        if len(self.last) > 1000:  # a long-lived client: forget what is long past
+            self.last = {t: at for t, at in self.last.items() if now - at < self.window}
         self.last[text] = now
         return True
 

@@ -117,6 +117,8 @@ def test_typed_values_from_file_environment_and_flags(tmp_path):
     ("capture.heartbeat_interval", "fast", "flag", "is not a number"),
     ("capture.dispatcher", "round-robin", "file", "is not one of segment, key"),
     ("spark.master", 3.0, "file", "must be a string"),
+    ("capture.heartbeat_interval", "nan", "env", "is not a finite number"),
+    ("capture.max_backoff", "inf", "flag", "is not a finite number"),
 ])
 def test_a_bad_value_names_the_setting_the_value_and_where_it_came_from(tmp_path, name, raw, where, message):
     spec = SETTINGS[name]
@@ -170,6 +172,16 @@ def test_a_child_process_resolves_the_same_configuration_from_the_flags_it_is_gi
     flags = {k.split(":", 1)[1]: v for k, v in vars(args).items() if k.startswith("setting:")}
     again = load_config(flags, environ={})
     assert again == dataclasses.replace(config, origins=again.origins)
+
+
+def test_a_dsn_given_in_code_replaces_the_sandbox_and_children_read_the_same_file(tmp_path):
+    path = write(tmp_path, '[kafka.client]\n"security.protocol" = "SSL"\n')
+    config = load_config({}, config_file=path, environ={}).with_settings({"source.dsn": "host=db"})
+    assert config.source.dsn == "host=db" and config.source.sandbox is None
+    flags = config_flags(config)
+    assert f"--config={path.absolute()}" in flags and not any(f.startswith("--source-sandbox") for f in flags)
+    with pytest.raises(ConfigError, match="both a DSN and a sandbox"):
+        config.with_settings({"target.dsn": "host=x", "target.sandbox": "y"})
 
 
 def test_a_commands_settings_are_accepted_after_its_name_without_undoing_those_before_it():

@@ -122,7 +122,7 @@ def test_streaming_available_now_processes_everything_once_across_runs(spark, to
     def run(limit=None):
         query = (stream_changes(spark, config, max_offsets_per_trigger=limit).writeStream.format("parquet")
                  .option("path", out).option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
-        query.awaitTermination(120)
+        assert query.awaitTermination(120), "the query did not finish within 120 s"
         assert query.exception() is None
         return query
 
@@ -203,8 +203,10 @@ def assert_same_frames(python_df, jvm_df):
 @pytest.mark.parametrize("window", [
     {},
     {"starting_offsets": {0: 10, 1: -2, 2: -1}, "ending_offsets": {0: 20, 1: 5, 2: -1}},
+    {"starting_offsets": {1: 3}, "ending_offsets": {0: 7}},  # partitions left out take the defaults
     {"starting_timestamp": BASE_MS + 30, "ending_timestamp": BASE_MS + 60},
-], ids=["whole", "offsets", "time"])
+    {"starting_timestamp": BASE_MS + 250, "ending_timestamp": BASE_MS + 10_000},  # past the last message
+], ids=["whole", "offsets", "some-partitions", "time", "time-past-the-end"])
 def test_spark_kafka_source_gives_the_same_dataframe_as_the_gpcdc_source(spark, topics, window):
     config, produce = topics
     produce(300, corrupt={4, 13, 50})
@@ -220,7 +222,7 @@ def test_both_sources_stream_the_same_rows_once_across_runs(spark, topics, tmp_p
         query = (stream_changes(spark, config, max_offsets_per_trigger=40, source=source).writeStream
                  .format("parquet").option("path", out).option("checkpointLocation", checkpoint)
                  .trigger(availableNow=True).start())
-        query.awaitTermination(120)
+        assert query.awaitTermination(120), "the query did not finish within 120 s"
         assert query.exception() is None
         return spark.read.parquet(out)
 
@@ -228,6 +230,20 @@ def test_both_sources_stream_the_same_rows_once_across_runs(spark, topics, tmp_p
     produce(30)
     assert_same_frames(run("gpcdc"), run("kafka"))
     assert run("kafka").count() == 120, "each message exactly once across the two runs"
+
+
+@pytest.mark.parametrize("source", ["gpcdc", "kafka"])
+def test_offsets_lost_to_retention_are_refused_not_skipped(spark, topics, source):
+    from confluent_kafka import TopicPartition
+
+    config, produce = topics
+    produce(60)
+    admin = AdminClient({"bootstrap.servers": config.kafka.bootstrap_servers})
+    for future in admin.delete_records([TopicPartition(Topics(config.kafka.topic_prefix).changes, 0, 5)]).values():
+        future.result(10)
+    with pytest.raises(Exception, match="asks for offset 2 of .* partition 0, but Kafka holds it from offset 5 on"):
+        read_changes(spark, config, starting_offsets={0: 2}, source=source).count()
+    assert read_changes(spark, config, starting_offsets={0: 5}, source=source).count() == 55
 
 
 def test_an_unknown_source_is_named(spark, topics):

@@ -124,6 +124,7 @@ class EmbeddedBroker:
         self.data = self.path / "data"
         self.log_file = self.path / "logs" / "server.log"
         self._console = self.path / "logs" / "console.log"
+        self._log_starts: dict[Path, int] = {}
 
     def _state(self) -> dict[str, str] | None:
         if not self._state_file.is_file():
@@ -190,6 +191,8 @@ class EmbeddedBroker:
         write_json(self._state_file, {"port": port, "controller_port": controller_port, "cluster_id": cluster_id})
         java = self._java()
         classpath = kafka_classpath()
+        # The logs grow across runs: a failure is explained by what this run adds.
+        self._log_starts = {path: path.stat().st_size if path.exists() else 0 for path in (self.log_file, self._console)}
         if not (self.data / "meta.properties").is_file():
             self._format(java, classpath, cluster_id, properties)
         with self._console.open("ab") as console:
@@ -261,7 +264,9 @@ class EmbeddedBroker:
         """The broker's own reason: its last error in the log, else the console's last line."""
         for path in (self.log_file, self._console):
             try:
-                lines = path.read_text(errors="replace").splitlines()
+                with path.open("rb") as f:
+                    f.seek(self._log_starts.get(path, 0))
+                    lines = f.read().decode(errors="replace").splitlines()
             except FileNotFoundError:
                 continue
             errors = [i for i, line in enumerate(lines) if " ERROR " in line or " FATAL " in line

@@ -27,8 +27,9 @@ from ._worker import CaptureWorker, WorkerSettings
 
 
 def config_flags(config: Config) -> list[str]:
-    """Command-line flags that make a child process resolve the same configuration."""
-    out = []
+    """Command-line flags that make a child process resolve the same configuration: the
+    same file (for what only a file holds, such as ``[kafka.client]``), every setting."""
+    out = [f"--config={config.file}"] if config.file is not None else []
     for name, spec in SETTINGS.items():
         value = config.value(name)
         if spec.type is bool:

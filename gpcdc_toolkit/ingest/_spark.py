@@ -20,7 +20,7 @@ from ..connect import kafka_client_settings
 from ..errors import ConfigError
 from ..protocol import Topics
 from ._spark_kafka import connector_jars, kafka_options, parse_kafka_frame
-from ._spark_source import NAME, GpcdcDataSource
+from ._spark_source import NAME, GpcdcDataSource, plan_start, plan_window
 
 SOURCES = (NAME, "kafka")
 
@@ -70,17 +70,18 @@ def _reader(spark: Any, config: Config, topic: str, source: str, streaming: bool
     if source == NAME:
         return reader.format(NAME).options(**_options(config, topic, **{_OPTION_NAMES[k]: v for k, v in window.items()})
                                            ).load()
-    kafka = kafka_client_settings(config)
-    starting = window.get("starting_offsets")
-    if not streaming and (starting == "latest" or isinstance(starting, dict) and -1 in starting.values()):
-        # Spark's Kafka source takes no "latest" start for a batch: give it the offsets.
-        from ._consumer import end_offsets
-
-        ends = end_offsets(kafka, topic)
-        starting = ends if starting == "latest" else {p: ends[p] if o == -1 else o for p, o in starting.items()}
-        window = {**window, "starting_offsets": starting}
-    return parse_kafka_frame(reader.format("kafka").options(**kafka_options(kafka["bootstrap.servers"], topic,
-                                                                            **window)).load())
+    # The gpcdc source's planning turns the window into offsets for every partition
+    # (defaults, "latest", times, offsets lost to retention refused): both read the same.
+    options = _options(config, topic, **{_OPTION_NAMES[k]: v for k, v in window.items()
+                                         if k != "max_offsets_per_trigger"})
+    servers = kafka_client_settings(config)["bootstrap.servers"]
+    if streaming:
+        kafka = kafka_options(servers, topic, starting_offsets=plan_start(options),
+                              max_offsets_per_trigger=window.get("max_offsets_per_trigger"))
+    else:
+        start, end = plan_window(options)
+        kafka = kafka_options(servers, topic, starting_offsets=start, ending_offsets=end)
+    return parse_kafka_frame(reader.format("kafka").options(**kafka).load())
 
 
 def read_changes(spark: Any, config: Config, *, starting_offsets: Any = None, ending_offsets: Any = None,

@@ -36,27 +36,18 @@ def connector_jars() -> list[Path]:
     return [jar for jar in jars if _artifact(jar.name) not in bundled]
 
 
-def _offsets(topic: str, value: Any) -> str:
-    """The gpcdc source's offsets option (``earliest``, ``latest``, or partition ->
-    offset with -2 earliest and -1 latest) as Spark's Kafka source writes it."""
-    if isinstance(value, Mapping):
-        return json.dumps({topic: {str(p): int(o) for p, o in value.items()}})
-    return str(value)
+def _offsets(topic: str, offsets: Mapping[int, int]) -> str:
+    return json.dumps({topic: {str(p): int(o) for p, o in offsets.items()}})
 
 
-def kafka_options(servers: str, topic: str, *, starting_offsets: Any = None, ending_offsets: Any = None,
-                  starting_timestamp: int | None = None, ending_timestamp: int | None = None,
+def kafka_options(servers: str, topic: str, *, starting_offsets: Mapping[int, int],
+                  ending_offsets: Mapping[int, int] | None = None,
                   max_offsets_per_trigger: int | None = None) -> dict[str, str]:
-    options = {"kafka.bootstrap.servers": servers, "subscribe": topic, "startingOffsets": "earliest",
-               "includeHeaders": "false"}
-    if starting_offsets is not None:
-        options["startingOffsets"] = _offsets(topic, starting_offsets)
+    """Spark Kafka source options for offsets planned for every partition."""
+    options = {"kafka.bootstrap.servers": servers, "subscribe": topic,
+               "startingOffsets": _offsets(topic, starting_offsets), "includeHeaders": "false"}
     if ending_offsets is not None:
         options["endingOffsets"] = _offsets(topic, ending_offsets)
-    if starting_timestamp is not None:
-        options["startingTimestamp"] = str(starting_timestamp)
-    if ending_timestamp is not None:
-        options["endingTimestamp"] = str(ending_timestamp)
     if max_offsets_per_trigger is not None:
         options["maxOffsetsPerTrigger"] = str(max_offsets_per_trigger)
     return options

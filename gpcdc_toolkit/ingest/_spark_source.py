@@ -137,8 +137,18 @@ class _Planner:
         out = {}
         for p in partitions:
             o = spec.get(p, EARLIEST if name == "startingOffsets" else LATEST)  # type: ignore[union-attr]
-            out[p] = lows[p] if o == EARLIEST else ends[p] if o == LATEST else min(max(o, lows[p]), ends[p])
+            if o not in (EARLIEST, LATEST) and o < lows[p]:
+                # Reading on from the log's start would skip what is gone without a word.
+                raise SourceOptionError(f"option {name} asks for offset {o} of {self.topic} partition {p}, but Kafka "
+                                        f"holds it from offset {lows[p]} on (retention or deletion removed the rest)")
+            out[p] = lows[p] if o == EARLIEST else ends[p] if o == LATEST else min(o, ends[p])
         return out
+
+    def window(self) -> tuple[dict[int, int], dict[int, int]]:
+        """The offsets a batch read covers, per partition: from the first, up to the second."""
+        partitions, lows, ends = self._bounds()
+        return (self.offsets("startingOffsets", "earliest", "startingTimestamp", partitions, lows, ends),
+                self.offsets("endingOffsets", "latest", "endingTimestamp", partitions, lows, ends))
 
     def ranges(self, start: dict[int, int], end: dict[int, int]) -> list[KafkaRange]:
         out = []
@@ -207,13 +217,8 @@ def read_range(kafka: dict[str, str], r: KafkaRange, batch: int = 10_000) -> Ite
 class _BatchReader(DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
         planner = _Planner(options)
-        partitions, lows, ends = planner._bounds()
         self.kafka = planner.kafka
-        start = planner.offsets("startingOffsets", "earliest", "startingTimestamp", partitions, lows, ends)
-        # By time, each partition's first offset whose timestamp is at or after it (the
-        # broker's time index), as Spark's Kafka source does: both sources read the same.
-        end = planner.offsets("endingOffsets", "latest", "endingTimestamp", partitions, lows, ends)
-        self._ranges = planner.ranges(start, end)
+        self._ranges = planner.ranges(*planner.window())
 
     def partitions(self) -> Sequence[InputPartition]:
         return self._ranges or [KafkaRange("", 0, 0, 0)]
@@ -274,6 +279,21 @@ def _limit(start: dict[int, int], latest: dict[int, int], max_rows: int) -> dict
         shares[p] += extra
         left -= extra
     return {p: start.get(p, 0) + n for p, n in shares.items()}
+
+
+def plan_window(options: dict[str, str]) -> tuple[dict[int, int], dict[int, int]]:
+    """The offsets, per partition, that a batch read with these options covers (a time
+    is each partition's first offset whose timestamp is at or after it, from the
+    broker's time index): what Spark's own Kafka source is given, so that both read
+    the same."""
+    return _Planner(_normalized(options)).window()
+
+
+def plan_start(options: dict[str, str]) -> dict[int, int]:
+    """The offsets, per partition, that a stream with these options starts from."""
+    planner = _Planner(_normalized(options))
+    partitions, lows, ends = planner._bounds()
+    return planner.offsets("startingOffsets", "earliest", "startingTimestamp", partitions, lows, ends)
 
 
 class GpcdcDataSource(DataSource):

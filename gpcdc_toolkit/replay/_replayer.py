@@ -37,6 +37,11 @@ from ._spill import SqliteSpill
 log = logging.getLogger(__name__)
 
 
+# Seconds without any message or end-of-partition event, while partitions still hold
+# more, after which a run that must end gives up on the broker.
+KAFKA_SILENCE = 60.0
+
+
 class MissingPartError(StreamError):
     """A segment's part of a distributed transaction is proven never to arrive whole:
     missing, or damaged."""
@@ -127,6 +132,8 @@ class Replayer:
                             self.topics.prefix)
             for _ in run.steps():
                 now = time.monotonic()
+                if not follow:
+                    run.check_heard(KAFKA_SILENCE)
                 done = run.caught_up and not run.in_hand and not follow
                 if progress is not None and (done or now - last_report >= progress_interval):
                     progress(run.progress())
@@ -228,6 +235,7 @@ class _Run:
                                   "that this target's replay had read",
                                   fix="the topics were recreated: replay into a fresh target, or bootstrap again")
         self.ends = EndTracker(ends, self.next)
+        self.heard = time.monotonic()  # when Kafka last delivered anything
         self.consumer.assign([TopicPartition(self.topics.changes, p, self.next[p]) for p in segments]
                              + [TopicPartition(self.topics.dtx, 0, self.next[COORDINATOR])])
         self.reassembler: Reassembler | SegmentOrder | None = None
@@ -243,9 +251,20 @@ class _Run:
     def caught_up(self) -> bool:
         return self.reassembler is not None and len(self.ends.ended) == len(self.next)
 
+    def check_heard(self, silence: float) -> None:
+        """A run that must end (``--once``) does not wait forever for a broker that went
+        away before it read to the end; a following one waits for it to come back."""
+        if not self.caught_up and time.monotonic() - self.heard > silence:
+            waiting = ", ".join(self._name(p) for p in sorted(set(self.next) - self.ends.ended))
+            raise BrokerError(f"Kafka sent nothing for {silence:g} s while {waiting} had more to read",
+                              fix="check the broker and kafka.bootstrap_servers, then replay again")
+
     def steps(self) -> Iterator[None]:
         while True:
-            for message in self.consumer.consume(1000, 0.2):
+            messages = self.consumer.consume(1000, 0.2)
+            if messages:
+                self.heard = time.monotonic()
+            for message in messages:
                 self._receive(message)
             if self.reassembler is None and not self.window_end:
                 self._open_reassembler()

@@ -11,8 +11,9 @@ from ._diff import Row, TableDiff, diff_by_key, diff_rows
 
 
 def table_rows(cluster: Cluster, table: str) -> list[Row]:
-    """Every row of a table, from every segment, sorted."""
-    return sorted(row for rows in cluster.rows_by_segment(table).values() for row in rows)
+    """Every row of a table, from every segment, in one order for equal contents (by
+    their text: rows may mix None and values where Python cannot order them)."""
+    return sorted((row for rows in cluster.rows_by_segment(table).values() for row in rows), key=repr)
 
 
 def compare_tables(source: Cluster, target: Cluster, tables: list[str]) -> list[TableDiff]:
