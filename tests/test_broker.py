@@ -137,3 +137,16 @@ def test_topics_keep_their_history_whatever_the_timestamps(broker):
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     config = admin.describe_configs([resource])[resource].result(10)
     assert config["retention.ms"].value == "-1" and config["retention.bytes"].value == "-1"
+
+
+def test_starts_at_the_same_moment_take_turns(tmp_path_factory):
+    from concurrent.futures import ThreadPoolExecutor
+
+    broker = EmbeddedBroker(tmp_path_factory.mktemp("race"))
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            started = list(pool.map(lambda _: EmbeddedBroker(broker.path.parent).up(), range(3)))
+        assert len({b.pid for b in started}) == 1 and broker.pid == started[0].pid
+        check_reachable(broker.bootstrap_servers)
+    finally:
+        broker.remove()

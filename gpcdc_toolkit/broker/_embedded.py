@@ -12,6 +12,7 @@ so a real cluster replaces it with one setting (``kafka.bootstrap_servers``).
 from __future__ import annotations
 
 import base64
+import fcntl
 import os
 import re
 import shutil
@@ -164,7 +165,14 @@ class EmbeddedBroker:
         return BrokerStatus(pid is not None, pid, servers, answers)
 
     def up(self, port: int | None = None, timeout: float = 120.0) -> EmbeddedBroker:
-        """Start the broker unless it runs already; return once it answers."""
+        """Start the broker unless it runs already; return once it answers. Starts of
+        one work directory's broker take turns (one starts it, the others find it)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        with (self.path / "start.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return self._up(port, timeout)
+
+    def _up(self, port: int | None, timeout: float) -> EmbeddedBroker:
         if self.pid is not None:
             if port is not None and port != self.port:
                 raise BrokerError(f"the embedded broker already runs on port {self.port}",
