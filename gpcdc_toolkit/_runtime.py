@@ -59,6 +59,13 @@ def runs(pid: int | None, command_part: str) -> bool:
     return command_part in command
 
 
+def kill_pid(pid: int) -> None:
+    """SIGKILL a process, as a crash would, and return once it is gone."""
+    os.kill(pid, signal.SIGKILL)
+    while pid_alive(pid):
+        time.sleep(0.01)  # reaping: the process is dead, its entry goes shortly
+
+
 def stop_pid(pid: int, *, timeout: float = 10.0) -> None:
     """SIGTERM a process, then SIGKILL it if it has not exited within ``timeout``."""
     stop_pids([pid], timeout=timeout)

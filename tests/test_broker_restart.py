@@ -15,7 +15,7 @@ from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.validate import check_against_truth, compare_tables, read_captured
 from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, read_ground_truth, reset_tables, run_workload
 
-from .test_cli import gpcdc
+from .test_cli import gpcdc, wait_until_status_shows_kafka_away
 from .test_replay_faults import ENV, applied_count, replay_command, wait_for_first_commit
 
 
@@ -54,13 +54,7 @@ def test_a_broker_killed_under_capture_and_replay_loses_nothing_and_both_resume(
         wait_for_first_commit(target_cluster, replayer, 0)
 
         broker.kill()
-        # While the broker is away, status says the workers cannot deliver.
-        deadline = time.monotonic() + 60
-        while True:
-            shown = gpcdc(work_dir, *status)
-            if shown.returncode == 3 and ("waiting for Kafka" in shown.stderr or "reconnecting" in shown.stderr):
-                break
-            assert time.monotonic() < deadline, shown.stderr
+        wait_until_status_shows_kafka_away(work_dir, status)
         load.join()  # the source went on committing throughout
         assert replayer.poll() is None, said_so_far(said)
 

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,16 @@ def gpcdc(work_dir: Path, *args: str, timeout: float = 300) -> subprocess.Comple
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPCDC_")}
     return subprocess.run([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(work_dir), *args],
                           capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+
+
+def wait_until_status_shows_kafka_away(work_dir: Path, status: list[str], timeout: float = 60) -> None:
+    """Poll `gpcdc status` until it says the workers cannot deliver (exit 3)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        shown = gpcdc(work_dir, *status)
+        if shown.returncode == 3 and ("waiting for Kafka" in shown.stderr or "reconnecting" in shown.stderr):
+            return
+        assert time.monotonic() < deadline, shown.stderr
 
 
 def one_line_error(done: subprocess.CompletedProcess[str]) -> str:

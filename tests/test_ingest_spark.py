@@ -44,7 +44,9 @@ def topics(broker, work_dir):
     admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
     for future in admin.create_topics([NewTopic(names.changes, 3, 1), NewTopic(names.dtx, 1, 1)]).values():
         future.result(10)
-    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 5})
+    # Idempotent: a batch retried while the new topic elects its leader keeps its place,
+    # so offsets follow the order of production, as the tests below expect.
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 5, "enable.idempotence": True})
     produced = [0]
 
     def produce(n, corrupt=()):

@@ -134,7 +134,7 @@ def copy_dropping(config, drop, suffix="x"):
     old, new = Topics(config.kafka.topic_prefix), Topics(f"{config.kafka.topic_prefix}{suffix}")
     changes = read_values(kafka, old.changes)
     ensure_topics(kafka, new, max(p for p, _o, _v in changes) + 1)
-    producer = Producer(kafka)
+    producer = Producer({**kafka, "enable.idempotence": True})  # order kept across retries
     dropped = 0
     for partition, _offset, value in changes:
         if drop(partition, value):

@@ -19,7 +19,7 @@ from gpcdc_toolkit.replay import APPLIED, Replayer, ReplaySettings
 from gpcdc_toolkit.validate import read_captured, table_rows
 from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, reset_tables, run_workload
 
-from .test_cli import gpcdc, one_line_error
+from .test_cli import gpcdc, one_line_error, wait_until_status_shows_kafka_away
 
 
 def replay_flags(target, config):
@@ -138,7 +138,7 @@ def test_sql_written_to_the_topics_is_not_run_on_the_target(source, replay_targe
     topics, kafka = Topics(config.kafka.topic_prefix), kafka_client_settings(config)
     gxid, lsn, now = 10**12, 2**62, int(time.time() * 1000)
     position = {"xid": 1, "commit_lsn": lsn, "commit_ts_ms": now}
-    producer = Producer(kafka)
+    producer = Producer({**kafka, "enable.idempotence": True})  # order kept across retries
     producer.produce(topics.dtx, orjson.dumps({"type": "ddl", "gxid": gxid, "statement": f"DROP TABLE {ACCOUNTS}",
                                                "segment": -1, **position}), partition=0)
     producer.produce(topics.dtx, orjson.dumps({"type": "commit", "gxid": gxid, "segments": [0], "segment": -1,
@@ -233,13 +233,7 @@ def test_a_broker_that_lost_its_data_is_refused_by_capture_status_and_replay(sou
             broker.kill()
             with session.transaction() as tx:
                 tx.insert(table, [{"id": i, "v": "while away"} for i in range(10, 20)])
-            # While Kafka is away, status says which workers cannot deliver.
-            deadline = time.monotonic() + 60
-            while True:
-                shown = gpcdc(work_dir, *status)
-                if shown.returncode == 3 and ("waiting for Kafka" in shown.stderr or "reconnecting" in shown.stderr):
-                    break
-                assert time.monotonic() < deadline, shown.stderr
+            wait_until_status_shows_kafka_away(work_dir, status)
         # The broker comes back on its port with its disk lost; capture, started again,
         # refuses to write on.
         shutil.rmtree(broker.data)

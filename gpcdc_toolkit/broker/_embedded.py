@@ -16,7 +16,6 @@ import fcntl
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._maven import resolve
-from .._runtime import free_port, pid_alive, port_in_use, read_json, runs, stop_pid, write_json
+from .._runtime import free_port, kill_pid, port_in_use, read_json, runs, stop_pid, write_json
 from ..errors import BrokerError
 
 KAFKA_VERSION = "4.1.1"
@@ -241,9 +240,7 @@ class EmbeddedBroker:
         pid = self.pid
         if pid is None:
             raise BrokerError(f"the embedded broker of {self.path.parent} is not running")
-        os.kill(pid, signal.SIGKILL)
-        while pid_alive(pid):
-            time.sleep(0.01)  # reaping: the process is dead, its entry goes shortly
+        kill_pid(pid)
         return pid
 
     def remove(self) -> None:

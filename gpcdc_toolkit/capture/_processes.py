@@ -18,7 +18,7 @@ from typing import Any
 
 from psycopg import conninfo
 
-from .._runtime import pid_alive, read_json, runs, stop_pids
+from .._runtime import kill_pid, pid_alive, read_json, runs, stop_pids
 from ..bootstrap import Pipeline
 from ..config import SETTINGS, Config
 from ..connect import kafka_client_settings, open_cluster
@@ -118,9 +118,7 @@ class CaptureGroup:
         pid = self.pid(content)
         if pid is None:
             raise GpcdcError(f"no capture worker runs for node {content}")
-        os.kill(pid, signal.SIGKILL)
-        while pid_alive(pid):
-            time.sleep(0.01)  # reaping: the process is dead, its entry goes shortly
+        kill_pid(pid)
         return pid
 
     def _contents(self) -> list[int]:
