@@ -121,6 +121,16 @@ class ReplaySettings:
 
 
 @dataclass(frozen=True)
+class AuditSettings:
+    clock_skew_ms: int = setting(1000, "how far, in ms, one node's clock may be off another's: a part is proven "
+                                       "missing only from a prepared list read that long after its record", minimum=0)
+    silence_ms: int = setting(30_000, "a node with no resolved watermark for longer, in ms, is reported silent",
+                              minimum=1)
+    fail_on: str = setting("error", "the least severity of a finding that makes `gpcdc audit` exit 1",
+                           choices=("error", "warning", "info"))
+
+
+@dataclass(frozen=True)
 class Config:
     work_dir: Path = setting(Path(".gpcdc"), "directory for sandboxes, the broker and state")
     source: ClusterRef = field(default_factory=SourceRef)
@@ -129,6 +139,7 @@ class Config:
     spark: SparkSettings = field(default_factory=SparkSettings)
     capture: CaptureSettings = field(default_factory=CaptureSettings)
     replay: ReplaySettings = field(default_factory=ReplaySettings)
+    audit: AuditSettings = field(default_factory=AuditSettings)
     origins: Mapping[str, str] = internal(default_factory=dict)  # setting -> where its value came from
     file: Path | None = internal(None)  # the configuration file read, if any (child processes read it too)
 
@@ -374,6 +385,7 @@ def load_config(
         spark=SparkSettings(**sections["spark"]),
         capture=CaptureSettings(**sections["capture"]),
         replay=ReplaySettings(**sections["replay"]),
+        audit=AuditSettings(**sections["audit"]),
         origins=origins,
         file=file.absolute() if file is not None else None,
     )

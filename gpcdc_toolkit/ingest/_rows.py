@@ -44,9 +44,13 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("resolved_ts", "timestamp"),
     ("_corrupt_record", "string"),
     ("unchanged", "array<string>"),  # columns an update left out of "after" (TOASTed, not in the WAL)
+    ("prepared", "array<bigint>"),  # watermarks: gxids the node held prepared at prepared_ts
+    ("prepared_ts", "timestamp"),
+    ("ddl_count", "int"),  # commit records: DDL records of the transaction before it
 )
 SCHEMA_DDL = ", ".join(f"`{name}` {kind}" for name, kind in COLUMNS)
 WIDTH = len(COLUMNS)
+CORRUPT = [name for name, _ in COLUMNS].index("_corrupt_record")
 
 TIMESTAMPS = frozenset(i for i, (_, kind) in enumerate(COLUMNS) if kind == "timestamp")
 
@@ -79,24 +83,26 @@ def to_row(topic: str, partition: int, offset: int, timestamp_ms: int | None,
             return head + ("row", s["segment"], s["gxid"], s["txId"], s["commit_lsn"], s["ts_ms"], v["op"],
                            s["schema"], s["table"], s["seq"], s["one_phase"],
                            key.decode() if key is not None else None, _image(v["before"]), _image(v["after"]),
-                           None, None, None, None, None, None, None, v.get("unchanged"))
+                           None, None, None, None, None, None, None, v.get("unchanged"), None, None, None)
         if kind in ("begin", "end"):
             return head + (kind, v["segment"], v["gxid"], v["xid"], v["commit_lsn"],
                            v["commit_ts_ms"], None, None, None, None, v.get("one_phase"), None, None, None,
-                           v["event_count"], v.get("end_lsn"), None, None, None, None, None, None)
+                           v["event_count"], v.get("end_lsn"), None, None, None, None, None, None, None, None, None)
         if kind == "resolved":
             return head + ("resolved", v["segment"], None, None, None, None, None, None, None, None, None, None,
-                           None, None, None, None, None, None, v["resolved"], v.get("resolved_ts_ms"), None, None)
+                           None, None, None, None, None, None, v["resolved"], v.get("resolved_ts_ms"), None, None,
+                           v.get("prepared"), v.get("prepared_ts_ms"), None)
         if kind == "pipeline":  # the first message of each partition: which bootstrap wrote it
             return head + ("pipeline", v["segment"]) + (None,) * (WIDTH - 6)
         if kind in ("commit", "ddl"):
             return head + (kind, v["segment"], v["gxid"], v["xid"], v["commit_lsn"], v["commit_ts_ms"],
                            None, None, None, None, None, None, None, None, None, None,
-                           v.get("segments"), v.get("statement"), None, None, None, None)
+                           v.get("segments"), v.get("statement"), None, None, None, None, None, None,
+                           v.get("ddl_count"))
         raise ValueError(f"not a protocol message: {str(v)[:80]}")
     except (ValueError, KeyError, TypeError, AttributeError):
         raw = value.decode("utf-8", errors="replace") if value is not None else None
-        return head + (None,) * (WIDTH - 6) + (raw, None)
+        return head + (None,) * (CORRUPT - len(head)) + (raw,) + (None,) * (WIDTH - CORRUPT - 1)
 
 
 def arrow_schema() -> Any:
@@ -104,7 +110,8 @@ def arrow_schema() -> Any:
 
     types = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "boolean": pa.bool_(),
              "timestamp": pa.timestamp("us", tz="UTC"), "map<string,string>": pa.map_(pa.string(), pa.string()),
-             "array<int>": pa.list_(pa.int32()), "array<string>": pa.list_(pa.string())}
+             "array<int>": pa.list_(pa.int32()), "array<string>": pa.list_(pa.string()),
+             "array<bigint>": pa.list_(pa.int64())}
     return pa.schema([(name, types[kind]) for name, kind in COLUMNS])
 
 

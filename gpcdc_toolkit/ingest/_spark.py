@@ -93,9 +93,14 @@ def read_changes(spark: Any, config: Config, *, starting_offsets: Any = None, en
     return _reader(spark, config, Topics(config.kafka.topic_prefix).changes, source, False, window)
 
 
+def read_coordinator(spark: Any, config: Config, *, source: str = NAME, **window: Any) -> Any:
+    """The coordinator's topic whole: commit and DDL records, watermarks, its marker."""
+    return _reader(spark, config, Topics(config.kafka.topic_prefix).dtx, source, False, window)
+
+
 def read_transactions(spark: Any, config: Config, *, source: str = NAME, **window: Any) -> Any:
     """The coordinator's distributed commit records and DDL records."""
-    df = _reader(spark, config, Topics(config.kafka.topic_prefix).dtx, source, False, window)
+    df = read_coordinator(spark, config, source=source, **window)
     return df.where(df.kind.isin("commit", "ddl"))
 
 

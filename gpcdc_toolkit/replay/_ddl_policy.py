@@ -126,6 +126,16 @@ def check_ddl(statement: str, *, reserved: frozenset[str] = frozenset()) -> Chec
     return CheckedDdl(statement, kind, names, tuple(_added_types(node)))
 
 
+def relations_of(statement: str) -> tuple[tuple[str | None, str], ...]:
+    """(schema or None, name) of the relations a statement names; () when it does not parse."""
+    try:
+        create = parse_create_table(statement)
+        parsed = pglast.parse_sql(create.statement if create is not None else statement)
+    except (DdlError, pglast.parser.ParseError):
+        return ()
+    return tuple(name for stmt in parsed for name in _names(stmt.stmt))
+
+
 def check_default(expression: str, where: str) -> None:
     """Refuse a stored default (as the catalog prints it) that is not a constant."""
     try:

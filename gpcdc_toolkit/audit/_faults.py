@@ -1,0 +1,358 @@
+"""Fault injection: a clean captured stream made faulty, with the findings each fault
+must raise (pure).
+
+A stream is a list of :class:`Message` (what Kafka holds). :func:`inject` applies one
+fault to it and returns the faulty stream and the :class:`Expected` findings, the
+ground truth an audit of it must report exactly. Messages are renumbered per
+partition, as a broker would have numbered them.
+
+The clean stream must be settled: every node's last watermark well past the last
+commit (so that nothing in it is late), and audited clean under the same thresholds.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import orjson
+
+from ..protocol import COORDINATOR, kind_of
+from ._findings import Thresholds
+
+FAULTS = ("drop_part", "strip_markers", "reorder_partition", "duplicate_range", "delay_segment", "drop_watermarks",
+          "corrupt_message", "conflicting_pair")
+
+
+class NoPlaceForFault(ValueError):
+    """The stream has nowhere to put the fault (e.g. no two adjacent commit records that share a key)."""
+
+
+@dataclass(frozen=True)
+class Message:
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int | None
+    key: bytes | None
+    value: bytes | None
+
+
+@dataclass(frozen=True, order=True)
+class Expected:
+    """A finding an audit must report: its rule, the node concerned, the gxid (if any)."""
+
+    rule: str
+    node: int
+    gxid: int | None = None
+
+
+@dataclass
+class _Block:
+    """A run of one partition's messages: a whole local transaction, or one other message."""
+
+    messages: list[Message]
+    values: list[dict[str, Any] | None]
+
+    @property
+    def end(self) -> dict[str, Any] | None:
+        last = self.values[-1]
+        return last if last is not None and kind_of(last) == "end" else None
+
+    @property
+    def kind(self) -> str | None:
+        first = self.values[0]
+        return kind_of(first) if first is not None else None
+
+    def keys(self) -> set[tuple[Any, ...]]:
+        return {(v["source"]["table"], m.key) for m, v in zip(self.messages, self.values)
+                if v is not None and kind_of(v) == "row" and m.key is not None}
+
+
+def _decode(value: bytes | None) -> dict[str, Any] | None:
+    try:
+        decoded = orjson.loads(value) if value is not None else None
+    except orjson.JSONDecodeError:
+        return None
+    return decoded if isinstance(decoded, dict) else None
+
+
+@dataclass
+class _Stream:
+    partitions: dict[tuple[str, int], list[_Block]] = field(default_factory=dict)
+    changes: str = ""
+    dtx: str = ""
+
+    @classmethod
+    def of(cls, messages: Iterable[Message]) -> _Stream:
+        out = cls()
+        ordered = sorted(messages, key=lambda m: (m.topic, m.partition, m.offset))
+        for m in ordered:
+            value = _decode(m.value)
+            blocks = out.partitions.setdefault((m.topic, m.partition), [])
+            kind = kind_of(value) if value is not None else None
+            if m.topic.endswith(".dtx"):
+                out.dtx = m.topic
+            else:
+                out.changes = m.topic
+            open_block = blocks and blocks[-1].kind == "begin" and blocks[-1].end is None
+            if open_block and kind in ("row", "end"):
+                blocks[-1].messages.append(m)
+                blocks[-1].values.append(value)
+            else:
+                blocks.append(_Block([m], [value]))
+        return out
+
+    def messages(self) -> list[Message]:
+        out = []
+        for _key, blocks in sorted(self.partitions.items()):
+            offset = 0
+            for block in blocks:
+                for m in block.messages:
+                    out.append(replace(m, offset=offset))
+                    offset += 1
+        return out
+
+    def segment(self, s: int) -> list[_Block]:
+        return self.partitions[(self.changes, s)]
+
+    def segments(self) -> list[int]:
+        return sorted(p for t, p in self.partitions if t == self.changes)
+
+    def coordinator(self) -> list[_Block]:
+        return self.partitions[(self.dtx, 0)]
+
+    def records(self) -> dict[int, dict[str, Any]]:
+        return {v["gxid"]: v for b in self.coordinator() for v in b.values if v is not None and kind_of(v) == "commit"}
+
+    def watermarks(self, node: int) -> list[dict[str, Any]]:
+        blocks = self.coordinator() if node == COORDINATOR else self.segment(node)
+        return [v for b in blocks if b.kind == "resolved" and (v := b.values[0]) is not None
+                and v.get("resolved_ts_ms") is not None]
+
+
+def node_of(topic: str, partition: int) -> int:
+    """The node whose messages a partition holds (the segment dispatcher)."""
+    return COORDINATOR if topic.endswith(".dtx") else partition
+
+
+def _gxid(block: _Block) -> int | None:
+    end = block.end
+    return end["gxid"] if end is not None else None
+
+
+def _transactions(blocks: list[_Block]) -> list[int]:
+    return [i for i, b in enumerate(blocks) if b.end is not None]
+
+
+def _silence(stream: _Stream, thresholds: Thresholds) -> list[Expected]:
+    """A silent_node finding per node whose watermarks, as they now stand, have a gap (or
+    a tail behind the latest of any node) over the threshold."""
+    nodes = [COORDINATOR, *stream.segments()]
+    times = {n: [w["resolved_ts_ms"] for w in stream.watermarks(n)] for n in nodes}
+    latest = max((t[-1] for t in times.values() if t), default=0)
+    out = []
+    for node, ts in times.items():
+        gaps = sum(1 for a, b in zip(ts, ts[1:]) if b - a > thresholds.silence_ms)
+        tail = 1 if ts and latest - ts[-1] > thresholds.silence_ms else 0
+        out += [Expected("silent_node", node)] * (gaps + tail)
+    return out
+
+
+def quiet_thresholds(messages: Sequence[Message], clock_skew_ms: int = 1000) -> Thresholds:
+    """Thresholds under which the clean stream has no silence: the longest gap between two
+    watermarks of one node, or between a node's last and the latest of any."""
+    stream = _Stream.of(messages)
+    nodes = [COORDINATOR, *stream.segments()]
+    times = {n: [w["resolved_ts_ms"] for w in stream.watermarks(n)] for n in nodes}
+    latest = max((t[-1] for t in times.values() if t), default=0)
+    longest = max([b - a for t in times.values() for a, b in zip(t, t[1:])]
+                  + [latest - t[-1] for t in times.values() if t] + [0])
+    return Thresholds(clock_skew_ms=clock_skew_ms, silence_ms=longest)
+
+
+def inject(messages: Sequence[Message], fault: str, rng: random.Random, thresholds: Thresholds,
+           avoid: set[int] | None = None) -> tuple[list[Message], list[Expected], set[int]]:
+    """The stream with ``fault`` injected, the findings it must raise, and the gxids it
+    touched (give them as ``avoid`` to a next fault, so that faults do not overlap)."""
+    if fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r}: use one of {', '.join(FAULTS)}")
+    stream = _Stream.of(messages)
+    before = Counter(_silence(stream, thresholds))
+    expected, touched = globals()[f"_{fault}"](stream, rng, thresholds, avoid or set())
+    # Silence is judged on watermarks as they end up: a fault that removes some can make
+    # a node silent, and one that delays a node makes it fall behind the others.
+    expected += list((Counter(_silence(stream, thresholds)) - before).elements())
+    return stream.messages(), expected, touched
+
+
+def _choose(rng: random.Random, candidates: Sequence[Any], fault: str) -> Any:
+    if not candidates:
+        raise NoPlaceForFault(f"the stream has no place for fault {fault}")
+    return rng.choice(list(candidates))
+
+
+def _drop_part(stream: _Stream, rng: random.Random, t: Thresholds, avoid: set[int]) -> tuple[list[Expected], set[int]]:
+    """A segment's part of a two-phase transaction, gone: missing, once proven."""
+    records = stream.records()
+    candidates = []
+    for s in stream.segments():
+        marks = [w for w in stream.watermarks(s) if w.get("prepared_ts_ms") is not None]
+        if not marks:
+            continue
+        last = max(marks, key=lambda w: w["prepared_ts_ms"])
+        for i in _transactions(stream.segment(s)):
+            end = stream.segment(s)[i].end
+            assert end is not None
+            record = records.get(end["gxid"])
+            if (record is not None and not end["one_phase"] and end["gxid"] not in avoid
+                    and end["gxid"] not in last.get("prepared", [])
+                    and last["prepared_ts_ms"] >= record["commit_ts_ms"] + t.clock_skew_ms):
+                candidates.append((s, i, end["gxid"]))
+    s, i, gxid = _choose(rng, candidates, "drop_part")
+    del stream.segment(s)[i]
+    return [Expected("missing_part", s, gxid)], {gxid}
+
+
+def _strip_markers(stream: _Stream, rng: random.Random, t: Thresholds,
+                   avoid: set[int]) -> tuple[list[Expected], set[int]]:
+    """Every gxid, one-phase flag and segment list removed, as legacy markers write."""
+    expected = []
+    for (topic, partition), blocks in stream.partitions.items():
+        for block in blocks:
+            for j, value in enumerate(block.values):
+                if value is None:
+                    continue
+                kind = kind_of(value)
+                if kind == "row":
+                    value["source"].update(gxid=None, one_phase=None)
+                elif kind in ("begin", "end"):
+                    value.update(gxid=None, one_phase=None)
+                elif kind == "commit":
+                    value["segments"] = None
+                    expected.append(Expected("legacy_record", COORDINATOR, value["gxid"]))
+                else:
+                    continue
+                block.messages[j] = replace(block.messages[j], value=orjson.dumps(value))
+            if block.end is not None:
+                expected.append(Expected("legacy_part", partition))
+        if topic == stream.changes and any(b.end is not None for b in blocks):
+            expected.append(Expected("legacy_share", partition))
+    return expected, set()
+
+
+def _reorder_partition(stream: _Stream, rng: random.Random, t: Thresholds,
+                       avoid: set[int]) -> tuple[list[Expected], set[int]]:
+    """Two adjacent transactions of a segment swapped (sharing no key, neither a DDL part):
+    the second now commits below the first."""
+    candidates = []
+    for s in stream.segments():
+        blocks = stream.segment(s)
+        for i in range(len(blocks) - 1):
+            a, b = blocks[i], blocks[i + 1]
+            if (a.end is not None and b.end is not None and a.end["event_count"] and b.end["event_count"]
+                    and not (a.keys() & b.keys()) and not ({a.end["gxid"], b.end["gxid"]} & avoid)):
+                candidates.append((s, i))
+    s, i = _choose(rng, candidates, "reorder_partition")
+    blocks = stream.segment(s)
+    blocks[i], blocks[i + 1] = blocks[i + 1], blocks[i]
+    late = blocks[i + 1].end
+    assert late is not None and blocks[i].end is not None
+    return [Expected("commit_lsn_backwards", s, late["gxid"])], {late["gxid"], blocks[i].end["gxid"]}
+
+
+def _duplicate_range(stream: _Stream, rng: random.Random, t: Thresholds,
+                     avoid: set[int]) -> tuple[list[Expected], set[int]]:
+    """One to three transactions of a segment delivered again later, as after a capture restart."""
+    s = _choose(rng, [s for s in stream.segments() if len(_transactions(stream.segment(s))) >= 2], "duplicate_range")
+    blocks = stream.segment(s)
+    transactions = _transactions(blocks)
+    first = rng.randrange(len(transactions) - 1)
+    chosen = transactions[first:first + rng.randint(1, 3)]
+    copies = [_Block(list(blocks[i].messages), list(blocks[i].values)) for i in chosen]
+    at = rng.randint(chosen[-1] + 1, len(blocks))
+    blocks[at:at] = copies
+    return [Expected("duplicate_events", s)], set()
+
+
+def _delay_segment(stream: _Stream, rng: random.Random, t: Thresholds,
+                   avoid: set[int]) -> tuple[list[Expected], set[int]]:
+    """A segment's last messages not delivered yet: its parts of recorded transactions
+    are late, not missing."""
+    records = stream.records()
+    s = _choose(rng, [s for s in stream.segments()
+                      if any(b.end is not None and b.end["gxid"] in records for b in stream.segment(s))],
+                "delay_segment")
+    blocks = stream.segment(s)
+    recorded = [i for i in _transactions(blocks) if _gxid(blocks[i]) in records]
+    cut = rng.choice(recorded[-5:])
+    gone, stream.partitions[(stream.changes, s)] = blocks[cut:], blocks[:cut]
+    expected, touched = [], set()
+    for block in gone:
+        end = block.end
+        if end is not None and end["gxid"] in records and not end["one_phase"]:
+            expected.append(Expected("late_part", s, end["gxid"]))
+            touched.add(end["gxid"])
+    return expected, touched | {b.end["gxid"] for b in gone if b.end is not None}
+
+
+def _drop_watermarks(stream: _Stream, rng: random.Random, t: Thresholds,
+                     avoid: set[int]) -> tuple[list[Expected], set[int]]:
+    """Every watermark of a node but its first and last, gone."""
+    nodes = [n for n in [COORDINATOR, *stream.segments()] if len(stream.watermarks(n)) >= 3]
+    node = _choose(rng, nodes, "drop_watermarks")
+    key = (stream.dtx, 0) if node == COORDINATOR else (stream.changes, node)
+    blocks = stream.partitions[key]
+    marks = [i for i, b in enumerate(blocks)
+             if b.kind == "resolved" and (v := b.values[0]) is not None and v.get("resolved_ts_ms") is not None]
+    stream.partitions[key] = [b for i, b in enumerate(blocks) if i not in set(marks[1:-1])]
+    return [], set()  # the silence it makes is judged by inject
+
+
+def _corrupt_message(stream: _Stream, rng: random.Random, t: Thresholds,
+                     avoid: set[int]) -> tuple[list[Expected], set[int]]:
+    """A row event's value cut short: not a message any more, and its part not whole."""
+    candidates = [(s, i, j) for s in stream.segments() for i in _transactions(stream.segment(s))
+                  for j, v in enumerate(stream.segment(s)[i].values)
+                  if v is not None and kind_of(v) == "row" and _gxid(stream.segment(s)[i]) not in avoid]
+    s, i, j = _choose(rng, candidates, "corrupt_message")
+    block = stream.segment(s)[i]
+    m = block.messages[j]
+    block.messages[j] = replace(m, value=(m.value or b"")[: max(1, len(m.value or b"") // 2)])
+    block.values[j] = None
+    gxid = _gxid(block)
+    return [Expected("corrupt_message", s), Expected("damaged_part", s, gxid)], {gxid} if gxid is not None else set()
+
+
+def _conflicting_pair(stream: _Stream, rng: random.Random, t: Thresholds,
+                      avoid: set[int]) -> tuple[list[Expected], set[int]]:
+    """Two adjacent commit records of transactions that wrote one key, swapped (their
+    commit LSNs too, so the coordinator's log still looks in order): every segment where
+    they share a key now shows their writes against coordinator order."""
+    blocks = stream.coordinator()
+    keys: dict[int, dict[int, set[tuple[Any, ...]]]] = {}  # gxid -> segment -> keys
+    for s in stream.segments():
+        for block in stream.segment(s):
+            if block.end is not None and block.end["gxid"] is not None:
+                keys.setdefault(block.end["gxid"], {})[s] = block.keys()
+    candidates = []
+    for i in range(len(blocks) - 1):
+        a, b = blocks[i].values[0], blocks[i + 1].values[0]
+        if a is None or b is None or kind_of(a) != "commit" or kind_of(b) != "commit":
+            continue
+        if a.get("ddl_count") or b.get("ddl_count") or {a["gxid"], b["gxid"]} & avoid:
+            continue
+        shared = [s for s in keys.get(a["gxid"], {}) if keys[a["gxid"]][s] & keys.get(b["gxid"], {}).get(s, set())]
+        if shared:
+            candidates.append((i, shared))
+    i, shared = _choose(rng, candidates, "conflicting_pair")
+    first, second = blocks[i].values[0], blocks[i + 1].values[0]
+    assert first is not None and second is not None
+    first["commit_lsn"], second["commit_lsn"] = second["commit_lsn"], first["commit_lsn"]
+    for block, value in ((blocks[i], first), (blocks[i + 1], second)):
+        block.messages[0] = replace(block.messages[0], value=orjson.dumps(value))
+    blocks[i], blocks[i + 1] = blocks[i + 1], blocks[i]
+    return [Expected("key_order", s, second["gxid"]) for s in shared], {first["gxid"], second["gxid"]}

@@ -1,0 +1,476 @@
+"""The audit's rules: functions from the stream's DataFrames to findings (no I/O).
+
+:func:`prepare` turns the events of both topics (the ingest schema, one row per
+message) into the tables the rules read: duplicates set apart, segment parts
+(one row per local transaction), commit and DDL records, watermarks. Each rule is a
+function of that :class:`Stream` and the :class:`Thresholds` to a DataFrame in the
+findings schema; Spark SQL only, so that rules run where the data is.
+
+Each rule's definition is the protocol's (docs/protocol.md) and the replayer's
+(``replay/_order.py``): a part is *missing* only when its segment's latest prepared
+list, read at least ``clock_skew_ms`` after the record's commit, no longer holds it;
+until then it is *late*.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from ..replay._ddl_policy import relations_of
+from ._findings import FINDING_COLUMNS, Thresholds
+
+col, lit = F.col, F.lit
+
+
+@dataclass(frozen=True)
+class Stream:
+    """The tables the rules read (see :func:`prepare`)."""
+
+    events: DataFrame  # every message read once: duplicates removed
+    duplicates: DataFrame  # the second and later copies, with the first copy's offset and hash
+    parts: DataFrame  # one row per (segment, commit LSN)
+    records: DataFrame  # coordinator commit records, with their position (offset) in coordinator order
+    ddl: DataFrame  # coordinator DDL records
+    watermarks: DataFrame  # every node's resolved watermarks
+
+
+def finding(rule: str, severity: str | Column, evidence: Column, **columns: Column | None) -> list[Column]:
+    """The findings schema's columns, in order, for a select."""
+    given: dict[str, Any] = {"rule": lit(rule), "severity": lit(severity) if isinstance(severity, str) else severity,
+                             "evidence": evidence, **columns}
+    unknown = set(given) - {name for name, _ in FINDING_COLUMNS}
+    if unknown:
+        raise ValueError(f"not columns of a finding: {', '.join(sorted(unknown))}")
+    out = []
+    for name, kind in FINDING_COLUMNS:
+        value = given.get(name)
+        out.append((value if value is not None else lit(None)).cast(kind).alias(name))
+    return out
+
+
+def _ms(column: str | Column) -> Column:
+    return F.unix_millis(col(column) if isinstance(column, str) else column)
+
+
+def _text(column: str | Column) -> Column:
+    return F.coalesce((col(column) if isinstance(column, str) else column).cast("string"), lit("null"))
+
+
+# -- preparation ------------------------------------------------------------------------
+
+# What makes a message the same message when delivered again (docs/protocol.md):
+# row events (segment, commit LSN, sequence); BEGIN and END (segment, commit LSN, kind);
+# coordinator records (commit LSN, kind, statement). Watermarks and markers have none.
+def _identity_seq() -> Column:
+    return (F.when(col("kind") == "row", col("seq")).when(col("kind") == "begin", lit(-1))
+            .when(col("kind") == "end", lit(-2)).when(col("kind") == "commit", lit(-3))
+            .when(col("kind") == "ddl", lit(-4)))
+
+
+_IDENTITY = ["segment", "commit_lsn", "_id_seq", "_id_text"]
+_PAYLOAD = ["kind", "gxid", "xid", "commit_ts", "op", "table_schema", "table_name", "seq", "one_phase", "key",
+            "before", "after", "event_count", "end_lsn", "segments", "statement", "unchanged", "ddl_count"]
+
+
+def _payload_hash() -> Column:
+    values = [F.to_json(col(c)) if c in ("before", "after") else col(c) for c in _PAYLOAD]
+    return F.xxhash64(*values)
+
+
+def prepare(events: DataFrame, seen: DataFrame | None = None) -> Stream:
+    """The rules' tables from events of both topics (the ingest schema). ``seen``:
+    (segment, commit_lsn) of transactions read before these events (by an earlier
+    scheduled run): met again, they are duplicates."""
+    identified = (events.withColumn("_id_seq", _identity_seq())
+                  .withColumn("_id_text", F.coalesce(col("statement"), lit("")))
+                  .withColumn("_hash", _payload_hash()))
+    first = Window.partitionBy(*_IDENTITY).orderBy("topic", "partition", "offset")
+    ranked = (identified.withColumn("_copy", F.when(col("_id_seq").isNotNull(), F.row_number().over(first)))
+              .withColumn("_first_offset", F.first("offset").over(first))
+              .withColumn("_first_hash", F.first("_hash").over(first)))
+    again = col("_copy") > 1
+    if seen is not None:
+        known = seen.select("segment", "commit_lsn", lit(True).alias("_seen")).distinct()
+        ranked = ranked.join(F.broadcast(known), ["segment", "commit_lsn"], "left")
+        again = again | (col("_copy").isNotNull() & col("_seen").isNotNull())
+    unique = ranked.where(~F.coalesce(again, lit(False))).drop("_copy", "_first_offset", "_first_hash", "_seen")
+    duplicates = ranked.where(again)
+    return Stream(unique, duplicates, _parts(unique), _records(unique),
+                  unique.where(col("kind") == "ddl").select("gxid", "statement", "offset", "topic", "partition",
+                                                            "commit_ts", "timestamp"),
+                  unique.where(col("kind") == "resolved").select("topic", "partition", "segment", "offset",
+                                                                 "timestamp", "resolved_lsn", "resolved_ts",
+                                                                 "prepared", "prepared_ts"))
+
+
+def _parts(events: DataFrame) -> DataFrame:
+    is_end = col("kind") == "end"
+    framed = events.where((col("segment") >= 0) & col("kind").isin("row", "begin", "end"))
+    return framed.groupBy("topic", "partition", "segment", "commit_lsn").agg(
+        F.min("offset").alias("offset"),
+        F.min("timestamp").alias("first_seen"),
+        F.max(F.when(is_end, col("offset"))).alias("end_offset"),
+        F.sum(is_end.cast("int")).alias("ends"),
+        # The END's gxid and flag: row events of a part streamed before its end carry no flag.
+        F.coalesce(F.max(F.when(is_end, col("gxid"))), F.max("gxid")).alias("gxid"),
+        F.max(F.when(is_end, col("one_phase").cast("int"))).alias("one_phase"),
+        F.max(F.when(is_end & (col("gxid").isNull() | col("one_phase").isNull()), lit(1))).alias("legacy"),
+        F.max(F.when(is_end, col("event_count"))).alias("event_count"),
+        F.sum((col("kind") == "row").cast("int")).alias("rows"),
+        F.min("seq").alias("min_seq"),
+        F.max("seq").alias("max_seq"),
+        F.max("commit_ts").alias("commit_ts"),
+        F.max("end_lsn").alias("end_lsn"),
+    )
+
+
+def _records(events: DataFrame) -> DataFrame:
+    return events.where(col("kind") == "commit").select(
+        "gxid", "segments", "commit_lsn", "commit_ts", "ddl_count", "topic", "partition", "offset",
+        col("timestamp").alias("first_seen"))
+
+
+def _two_phase(parts: DataFrame) -> DataFrame:
+    return parts.where(col("gxid").isNotNull() & (col("one_phase") == 0))
+
+
+def _latest_watermarks(stream: Stream) -> DataFrame:
+    """Per node: its latest resolved time, and its latest prepared list with the time it was read."""
+    return stream.watermarks.groupBy("segment").agg(
+        F.max("resolved_ts").alias("resolved_ts"),
+        F.max_by("prepared", "prepared_ts").alias("prepared"),
+        F.max("prepared_ts").alias("prepared_ts"))
+
+
+# -- rules ------------------------------------------------------------------------------
+
+def corrupt_messages(stream: Stream, t: Thresholds) -> DataFrame:
+    bad = stream.events.where(col("_corrupt_record").isNotNull() | col("kind").isNull())
+    return bad.select(finding(
+        "corrupt_message", "error",
+        F.concat(lit("not a protocol message: "), F.substring(F.coalesce(col("_corrupt_record"), lit("")), 1, 120)),
+        segments=F.array(F.when(col("topic").endswith(".dtx"), lit(-1)).otherwise(col("partition"))),
+        topic=col("topic"), partition=col("partition"), offsets=F.array(col("offset")),
+        first_seen=col("timestamp")))
+
+
+def damaged_parts(stream: Stream, t: Thresholds) -> DataFrame:
+    """A part whose rows do not match its END (count, sequence 1..count), or with no END
+    although a later transaction follows it in its partition."""
+    order = Window.partitionBy("topic", "partition").orderBy("offset")
+    parts = stream.parts.withColumn("next_offset", F.lead("offset").over(order))
+    unended = (col("ends") == 0) & col("next_offset").isNotNull()
+    uncounted = (col("ends") > 0) & col("event_count").isNull()
+    short = (col("ends") > 0) & col("event_count").isNotNull() & (
+        (col("rows") != col("event_count")) | ((col("rows") > 0) & (
+            (col("min_seq") != 1) | (col("max_seq") != col("event_count")))))
+    what = (F.when(unended, F.concat(lit("has no END before the next transaction at offset "), _text("next_offset")))
+            .when(uncounted, lit("its END carries no event count"))
+            .otherwise(F.concat(lit("holds "), _text("rows"), lit(" of its "), _text("event_count"),
+                                lit(" row events (sequence numbers "), _text("min_seq"), lit(".."), _text("max_seq"),
+                                lit(")"))))
+    return parts.where(unended | uncounted | short).select(finding(
+        "damaged_part", "error",
+        F.concat(lit("segment "), _text("segment"), lit("'s transaction at offset "), _text("offset"),
+                 lit(" (commit LSN "), _text("commit_lsn"), lit(", gxid "), _text("gxid"), lit(") "), what),
+        gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
+        offsets=F.array(col("offset")), commit_ts=col("commit_ts"), first_seen=col("first_seen")))
+
+
+def missing_parts(stream: Stream, t: Thresholds) -> DataFrame:
+    """Parts a commit record lists that have not arrived: missing when proven, else late."""
+    expected = stream.records.where(col("segments").isNotNull()).select(
+        "gxid", "segments", "commit_ts", "topic", "partition", "offset", "first_seen",
+        F.explode("segments").alias("segment"))
+    present = _two_phase(stream.parts)
+    absent = expected.join(present.select("gxid", "segment"), ["gxid", "segment"], "left_anti")
+    arrived = present.groupBy("gxid").agg(F.array_sort(F.collect_list("segment")).alias("arrived"))
+    latest = _latest_watermarks(stream)
+    rows = absent.join(arrived, "gxid", "left").join(latest, "segment", "left")
+    proven = (col("prepared_ts").isNotNull() & ~F.array_contains(F.coalesce(col("prepared"), F.array()), col("gxid"))
+              & (_ms("prepared_ts") >= _ms("commit_ts") + t.clock_skew_ms))
+    still_prepared = F.array_contains(F.coalesce(col("prepared"), F.array()), col("gxid"))
+    head = F.concat(lit("gxid "), _text("gxid"), lit("'s commit record lists segments "), F.to_json("segments"),
+                    lit("; the part of segment "), _text("segment"), lit(" has not arrived (arrived: "),
+                    F.coalesce(F.to_json("arrived"), lit("[]")), lit(")"))
+    why = (F.when(proven, F.concat(lit(", and segment "), _text("segment"), lit("'s prepared list of "),
+                                   _text("prepared_ts"), lit(" no longer holds it")))
+           .when(still_prepared, F.concat(lit("; segment "), _text("segment"), lit(" still held it prepared at "),
+                                          _text("prepared_ts")))
+           .otherwise(F.concat(lit("; late by "), _text(_ms("resolved_ts") - _ms("commit_ts")),
+                               lit(" ms of segment "), _text("segment"), lit("'s watermark, no prepared list "
+                                                                             "after the commit yet"))))
+    return rows.select(finding(
+        "missing_part", F.when(proven, lit("error")).otherwise(lit("info")), F.concat(head, why),
+        gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
+        offsets=F.array(col("offset")), commit_ts=col("commit_ts"), first_seen=col("first_seen"))
+    ).withColumn("rule", F.when(col("severity") == "error", lit("missing_part")).otherwise(lit("late_part")))
+
+
+def orphan_parts(stream: Stream, t: Thresholds) -> DataFrame:
+    """Two-phase parts with no commit record: lost once the coordinator's watermark has
+    passed the part's commit (the record is written before any segment commits), else
+    waiting for it."""
+    orphans = _two_phase(stream.parts).join(stream.records.select("gxid"), "gxid", "left_anti")
+    # An aggregate with no grouping has one row, null when the coordinator sent no watermark.
+    coordinator = stream.watermarks.where(col("segment") == -1).agg(F.max("resolved_ts").alias("coordinator_ts"))
+    rows = orphans.crossJoin(coordinator)
+    proven = col("coordinator_ts").isNotNull() & (_ms("coordinator_ts") >= _ms("commit_ts") + t.clock_skew_ms)
+    return rows.select(finding(
+        "orphan_part", F.when(proven, lit("error")).otherwise(lit("info")),
+        F.concat(lit("segment "), _text("segment"), lit("'s two-phase part of gxid "), _text("gxid"),
+                 lit(" at offset "), _text("offset"), lit(" has no commit record"),
+                 F.when(proven, F.concat(lit(", and the coordinator's watermark of "), _text("coordinator_ts"),
+                                         lit(" has passed its commit")))
+                 .otherwise(lit(" yet"))),
+        gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
+        offsets=F.array(col("offset")), commit_ts=col("commit_ts"), first_seen=col("first_seen"))
+    ).withColumn("rule", F.when(col("severity") == "error", lit("orphan_part")).otherwise(lit("awaiting_record")))
+
+
+def unlisted_parts(stream: Stream, t: Thresholds) -> DataFrame:
+    records = stream.records.where(col("segments").isNotNull()).select(
+        "gxid", "segments", col("offset").alias("record_offset"))
+    rows = _two_phase(stream.parts).join(records, "gxid").where(~F.array_contains("segments", col("segment")))
+    return rows.select(finding(
+        "unlisted_part", "error",
+        F.concat(lit("gxid "), _text("gxid"), lit(" has a part on segment "), _text("segment"), lit(" at offset "),
+                 _text("offset"), lit(", but its commit record at offset "), _text("record_offset"),
+                 lit(" lists segments "), F.to_json("segments")),
+        gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
+        offsets=F.array(col("offset")), commit_ts=col("commit_ts"), first_seen=col("first_seen")))
+
+
+def one_phase_contradictions(stream: Stream, t: Thresholds) -> DataFrame:
+    """A part flagged one-phase whose transaction has a commit record anyway."""
+    records = stream.records.select("gxid", "segments", col("offset").alias("record_offset"))
+    rows = stream.parts.where(col("one_phase") == 1).join(records, "gxid")
+    return rows.select(finding(
+        "one_phase_contradiction", "error",
+        F.concat(lit("segment "), _text("segment"), lit("'s part of gxid "), _text("gxid"), lit(" at offset "),
+                 _text("offset"), lit(" is flagged one-phase, but the transaction has a commit record at offset "),
+                 _text("record_offset"), lit(" listing segments "), F.coalesce(F.to_json("segments"), lit("null"))),
+        gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
+        offsets=F.array(col("offset")), commit_ts=col("commit_ts"), first_seen=col("first_seen")))
+
+
+def lost_ddl_records(stream: Stream, t: Thresholds) -> DataFrame:
+    counts = stream.ddl.groupBy("gxid").agg(F.count(lit(1)).alias("arrived"))
+    rows = (stream.records.where(col("ddl_count").isNotNull()).join(counts, "gxid", "left")
+            .where(F.coalesce(col("arrived"), lit(0)) != col("ddl_count")))
+    return rows.select(finding(
+        "lost_ddl_record", "error",
+        F.concat(lit("the commit record of gxid "), _text("gxid"), lit(" at offset "), _text("offset"),
+                 lit(" announces "), _text("ddl_count"), lit(" DDL records, and "),
+                 _text(F.coalesce(col("arrived"), lit(0))), lit(" arrived")),
+        gxid=col("gxid"), segments=F.array(lit(-1)), topic=col("topic"), partition=col("partition"),
+        offsets=F.array(col("offset")), commit_ts=col("commit_ts"), first_seen=col("first_seen")))
+
+
+def legacy_markers(stream: Stream, t: Thresholds) -> DataFrame:
+    """Parts and records written without the markers that tell a one-phase transaction
+    from a part whose record is lost, and each segment's share of such parts."""
+    legacy = stream.parts.where(col("legacy") == 1)
+    marker = F.when(col("gxid").isNull(), lit("no gxid (the segment wrote no gpcdc.gxid marker)")).otherwise(
+        lit("no one-phase flag (the segment wrote no gpcdc.one_phase marker)"))
+    parts = legacy.select(finding(
+        "legacy_part", "warning",
+        F.concat(lit("segment "), _text("segment"), lit("'s transaction at offset "), _text("offset"),
+                 lit(" (commit LSN "), _text("commit_lsn"), lit(") has "), marker,
+                 lit(": it cannot be told from a part whose commit record is lost, nor ordered")),
+        gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
+        offsets=F.array(col("offset")), commit_ts=col("commit_ts"), first_seen=col("first_seen")))
+    share = stream.parts.groupBy("topic", "partition", "segment").agg(
+        F.sum(F.coalesce(col("legacy"), lit(0))).alias("legacy"), F.count(lit(1)).alias("parts"),
+        F.min(F.when(col("legacy") == 1, col("first_seen"))).alias("first_seen")).where(col("legacy") > 0)
+    shares = share.select(finding(
+        "legacy_share", "warning",
+        F.concat(lit("segment "), _text("segment"), lit(": "), _text("legacy"), lit(" of its "), _text("parts"),
+                 lit(" transactions ("), F.format_number(col("legacy") * 100.0 / col("parts"), 1),
+                 lit("%) carry no gxid or one-phase flag and cannot be ordered or proven whole")),
+        segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
+        first_seen=col("first_seen")))
+    records = stream.records.where(col("segments").isNull()).select(finding(
+        "legacy_record", "warning",
+        F.concat(lit("the commit record of gxid "), _text("gxid"), lit(" at offset "), _text("offset"),
+                 lit(" lists no segments (written without the segment list): its parts cannot be proven whole")),
+        gxid=col("gxid"), segments=F.array(lit(-1)), topic=col("topic"), partition=col("partition"),
+        offsets=F.array(col("offset")), commit_ts=col("commit_ts"), first_seen=col("first_seen")))
+    return parts.unionByName(shares).unionByName(records)
+
+
+def commit_order(stream: Stream, t: Thresholds) -> DataFrame:
+    """A commit LSN lower than the one before it in its partition: a partition holds its
+    node's commits in commit order (resends were set apart as duplicates)."""
+    parts = stream.parts.select("topic", "partition", "segment", "gxid", "commit_lsn", "commit_ts", "offset",
+                                "first_seen")
+    records = stream.records.select("topic", "partition", lit(-1).alias("segment"), "gxid", "commit_lsn",
+                                    "commit_ts", "offset", "first_seen")
+    order = Window.partitionBy("topic", "partition").orderBy("offset")
+    rows = (parts.unionByName(records).withColumn("prev_lsn", F.lag("commit_lsn").over(order))
+            .withColumn("prev_offset", F.lag("offset").over(order)).where(col("prev_lsn") > col("commit_lsn")))
+    return rows.select(finding(
+        "commit_lsn_backwards", "error",
+        F.concat(lit("node "), _text("segment"), lit("'s commit at offset "), _text("offset"), lit(" (commit LSN "),
+                 _text("commit_lsn"), lit(", gxid "), _text("gxid"), lit(") comes after one with commit LSN "),
+                 _text("prev_lsn"), lit(" at offset "), _text("prev_offset")),
+        gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
+        offsets=F.array(col("prev_offset"), col("offset")), commit_ts=col("commit_ts"), first_seen=col("first_seen")))
+
+
+def after_watermark(stream: Stream, t: Thresholds) -> DataFrame:
+    """A transaction after a watermark of its segment that had passed its commit."""
+    marks = stream.watermarks.where(col("segment") >= 0).select(
+        "topic", "partition", "offset", col("resolved_lsn").alias("passed"))
+    parts = stream.parts.where(col("end_lsn").isNotNull()).select(
+        "topic", "partition", "offset", "segment", "gxid", "commit_lsn", "end_lsn", "commit_ts", "first_seen")
+    before = Window.partitionBy("topic", "partition").orderBy("offset").rowsBetween(Window.unboundedPreceding, -1)
+    rows = (parts.unionByName(marks, allowMissingColumns=True)
+            .withColumn("passed_before", F.max("passed").over(before))
+            .where(col("end_lsn").isNotNull() & (col("passed_before") >= col("end_lsn"))))
+    return rows.select(finding(
+        "after_watermark", "error",
+        F.concat(lit("segment "), _text("segment"), lit("'s transaction at offset "), _text("offset"),
+                 lit(" (gxid "), _text("gxid"), lit(", commit ending at LSN "), _text("end_lsn"),
+                 lit(") comes after a watermark that had resolved LSN "), _text("passed_before")),
+        gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
+        offsets=F.array(col("offset")), commit_ts=col("commit_ts"), first_seen=col("first_seen")))
+
+
+def _positions(stream: Stream) -> DataFrame:
+    """Each two-phase transaction's place in coordinator order: its record's offset."""
+    return stream.records.select("gxid", col("offset").alias("position"))
+
+
+def key_order(stream: Stream, t: Thresholds) -> DataFrame:
+    """Two two-phase transactions writing one key on one segment, in the opposite of their
+    coordinator order (invariant 4); one finding per pair and segment."""
+    rows = (stream.events.where((col("kind") == "row") & col("key").isNotNull() & col("gxid").isNotNull())
+            .select("topic", "partition", "segment", "table_schema", "table_name", "key", "gxid", "offset",
+                    "commit_ts", "timestamp")
+            .join(_positions(stream), "gxid"))
+    versions = Window.partitionBy("segment", "table_schema", "table_name", "key").orderBy("offset")
+    pairs = (rows.withColumn("prev_gxid", F.lag("gxid").over(versions))
+             .withColumn("prev_position", F.lag("position").over(versions))
+             .withColumn("prev_offset", F.lag("offset").over(versions))
+             .where((col("prev_gxid") != col("gxid")) & (col("prev_position") > col("position"))))
+    grouped = pairs.groupBy("topic", "partition", "segment", "prev_gxid", "gxid").agg(
+        F.count(lit(1)).alias("keys"), F.min("prev_offset").alias("prev_offset"), F.min("offset").alias("offset"),
+        F.first(F.concat_ws(".", "table_schema", "table_name")).alias("table"), F.first("key").alias("key"),
+        F.min("prev_position").alias("prev_position"), F.min("position").alias("position"),
+        F.min("commit_ts").alias("commit_ts"), F.min("timestamp").alias("first_seen"))
+    return grouped.select(finding(
+        "key_order", "error",
+        F.concat(lit("on segment "), _text("segment"), lit(", gxid "), _text("prev_gxid"), lit(" wrote key "),
+                 col("key"), lit(" of "), col("table"), lit(" (offset "), _text("prev_offset"), lit(") before gxid "),
+                 _text("gxid"), lit(" (offset "), _text("offset"), lit("), but the coordinator committed gxid "),
+                 _text("gxid"), lit(" first (records at offsets "), _text("position"), lit(" and "),
+                 _text("prev_position"), lit("); "), _text("keys"), lit(" key(s) in all")),
+        gxid=col("gxid"), segments=F.array(col("segment")), table=col("table"), topic=col("topic"),
+        partition=col("partition"), offsets=F.array(col("prev_offset"), col("offset")), commit_ts=col("commit_ts"),
+        first_seen=col("first_seen")))
+
+
+def ddl_barriers(stream: Stream, t: Thresholds) -> DataFrame:
+    """A two-phase transaction writing a table on the other side of a DDL of that table
+    on a segment from where the coordinator put it (a DDL locks its table, so every
+    writer of it is ordered with it the same way on every segment)."""
+    spark = stream.events.sparkSession
+    statements = stream.ddl.select("gxid", "statement").collect()  # few: one per DDL statement
+    named = [(r["gxid"], schema or "public", name) for r in statements for schema, name in relations_of(r["statement"])]
+    ddl = spark.createDataFrame(named, "ddl_gxid bigint, table_schema string, table_name string").distinct()
+    positions = _positions(stream)
+    ddl_parts = (ddl.join(stream.parts.select(col("gxid").alias("ddl_gxid"), "segment",
+                                              col("offset").alias("ddl_offset")), "ddl_gxid")
+                 .join(positions.select(col("gxid").alias("ddl_gxid"), col("position").alias("ddl_position")),
+                       "ddl_gxid"))
+    writers = (stream.events.where(col("kind") == "row").join(F.broadcast(ddl.select("table_schema", "table_name")
+                                                                           .distinct()), ["table_schema", "table_name"])
+               .groupBy("topic", "partition", "segment", "gxid", "table_schema", "table_name")
+               .agg(F.min("offset").alias("offset"), F.min("commit_ts").alias("commit_ts"),
+                    F.min("timestamp").alias("first_seen"))
+               .join(positions, "gxid"))
+    rows = (writers.join(ddl_parts, ["segment", "table_schema", "table_name"])
+            .where((col("gxid") != col("ddl_gxid"))
+                   & ((col("offset") < col("ddl_offset")) != (col("position") < col("ddl_position")))))
+    return rows.select(finding(
+        "ddl_barrier", "error",
+        F.concat(lit("on segment "), _text("segment"), lit(", gxid "), _text("gxid"), lit(" writes "),
+                 F.concat_ws(".", "table_schema", "table_name"), lit(" at offset "), _text("offset"),
+                 F.when(col("offset") < col("ddl_offset"), lit(" before")).otherwise(lit(" after")),
+                 lit(" the DDL of gxid "), _text("ddl_gxid"), lit(" (offset "), _text("ddl_offset"),
+                 lit("), but the coordinator committed it "),
+                 F.when(col("position") < col("ddl_position"), lit("before")).otherwise(lit("after")), lit(" it")),
+        gxid=col("gxid"), segments=F.array(col("segment")), table=F.concat_ws(".", "table_schema", "table_name"),
+        topic=col("topic"), partition=col("partition"), offsets=F.array(col("ddl_offset"), col("offset")),
+        commit_ts=col("commit_ts"), first_seen=col("first_seen")))
+
+
+def duplicates(stream: Stream, t: Thresholds) -> DataFrame:
+    """Events delivered more than once: counted per partition (info, as after a capture
+    restart); an error when a copy's content differs from the first copy's."""
+    copies = stream.duplicates
+    counted = copies.groupBy("topic", "partition", "segment").agg(
+        F.count(lit(1)).alias("copies"), F.min("offset").alias("first"), F.max("offset").alias("last"),
+        F.min("timestamp").alias("first_seen"))
+    info = counted.select(finding(
+        "duplicate_events", "info",
+        F.concat(_text("copies"), lit(" events of node "), _text("segment"), lit(" delivered again (offsets "),
+                 _text("first"), lit(".."), _text("last"), lit("), each with an identity seen before")),
+        segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
+        offsets=F.array(col("first"), col("last")), first_seen=col("first_seen")))
+    conflicting = copies.where(col("_hash") != col("_first_hash")).select(finding(
+        "conflicting_duplicate", "error",
+        F.concat(lit("the "), col("kind"), lit(" event at offset "), _text("offset"), lit(" has the identity of the one "
+                                                                                           "at offset "),
+                 _text("_first_offset"), lit(" (node "), _text("segment"), lit(", commit LSN "), _text("commit_lsn"),
+                 lit(", sequence "), _text("seq"), lit(") but different content")),
+        gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
+        offsets=F.array(col("_first_offset"), col("offset")), commit_ts=col("commit_ts"),
+        first_seen=col("timestamp")))
+    return info.unionByName(conflicting)
+
+
+def silence(stream: Stream, t: Thresholds) -> DataFrame:
+    """A node with no resolved watermark for longer than ``silence_ms`` by its own clock:
+    between two of its watermarks, or at the end, behind the latest of any node."""
+    marks = stream.watermarks.where(col("resolved_ts").isNotNull())
+    order = Window.partitionBy("segment").orderBy("offset")
+    gaps = (marks.withColumn("prev_ts", F.lag("resolved_ts").over(order))
+            .withColumn("prev_offset", F.lag("offset").over(order))
+            .where(_ms("resolved_ts") - _ms("prev_ts") > t.silence_ms))
+    inner = gaps.select(finding(
+        "silent_node", "warning",
+        F.concat(lit("node "), _text("segment"), lit(" sent no watermark for "),
+                 _text(_ms("resolved_ts") - _ms("prev_ts")), lit(" ms (from "), _text("prev_ts"), lit(" to "),
+                 _text("resolved_ts"), lit(")")),
+        segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
+        offsets=F.array(col("prev_offset"), col("offset")), first_seen=col("timestamp")))
+    last = marks.groupBy("topic", "partition", "segment").agg(
+        F.max("resolved_ts").alias("last_ts"), F.max("offset").alias("offset"), F.max("timestamp").alias("seen"))
+    latest = marks.agg(F.max("resolved_ts").alias("latest_ts"))
+    tail = last.crossJoin(latest).where(_ms("latest_ts") - _ms("last_ts") > t.silence_ms).select(finding(
+        "silent_node", "warning",
+        F.concat(lit("node "), _text("segment"), lit(" has sent no watermark since "), _text("last_ts"),
+                 lit(", "), _text(_ms("latest_ts") - _ms("last_ts")), lit(" ms before the latest of any node")),
+        segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
+        offsets=F.array(col("offset")), first_seen=col("seen")))
+    return inner.unionByName(tail)
+
+
+def watermark_delay(stream: Stream) -> DataFrame:
+    """Per node and watermark: how far its resolved time was behind Kafka's time of it."""
+    return stream.watermarks.where(col("resolved_ts").isNotNull()).select(
+        "segment", col("timestamp").alias("at"), "resolved_ts",
+        (_ms("timestamp") - _ms("resolved_ts")).alias("delay_ms"))
+
+
+Rule = Callable[[Stream, Thresholds], DataFrame]
+RULES: tuple[Rule, ...] = (corrupt_messages, damaged_parts, missing_parts, orphan_parts, unlisted_parts,
+                           one_phase_contradictions, lost_ddl_records, legacy_markers, commit_order,
+                           after_watermark, key_order, ddl_barriers, duplicates, silence)

@@ -1,0 +1,245 @@
+"""Running an audit: the stream read (Kafka or an archive), the rules applied, what a
+scheduled run carries to the next, and the findings written under the work directory.
+
+A scheduled run (``since_last``) reads from where the previous one left off, and
+reads again what was still open then: parts and records waiting for each other, a
+transaction not ended yet, and each partition's last transaction and watermark (so
+that order and silence are judged across the boundary). Findings the previous run
+reported on what is read again are not reported twice; those of open transactions
+(late, awaiting a record) are, with their new age. Transactions met before the window
+are remembered by commit LSN (the latest 20,000 per partition), so that a capture's
+resend of them is a duplicate, not a commit out of order.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import reduce
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+from .._runtime import read_json, write_json
+from ..config import Config
+from ..connect import kafka_client_settings
+from ..errors import ConfigError
+from ..protocol import Topics
+from ._archive import Offsets, read_archive
+from ._findings import Thresholds, at_or_above, summarize
+from ._rules import RULES, Stream, prepare, watermark_delay
+
+col = F.col
+OPEN_RULES = ("late_part", "awaiting_record")  # about transactions still open: reported again while open
+SEEN_PER_PARTITION = 20_000
+
+
+@dataclass
+class AuditResult:
+    findings: DataFrame  # the findings schema, most severe first
+    lag: DataFrame  # per node and watermark: delay_ms
+    summary: list[tuple[str, str, int]]  # (rule, severity, count)
+    events: int  # messages read
+    parts: DataFrame  # one row per segment part: for completeness charts
+    output: Path | None = None  # where the findings were written
+    window: dict[str, Any] = field(default_factory=dict)
+
+    def worst(self) -> str | None:
+        return self.summary[0][1] if self.summary else None
+
+    def fails(self, threshold: str) -> bool:
+        """Whether a finding is at or above ``threshold`` (error, warning or info)."""
+        return any(at_or_above(severity, threshold) for _rule, severity, _count in self.summary)
+
+    def figures(self) -> dict[str, Any]:
+        from ._figures import figures
+
+        return figures(self)
+
+
+def thresholds_of(config: Config) -> Thresholds:
+    return Thresholds(clock_skew_ms=config.audit.clock_skew_ms, silence_ms=config.audit.silence_ms)
+
+
+def audit_events(events: DataFrame, thresholds: Thresholds, seen: DataFrame | None = None) -> tuple[DataFrame, Stream]:
+    """Every rule's findings on ``events`` (the ingest schema, both topics), and the
+    prepared stream. ``seen``: (segment, commit_lsn) of transactions read before."""
+    stream = prepare(events, seen)
+    findings = reduce(DataFrame.unionByName, (rule(stream, thresholds) for rule in RULES))
+    return findings, stream
+
+
+class AuditState:
+    """What a scheduled run leaves for the next, under ``<work_dir>/audit/<prefix>/``."""
+
+    def __init__(self, config: Config) -> None:
+        self.dir = Path(config.work_dir) / "audit" / config.kafka.topic_prefix
+        self.file = self.dir / "state.json"
+        self.seen_dir = self.dir / "seen"
+
+    def load(self) -> dict[str, Any]:
+        if not self.file.is_file():
+            return {"resume": {}, "reported": []}
+        state: dict[str, Any] = read_json(self.file)
+        return state
+
+    def resume(self) -> Offsets:
+        return {t: {int(p): o for p, o in parts.items()} for t, parts in self.load().get("resume", {}).items()}
+
+    def seen(self, spark: Any) -> DataFrame | None:
+        if not self.seen_dir.is_dir():
+            return None
+        seen: DataFrame = spark.read.parquet(str(self.seen_dir))
+        return seen
+
+    def save(self, spark: Any, resume: Offsets, reported: list[str], seen: DataFrame) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        aside = self.dir / "seen.writing"
+        shutil.rmtree(aside, ignore_errors=True)
+        seen.write.parquet(str(aside))
+        shutil.rmtree(self.seen_dir, ignore_errors=True)
+        aside.rename(self.seen_dir)
+        write_json(self.file, {"resume": {t: {str(p): o for p, o in parts.items()} for t, parts in resume.items()},
+                               "reported": reported})
+
+
+def _key_column() -> Any:
+    return F.to_json(F.array(col("rule"), col("gxid").cast("string"), F.to_json("segments"), col("topic"),
+                             col("partition").cast("string"), F.to_json("offsets")))
+
+
+def _read_kafka(spark: Any, config: Config, start: Offsets | None, start_ms: int | None,
+                end_ms: int | None) -> tuple[DataFrame, Offsets]:
+    from ..ingest import end_offsets
+    from ..ingest.spark import read_changes, read_coordinator
+
+    topics = Topics(config.kafka.topic_prefix)
+    kafka = kafka_client_settings(config)
+    end = {topic: end_offsets(kafka, topic) for topic in (topics.changes, topics.dtx)}
+    frames = []
+    for topic, reader in ((topics.changes, read_changes), (topics.dtx, read_coordinator)):
+        window: dict[str, Any] = {"starting_timestamp": start_ms, "ending_timestamp": end_ms}
+        if start is not None:
+            window["starting_offsets"] = {p: start.get(topic, {}).get(p, -2) for p in end[topic]}
+        if end_ms is None:
+            window["ending_offsets"] = end[topic]
+        frames.append(reader(spark, config, **window))
+    return frames[0].unionByName(frames[1]), end
+
+
+def _window_of_archive(events: DataFrame, start: Offsets | None, start_ms: int | None,
+                       end_ms: int | None) -> tuple[DataFrame, Offsets]:
+    if start:
+        bounds = [(col("topic") == t) & (col("partition") == p) & (col("offset") < o)
+                  for t, parts in start.items() for p, o in parts.items()]
+        events = events.where(~reduce(lambda a, b: a | b, bounds))
+    if start_ms is not None:
+        events = events.where(col("timestamp") >= F.timestamp_millis(F.lit(start_ms)))
+    if end_ms is not None:
+        events = events.where(col("timestamp") < F.timestamp_millis(F.lit(end_ms)))
+    ends = events.groupBy("topic", "partition").agg(F.max("offset").alias("last")).collect()
+    end: Offsets = {}
+    for row in ends:
+        end.setdefault(row["topic"], {})[row["partition"]] = row["last"] + 1
+    return events, end
+
+
+def run_audit(spark: Any, config: Config, *, since_last: bool = False, start_ms: int | None = None,
+              end_ms: int | None = None, archive: Path | None = None, write: bool = True) -> AuditResult:
+    """Audit the pipeline's stream (its Kafka topics, or ``archive``) in a window: all of
+    it, ``start_ms``..``end_ms`` (Kafka time), or ``since_last`` scheduled run."""
+    if since_last and (start_ms is not None or end_ms is not None):
+        raise ConfigError("a scheduled audit (--since-last) reads from where the last one ended",
+                          fix="give either --since-last or --from/--to")
+    state = AuditState(config)
+    start = state.resume() if since_last else None
+    if archive is not None:
+        events, end = _window_of_archive(read_archive(spark, archive), start, start_ms, end_ms)
+    else:
+        events, end = _read_kafka(spark, config, start, start_ms, end_ms)
+    events = events.persist()
+    seen = state.seen(spark) if since_last else None
+    findings, stream = audit_events(events, thresholds_of(config), seen)
+    if since_last:
+        reported = state.load().get("reported", [])
+        if reported:
+            old = spark.createDataFrame([(k,) for k in reported], "key string")
+            findings = (findings.withColumn("key", _key_column())
+                        .join(F.broadcast(old), "key", "left_anti").drop("key")
+                        .unionByName(findings.where(col("rule").isin(*OPEN_RULES))).distinct())
+    ranked = F.when(col("severity") == "error", 0).when(col("severity") == "warning", 1).otherwise(2)
+    findings = findings.orderBy(ranked, "rule", "first_seen", "topic", "partition").persist()
+    counts = findings.groupBy("rule", "severity").count().collect()
+    result = AuditResult(findings, watermark_delay(stream), summarize(c.asDict() for c in counts),
+                         events.count(), stream.parts,
+                         window={"since_last": since_last, "start_ms": start_ms, "end_ms": end_ms,
+                                 "archive": str(archive) if archive else None, "end": end})
+    if write:
+        result.output = _write(config, result)
+    if since_last:
+        _carry(spark, state, stream, findings, end, seen)
+    return result
+
+
+def _write(config: Config, result: AuditResult) -> Path:
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    out = Path(config.work_dir) / "audit" / config.kafka.topic_prefix / "runs" / stamp
+    out.mkdir(parents=True, exist_ok=True)
+    result.findings.write.parquet(str(out / "findings.parquet"))
+    with (out / "findings.json").open("w") as f:
+        for row in result.findings.toLocalIterator():
+            f.write(json.dumps(row.asDict(), default=str) + "\n")
+    write_json(out / "summary.json", {"events": result.events, "window": _jsonable(result.window),
+                                      "summary": [{"rule": r, "severity": s, "count": n}
+                                                  for r, s, n in result.summary]})
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value
+
+
+def _open_offsets(stream: Stream, findings: DataFrame) -> Iterable[Any]:
+    """(topic, partition, offset) of what the next run must read again."""
+    open_gxids = findings.where(col("rule").isin(*OPEN_RULES)).select("gxid").distinct()
+    waiting_parts = stream.parts.join(open_gxids, "gxid").select("topic", "partition", "offset")
+    waiting_records = stream.records.join(open_gxids, "gxid").select("topic", "partition", "offset")
+    order = Window.partitionBy("topic", "partition").orderBy(col("offset").desc())
+    last_parts = (stream.parts.withColumn("n", F.row_number().over(order)).where(col("n") == 1)
+                  .select("topic", "partition", "offset"))
+    last_marks = (stream.watermarks.withColumn("n", F.row_number().over(order)).where(col("n") == 1)
+                  .select("topic", "partition", "offset"))
+    return (waiting_parts.unionByName(waiting_records).unionByName(last_parts).unionByName(last_marks)
+            .groupBy("topic", "partition").agg(F.min("offset").alias("offset")).collect())
+
+
+def _carry(spark: Any, state: AuditState, stream: Stream, findings: DataFrame, end: Offsets,
+           seen: DataFrame | None) -> None:
+    resume = {t: dict(parts) for t, parts in end.items()}
+    for row in _open_offsets(stream, findings):
+        parts = resume.setdefault(row["topic"], {})
+        parts[row["partition"]] = min(parts.get(row["partition"], row["offset"]), row["offset"])
+    # Transactions before the resume point, remembered so that a resend of them is known.
+    bounds = spark.createDataFrame([(t, p, o) for t, parts in resume.items() for p, o in parts.items()],
+                                   "topic string, partition int, resume bigint")
+    passed = (stream.parts.select("topic", "partition", "segment", "commit_lsn", "offset")
+              .unionByName(stream.records.select("topic", "partition", F.lit(-1).alias("segment"), "commit_lsn",
+                                                 "offset"))
+              .join(bounds, ["topic", "partition"]).where(col("offset") < col("resume"))
+              .select("topic", "partition", "segment", "commit_lsn"))
+    if seen is not None:
+        passed = passed.unionByName(seen)
+    newest = Window.partitionBy("topic", "partition").orderBy(col("commit_lsn").desc())
+    kept = (passed.distinct().withColumn("n", F.row_number().over(newest)).where(col("n") <= SEEN_PER_PARTITION)
+            .drop("n").localCheckpoint())
+    again = findings.where(~col("rule").isin(*OPEN_RULES)).join(bounds, ["topic", "partition"]).where(
+        F.array_min("offsets") >= col("resume"))
+    reported = [r["key"] for r in again.select(_key_column().alias("key")).collect()]
+    state.save(spark, resume, reported, kept)
