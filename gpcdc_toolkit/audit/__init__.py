@@ -8,11 +8,11 @@ summary and charts; ``gpcdc audit`` is the same on the command line.
 from ._archive import ArchiveError, ArchiveRun, read_archive, write_archive
 from ._findings import FINDING_COLUMNS, FINDINGS_DDL, SEVERITIES, Thresholds, at_or_above, summary_table
 from ._rules import RULES, Stream, prepare, watermark_delay
-from ._run import AuditResult, AuditState, audit_events, run_audit, thresholds_of
+from ._run import AuditResult, AuditState, audit_events, events_frame, run_audit, thresholds_of
 
 __all__ = [
     "ArchiveError", "ArchiveRun", "read_archive", "write_archive",
     "FINDING_COLUMNS", "FINDINGS_DDL", "SEVERITIES", "at_or_above", "summary_table",
     "RULES", "Stream", "Thresholds", "prepare", "watermark_delay",
-    "AuditResult", "AuditState", "audit_events", "run_audit", "thresholds_of",
+    "AuditResult", "AuditState", "audit_events", "events_frame", "run_audit", "thresholds_of",
 ]

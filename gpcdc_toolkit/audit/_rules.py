@@ -38,6 +38,12 @@ class Stream:
     ddl: DataFrame  # coordinator DDL records
     watermarks: DataFrame  # every node's resolved watermarks
 
+    def materialized(self) -> Stream:
+        """The same tables computed once (each rule reads them again): checkpointed
+        where Spark keeps its blocks, memory then disk."""
+        return Stream(*(frame.localCheckpoint() for frame in (self.events, self.duplicates, self.parts,
+                                                              self.records, self.ddl, self.watermarks)))
+
 
 def finding(rule: str, severity: str | Column, evidence: Column, **columns: Column | None) -> list[Column]:
     """The findings schema's columns, in order, for a select."""

@@ -69,7 +69,7 @@ def thresholds_of(config: Config) -> Thresholds:
 def audit_events(events: DataFrame, thresholds: Thresholds, seen: DataFrame | None = None) -> tuple[DataFrame, Stream]:
     """Every rule's findings on ``events`` (the ingest schema, both topics), and the
     prepared stream. ``seen``: (segment, commit_lsn) of transactions read before."""
-    stream = prepare(events, seen)
+    stream = prepare(events, seen).materialized()
     findings = reduce(DataFrame.unionByName, (rule(stream, thresholds) for rule in RULES))
     return findings, stream
 
@@ -243,3 +243,17 @@ def _carry(spark: Any, state: AuditState, stream: Stream, findings: DataFrame, e
         F.array_min("offsets") >= col("resume"))
     reported = [r["key"] for r in again.select(_key_column().alias("key")).collect()]
     state.save(spark, resume, reported, kept)
+
+
+def events_frame(spark: Any, messages: Iterable[Any]) -> DataFrame:
+    """Messages (with topic, partition, offset, timestamp_ms, key, value, as
+    :class:`._faults.Message`) as an events DataFrame, parsed as the Spark source parses."""
+    import pyarrow as pa
+
+    from ..ingest._rows import arrow_schema, to_arrow, to_row
+
+    schema = arrow_schema()
+    rows = [to_row(m.topic, m.partition, m.offset, m.timestamp_ms, m.key, m.value) for m in messages]
+    table = pa.Table.from_batches([to_arrow(rows, schema)], schema=schema)
+    frame: DataFrame = spark.createDataFrame(table)
+    return frame
