@@ -24,7 +24,8 @@ from gpcdc_toolkit.replay._source import Framer, Watermark
 from gpcdc_toolkit.workload import WorkloadSpec, reset_tables, run_workload, setup_tables
 
 SKEW_MS = 1000
-ERRORS = ("missing_part", "damaged_part", "commit_lsn_backwards", "corrupt_message", "key_order")
+ERRORS = ("missing_part", "damaged_part", "commit_lsn_backwards", "corrupt_message", "key_order", "unlisted_part",
+          "conflicting_duplicate")
 
 
 def read_messages(config):
@@ -141,28 +142,33 @@ def test_each_fault_gives_exactly_its_findings(spark, clean, fault):
     assert expected, f"{fault} should be seen"
     got = check(spark, faulty, expected, thresholds)
     if fault != "strip_markers":
-        # The replayer classifies what it waits for as the audit does, and refuses
-        # only streams the audit finds errors in.
+        # The replayer refuses only streams the audit finds errors in, stops at a
+        # missing part only where the audit finds an error, and waits for the parts the
+        # audit calls late.
         verdict = replayer_verdict(faulty, 3)
         if verdict is None:
             assert any(e.rule in ERRORS for e in got)
         else:
             missing, late = verdict
-            assert missing <= {(e.gxid, e.node) for e in got if e.rule == "missing_part"}
+            assert missing <= {(e.gxid, e.node) for e in got if e.rule in ERRORS}
             assert late <= {(e.gxid, e.node) for e in got if e.rule == "late_part"}
 
 
-MIXABLE = ("drop_part", "reorder_partition", "duplicate_range", "drop_watermarks", "corrupt_message",
-           "conflicting_pair", "delay_segment")
+# Faults that act on one node's messages, and those that act on transactions (any node).
+ON_A_NODE = ("drop_part", "reorder_partition", "duplicate_range", "delay_segment", "drop_watermarks", "corrupt_message",
+             "flag_one_phase", "early_watermark", "conflicting_duplicate")
+ON_TRANSACTIONS = ("conflicting_pair", "drop_record", "unlist_segment")
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", range(4))
 def test_random_mixes_of_faults_give_exactly_their_findings(spark, clean, seed):
     messages, thresholds = clean
     rng = random.Random(seed)
+    nodes = rng.sample([0, 1, 2], 3)
+    mix = sorted(rng.sample(ON_A_NODE, 3), key=lambda f: f != "delay_segment") + [rng.choice(ON_TRANSACTIONS)]
     faulty, expected, touched = messages, [], set()
-    for fault in rng.sample(MIXABLE, 3):
-        faulty, more, gxids = inject(faulty, fault, rng, thresholds, touched)
+    for fault, node in zip(mix, [*nodes, None]):
+        faulty, more, gxids = inject(faulty, fault, rng, thresholds, touched, node)
         expected += more
         touched |= gxids
     check(spark, faulty, expected, thresholds)

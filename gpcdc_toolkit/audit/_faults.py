@@ -24,7 +24,8 @@ from ..protocol import COORDINATOR, kind_of
 from ._findings import Thresholds
 
 FAULTS = ("drop_part", "strip_markers", "reorder_partition", "duplicate_range", "delay_segment", "drop_watermarks",
-          "corrupt_message", "conflicting_pair")
+          "corrupt_message", "conflicting_pair", "drop_record", "unlist_segment", "flag_one_phase", "early_watermark",
+          "conflicting_duplicate", "ddl_out_of_place")
 
 
 class NoPlaceForFault(ValueError):
@@ -85,6 +86,11 @@ class _Stream:
     partitions: dict[tuple[str, int], list[_Block]] = field(default_factory=dict)
     changes: str = ""
     dtx: str = ""
+    only: int | None = None  # the node a fault is to act on; None: any
+
+    def targets(self) -> list[int]:
+        """The segments a fault may act on."""
+        return [s for s in self.segments() if self.only is None or s == self.only]
 
     @classmethod
     def of(cls, messages: Iterable[Message]) -> _Stream:
@@ -144,6 +150,10 @@ def _gxid(block: _Block) -> int | None:
     return end["gxid"] if end is not None else None
 
 
+def _ids(*gxids: int | None) -> set[int]:
+    return {g for g in gxids if g is not None}
+
+
 def _transactions(blocks: list[_Block]) -> list[int]:
     return [i for i, b in enumerate(blocks) if b.end is not None]
 
@@ -175,12 +185,15 @@ def quiet_thresholds(messages: Sequence[Message], clock_skew_ms: int = 1000) -> 
 
 
 def inject(messages: Sequence[Message], fault: str, rng: random.Random, thresholds: Thresholds,
-           avoid: set[int] | None = None) -> tuple[list[Message], list[Expected], set[int]]:
+           avoid: set[int] | None = None, node: int | None = None) -> tuple[list[Message], list[Expected], set[int]]:
     """The stream with ``fault`` injected, the findings it must raise, and the gxids it
-    touched (give them as ``avoid`` to a next fault, so that faults do not overlap)."""
+    touched. To mix faults without overlap, give each its own ``node`` to act on (a
+    fault on one node's messages), and the gxids touched so far as ``avoid``; a delay
+    goes first, since it changes what later faults can prove."""
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}: use one of {', '.join(FAULTS)}")
     stream = _Stream.of(messages)
+    stream.only = node
     before = Counter(_silence(stream, thresholds))
     expected, touched = globals()[f"_{fault}"](stream, rng, thresholds, avoid or set())
     # Silence is judged on watermarks as they end up: a fault that removes some can make
@@ -195,22 +208,26 @@ def _choose(rng: random.Random, candidates: Sequence[Any], fault: str) -> Any:
     return rng.choice(list(candidates))
 
 
+def _provable(stream: _Stream, t: Thresholds, s: int) -> set[int]:
+    """The gxids of two-phase transactions whose part on segment ``s``, if absent, is
+    proven missing: its latest prepared list was read past their record, without them."""
+    marks = [w for w in stream.watermarks(s) if w.get("prepared_ts_ms") is not None]
+    if not marks:
+        return set()
+    last = max(marks, key=lambda w: w["prepared_ts_ms"])
+    return {g for g, record in stream.records().items() if g not in last.get("prepared", [])
+            and last["prepared_ts_ms"] >= record["commit_ts_ms"] + t.clock_skew_ms}
+
+
 def _drop_part(stream: _Stream, rng: random.Random, t: Thresholds, avoid: set[int]) -> tuple[list[Expected], set[int]]:
     """A segment's part of a two-phase transaction, gone: missing, once proven."""
-    records = stream.records()
     candidates = []
-    for s in stream.segments():
-        marks = [w for w in stream.watermarks(s) if w.get("prepared_ts_ms") is not None]
-        if not marks:
-            continue
-        last = max(marks, key=lambda w: w["prepared_ts_ms"])
+    for s in stream.targets():
+        provable = _provable(stream, t, s)
         for i in _transactions(stream.segment(s)):
             end = stream.segment(s)[i].end
             assert end is not None
-            record = records.get(end["gxid"])
-            if (record is not None and not end["one_phase"] and end["gxid"] not in avoid
-                    and end["gxid"] not in last.get("prepared", [])
-                    and last["prepared_ts_ms"] >= record["commit_ts_ms"] + t.clock_skew_ms):
+            if not end["one_phase"] and end["gxid"] in provable and end["gxid"] not in avoid:
                 candidates.append((s, i, end["gxid"]))
     s, i, gxid = _choose(rng, candidates, "drop_part")
     del stream.segment(s)[i]
@@ -249,7 +266,7 @@ def _reorder_partition(stream: _Stream, rng: random.Random, t: Thresholds,
     """Two adjacent transactions of a segment swapped (sharing no key, neither a DDL part):
     the second now commits below the first."""
     candidates = []
-    for s in stream.segments():
+    for s in stream.targets():
         blocks = stream.segment(s)
         for i in range(len(blocks) - 1):
             a, b = blocks[i], blocks[i + 1]
@@ -267,7 +284,7 @@ def _reorder_partition(stream: _Stream, rng: random.Random, t: Thresholds,
 def _duplicate_range(stream: _Stream, rng: random.Random, t: Thresholds,
                      avoid: set[int]) -> tuple[list[Expected], set[int]]:
     """One to three transactions of a segment delivered again later, as after a capture restart."""
-    s = _choose(rng, [s for s in stream.segments() if len(_transactions(stream.segment(s))) >= 2], "duplicate_range")
+    s = _choose(rng, [s for s in stream.targets() if len(_transactions(stream.segment(s))) >= 2], "duplicate_range")
     blocks = stream.segment(s)
     transactions = _transactions(blocks)
     first = rng.randrange(len(transactions) - 1)
@@ -283,7 +300,7 @@ def _delay_segment(stream: _Stream, rng: random.Random, t: Thresholds,
     """A segment's last messages not delivered yet: its parts of recorded transactions
     are late, not missing."""
     records = stream.records()
-    s = _choose(rng, [s for s in stream.segments()
+    s = _choose(rng, [s for s in stream.targets()
                       if any(b.end is not None and b.end["gxid"] in records for b in stream.segment(s))],
                 "delay_segment")
     blocks = stream.segment(s)
@@ -302,7 +319,8 @@ def _delay_segment(stream: _Stream, rng: random.Random, t: Thresholds,
 def _drop_watermarks(stream: _Stream, rng: random.Random, t: Thresholds,
                      avoid: set[int]) -> tuple[list[Expected], set[int]]:
     """Every watermark of a node but its first and last, gone."""
-    nodes = [n for n in [COORDINATOR, *stream.segments()] if len(stream.watermarks(n)) >= 3]
+    nodes = [n for n in [COORDINATOR, *stream.segments()]
+             if (stream.only is None or n == stream.only) and len(stream.watermarks(n)) >= 3]
     node = _choose(rng, nodes, "drop_watermarks")
     key = (stream.dtx, 0) if node == COORDINATOR else (stream.changes, node)
     blocks = stream.partitions[key]
@@ -315,7 +333,7 @@ def _drop_watermarks(stream: _Stream, rng: random.Random, t: Thresholds,
 def _corrupt_message(stream: _Stream, rng: random.Random, t: Thresholds,
                      avoid: set[int]) -> tuple[list[Expected], set[int]]:
     """A row event's value cut short: not a message any more, and its part not whole."""
-    candidates = [(s, i, j) for s in stream.segments() for i in _transactions(stream.segment(s))
+    candidates = [(s, i, j) for s in stream.targets() for i in _transactions(stream.segment(s))
                   for j, v in enumerate(stream.segment(s)[i].values)
                   if v is not None and kind_of(v) == "row" and _gxid(stream.segment(s)[i]) not in avoid]
     s, i, j = _choose(rng, candidates, "corrupt_message")
@@ -324,7 +342,7 @@ def _corrupt_message(stream: _Stream, rng: random.Random, t: Thresholds,
     block.messages[j] = replace(m, value=(m.value or b"")[: max(1, len(m.value or b"") // 2)])
     block.values[j] = None
     gxid = _gxid(block)
-    return [Expected("corrupt_message", s), Expected("damaged_part", s, gxid)], {gxid} if gxid is not None else set()
+    return [Expected("corrupt_message", s), Expected("damaged_part", s, gxid)], _ids(gxid)
 
 
 def _conflicting_pair(stream: _Stream, rng: random.Random, t: Thresholds,
@@ -356,3 +374,136 @@ def _conflicting_pair(stream: _Stream, rng: random.Random, t: Thresholds,
         block.messages[0] = replace(block.messages[0], value=orjson.dumps(value))
     blocks[i], blocks[i + 1] = blocks[i + 1], blocks[i]
     return [Expected("key_order", s, second["gxid"]) for s in shared], {first["gxid"], second["gxid"]}
+
+
+def _record_blocks(stream: _Stream, avoid: set[int], least_segments: int = 1) -> list[int]:
+    """Indexes of the coordinator's commit records (of no DDL) that a fault may take."""
+    out = []
+    for i, block in enumerate(stream.coordinator()):
+        v = block.values[0]
+        if (v is not None and kind_of(v) == "commit" and not v.get("ddl_count") and v["gxid"] not in avoid
+                and len(v["segments"] or ()) >= least_segments):
+            out.append(i)
+    return out
+
+
+def _parts_of(stream: _Stream, gxid: int) -> list[tuple[int, int]]:
+    """(segment, block index) of a transaction's parts."""
+    return [(s, i) for s in stream.segments() for i in _transactions(stream.segment(s))
+            if _gxid(stream.segment(s)[i]) == gxid]
+
+
+def _rewrite(block: _Block, j: int, value: dict[str, Any]) -> None:
+    block.values[j] = value
+    block.messages[j] = replace(block.messages[j], value=orjson.dumps(value))
+
+
+def _drop_record(stream: _Stream, rng: random.Random, t: Thresholds,
+                 avoid: set[int]) -> tuple[list[Expected], set[int]]:
+    """A commit record gone: its parts are orphans once the coordinator's watermark passed them."""
+    i = _choose(rng, [i for i in _record_blocks(stream, avoid) if _parts_of(stream, stream.coordinator()[i]
+                                                                             .values[0]["gxid"])],  # type: ignore[index]
+                "drop_record")
+    record = stream.coordinator().pop(i).values[0]
+    assert record is not None
+    return [Expected("orphan_part", s, record["gxid"]) for s, _ in _parts_of(stream, record["gxid"])], {record["gxid"]}
+
+
+def _unlist_segment(stream: _Stream, rng: random.Random, t: Thresholds,
+                    avoid: set[int]) -> tuple[list[Expected], set[int]]:
+    """A segment taken off a commit record's list although its part is in the stream."""
+    i = _choose(rng, _record_blocks(stream, avoid, least_segments=2), "unlist_segment")
+    block = stream.coordinator()[i]
+    record = dict(block.values[0] or {})
+    dropped = rng.choice(record["segments"])
+    _rewrite(block, 0, {**record, "segments": [s for s in record["segments"] if s != dropped]})
+    return [Expected("unlisted_part", dropped, record["gxid"])], {record["gxid"]}
+
+
+def _flag_one_phase(stream: _Stream, rng: random.Random, t: Thresholds,
+                    avoid: set[int]) -> tuple[list[Expected], set[int]]:
+    """A two-phase part flagged one-phase: it contradicts its record, which now lacks a
+    two-phase part there (proven missing in a settled stream)."""
+    provable = {s: _provable(stream, t, s) for s in stream.targets()}
+    candidates = [(s, i) for s in stream.targets() for i in _transactions(stream.segment(s))
+                  if (g := _gxid(stream.segment(s)[i])) in provable[s] and g not in avoid]
+    s, i = _choose(rng, candidates, "flag_one_phase")
+    block = stream.segment(s)[i]
+    for j, value in enumerate(block.values):
+        if value is not None and kind_of(value) == "row":
+            _rewrite(block, j, {**value, "source": {**value["source"], "one_phase": True}})
+        elif value is not None and kind_of(value) == "end":
+            _rewrite(block, j, {**value, "one_phase": True})
+    gxid = _gxid(block)
+    return [Expected("one_phase_contradiction", s, gxid), Expected("missing_part", s, gxid)], _ids(gxid)
+
+
+def _early_watermark(stream: _Stream, rng: random.Random, t: Thresholds,
+                     avoid: set[int]) -> tuple[list[Expected], set[int]]:
+    """A watermark moved before the transaction it had passed."""
+    candidates = []
+    for s in stream.targets():
+        blocks = stream.segment(s)
+        for i in range(len(blocks) - 1):
+            end, mark = blocks[i].end, blocks[i + 1].values[0]
+            if (end is not None and end["gxid"] not in avoid and blocks[i + 1].kind == "resolved"
+                    and mark is not None and mark["resolved"] >= end["end_lsn"]):
+                candidates.append((s, i))
+    s, i = _choose(rng, candidates, "early_watermark")
+    blocks = stream.segment(s)
+    blocks[i], blocks[i + 1] = blocks[i + 1], blocks[i]
+    gxid = _gxid(blocks[i + 1])
+    return [Expected("after_watermark", s, gxid)], _ids(gxid)
+
+
+def _conflicting_duplicate(stream: _Stream, rng: random.Random, t: Thresholds,
+                           avoid: set[int]) -> tuple[list[Expected], set[int]]:
+    """A row event delivered again, later in its partition, with different content."""
+    candidates = [(s, i, j) for s in stream.targets() for i in _transactions(stream.segment(s))
+                  for j, v in enumerate(stream.segment(s)[i].values)
+                  if v is not None and kind_of(v) == "row" and v["after"] and _gxid(stream.segment(s)[i]) not in avoid]
+    s, i, j = _choose(rng, candidates, "conflicting_duplicate")
+    blocks = stream.segment(s)
+    value = blocks[i].values[j]
+    assert value is not None
+    changed = {**value, "after": {**value["after"], "__changed__": 1}}
+    copy = _Block([replace(blocks[i].messages[j], value=orjson.dumps(changed))], [changed])
+    blocks.insert(rng.randint(i + 1, len(blocks)), copy)
+    gxid = _gxid(blocks[i])
+    return [Expected("conflicting_duplicate", s, gxid), Expected("duplicate_events", s)], _ids(gxid)
+
+
+def _ddl_out_of_place(stream: _Stream, rng: random.Random, t: Thresholds,
+                      avoid: set[int]) -> tuple[list[Expected], set[int]]:
+    """A segment's DDL part moved past the first two-phase transaction after it that
+    writes the DDL's table: the DDL is no barrier there any more."""
+    records = stream.records()
+    ddl_tables = {v["gxid"]: v["statement"] for b in stream.coordinator() for v in b.values
+                  if v is not None and kind_of(v) == "ddl"}
+    candidates = []
+    for s in stream.targets():
+        blocks = stream.segment(s)
+        for i, block in enumerate(blocks):
+            gxid = _gxid(block)
+            if gxid not in ddl_tables or gxid in avoid:
+                continue
+            for j in range(i + 1, len(blocks)):
+                writer = _gxid(blocks[j])
+                end = blocks[j].end
+                if (end is not None and writer in records and not end["one_phase"] and writer not in avoid
+                        and any(table in ddl_tables[gxid] for table, _key in blocks[j].keys())):
+                    candidates.append((s, i, j))
+                    break
+    s, i, j = _choose(rng, candidates, "ddl_out_of_place")
+    blocks = stream.segment(s)
+    ddl, writer = blocks[i], blocks[j]
+    end = ddl.end
+    assert end is not None
+    passed = [b for b in blocks[i + 1:j + 1] if b.kind == "resolved" and b.values[0] is not None
+              and b.values[0]["resolved"] >= end["end_lsn"]]
+    blocks.insert(j + 1, ddl)
+    del blocks[i]
+    expected = [Expected("commit_lsn_backwards", s, end["gxid"]), Expected("ddl_barrier", s, _gxid(writer))]
+    if passed:
+        expected.append(Expected("after_watermark", s, end["gxid"]))
+    return expected, _ids(end["gxid"], _gxid(writer))
