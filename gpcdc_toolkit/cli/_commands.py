@@ -3,6 +3,7 @@ in a module per concern."""
 
 from __future__ import annotations
 
+from ._audit import Archive, Audit
 from ._command import Command
 from ._pipeline import BootstrapCreate, BootstrapDrop, CaptureRun, CaptureStart, CaptureStop, Status
 from ._replay import Replay
@@ -15,4 +16,4 @@ GROUPS: dict[str, tuple[str, list[Command]]] = {
     "bootstrap": ("replication slots at a distributed-transaction-consistent point", [BootstrapCreate(), BootstrapDrop()]),
     "capture": ("capture workers: every node into Kafka", [CaptureRun(), CaptureStart(), CaptureStop()]),
 }
-COMMANDS: list[Command] = [Workload(), Status(), Replay(), Demo()]
+COMMANDS: list[Command] = [Workload(), Status(), Replay(), Audit(), Archive(), Demo()]

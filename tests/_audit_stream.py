@@ -1,0 +1,67 @@
+"""A protocol stream written by hand: for audits of exact situations, as messages or
+produced to a real broker."""
+
+from __future__ import annotations
+
+import orjson
+from confluent_kafka import Producer
+
+from gpcdc_toolkit.audit._faults import Message
+
+
+class StreamBuilder:
+    def __init__(self, prefix: str = "t", segments: int = 3) -> None:
+        self.changes, self.dtx = f"{prefix}.changes", f"{prefix}.dtx"
+        self.segments = segments
+        self.partitions: dict[tuple[str, int], list[tuple[bytes | None, dict, int]]] = {}
+
+    def _put(self, topic, partition, key, value, ts):
+        self.partitions.setdefault((topic, partition), []).append((key, value, ts))
+
+    def part(self, segment, gxid, lsn, ts, rows=(("t", 1),), one_phase=False, count=None):
+        """A segment's local transaction: BEGIN, a row event per (table, key), END."""
+        common = {"segment": segment, "gxid": gxid, "xid": lsn, "commit_lsn": lsn, "commit_ts_ms": ts}
+        self._put(self.changes, segment, None, {"status": "BEGIN", "id": f"{segment}:{lsn}", "ts_ms": ts,
+                                                 "event_count": None, "data_collections": None, **common}, ts)
+        for seq, (table, key) in enumerate(rows, 1):
+            source = {"version": 2, "connector": "gpcdc", "name": "t", "db": "postgres", "schema": "public",
+                      "table": table, "segment": segment, "txId": lsn, "commit_lsn": lsn, "ts_ms": ts, "gxid": gxid,
+                      "seq": seq, "one_phase": one_phase}
+            self._put(self.changes, segment, orjson.dumps({"id": key}),
+                      {"before": None, "after": {"id": key, "v": seq}, "source": source, "op": "c", "ts_ms": ts}, ts)
+        self._put(self.changes, segment, None, {"status": "END", "id": f"{segment}:{lsn}", "ts_ms": ts,
+                                                 "event_count": len(rows) if count is None else count,
+                                                 "data_collections": [], "one_phase": one_phase, "end_lsn": lsn + 8,
+                                                 **common}, ts)
+        return self
+
+    def record(self, gxid, segments, lsn, ts, ddl=()):
+        for statement in ddl:
+            self._put(self.dtx, 0, None, {"type": "ddl", "gxid": gxid, "statement": statement, "segment": -1,
+                                          "xid": lsn, "commit_lsn": lsn, "commit_ts_ms": ts}, ts)
+        self._put(self.dtx, 0, None, {"type": "commit", "gxid": gxid, "segments": segments, "segment": -1,
+                                      "xid": lsn, "commit_lsn": lsn, "commit_ts_ms": ts, "ddl_count": len(ddl)}, ts)
+        return self
+
+    def watermark(self, node, resolved, ts, prepared=(), prepared_ts=None):
+        value = {"resolved": resolved, "resolved_ts_ms": ts, "segment": node, "ts_ms": ts,
+                 "prepared": list(prepared), "prepared_ts_ms": ts - 1 if prepared_ts is None else prepared_ts}
+        if node == -1:
+            self._put(self.dtx, 0, None, {**value, "type": "resolved"}, ts)
+        else:
+            self._put(self.changes, node, None, value, ts)
+        return self
+
+    def messages(self) -> list[Message]:
+        return [Message(topic, partition, offset, ts, key, orjson.dumps(value))
+                for (topic, partition), items in sorted(self.partitions.items())
+                for offset, (key, value, ts) in enumerate(items)]
+
+    def produce(self, kafka: dict[str, str]) -> None:
+        """Everything added so far (since the last produce) to the broker, in order."""
+        producer = Producer({**kafka, "enable.idempotence": True})
+        for (topic, partition), items in sorted(self.partitions.items()):
+            for key, value, ts in items:
+                producer.produce(topic, orjson.dumps(value), key, partition=partition, timestamp=ts)
+        assert producer.flush(30) == 0
+        self.partitions.clear()

@@ -1,0 +1,109 @@
+"""The audit's rules on streams written by hand (Spark, no other servers)."""
+
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpcdc_toolkit.audit import FINDING_COLUMNS, RULES, Thresholds, audit_events, events_frame, prepare
+from gpcdc_toolkit.replay._order import Part, Reassembler, Record
+from gpcdc_toolkit.replay._source import Framer, Watermark
+
+from ._audit_stream import StreamBuilder
+
+SKEW = 1000
+
+
+def findings_of(spark, builder, thresholds=Thresholds(clock_skew_ms=SKEW)):
+    findings, _ = audit_events(events_frame(spark, builder.messages()), thresholds)
+    return [f.asDict() for f in findings.collect()]
+
+
+def test_every_rule_gives_the_findings_schema(spark):
+    stream = prepare(events_frame(spark, StreamBuilder().part(0, 7, 100, 1000).record(7, [0], 90, 999).messages()))
+    for rule in RULES:
+        frame = rule(stream, Thresholds())
+        assert [(f.name, f.dataType.simpleString()) for f in frame.schema.fields] == list(FINDING_COLUMNS), rule.__name__
+
+
+def test_segments_committing_in_different_orders_is_no_finding(spark):
+    b = StreamBuilder().record(1, [0, 1], 10, 1000).record(2, [0, 1], 20, 1001)
+    b.part(0, 1, 100, 1002, rows=[("t", 1)]).part(0, 2, 110, 1003, rows=[("t", 2)])
+    b.part(1, 2, 100, 1002, rows=[("t", 3)]).part(1, 1, 110, 1003, rows=[("t", 4)])
+    for node in (-1, 0, 1, 2):
+        b.watermark(node, 1000, 5000, prepared_ts=5000)
+    assert findings_of(spark, b) == []
+
+
+def test_two_writers_of_one_key_against_coordinator_order_is_an_error(spark):
+    b = StreamBuilder().record(1, [0, 1], 10, 1000).record(2, [0, 1], 20, 1001)
+    b.part(0, 2, 100, 1002, rows=[("t", 1)]).part(0, 1, 110, 1003, rows=[("t", 1)])
+    b.part(1, 1, 100, 1002, rows=[("t", 3)]).part(1, 2, 110, 1003, rows=[("t", 4)])
+    for node in (-1, 0, 1, 2):
+        b.watermark(node, 1000, 5000, prepared_ts=5000)
+    [finding] = findings_of(spark, b)
+    assert (finding["rule"], finding["gxid"], finding["segments"], finding["table"]) == ("key_order", 1, [0], "public.t")
+
+
+def test_a_legacy_stream_is_reported_part_by_part_with_each_segments_share(spark):
+    b = StreamBuilder().part(0, None, 100, 1000).part(0, 5, 110, 1001, one_phase=True).part(1, None, 100, 1000)
+    b.record(9, None, 10, 999)
+    for node in (-1, 0, 1, 2):
+        b.watermark(node, 1000, 1100, prepared_ts=1100)
+    found = sorted((f["rule"], f["segments"][0]) for f in findings_of(spark, b))
+    assert found == [("legacy_part", 0), ("legacy_part", 1), ("legacy_record", -1), ("legacy_share", 0),
+                     ("legacy_share", 1)]
+    share = [f["evidence"] for f in findings_of(spark, b) if f["rule"] == "legacy_share" and f["segments"] == [0]]
+    assert "1 of its 2 transactions (50.0%)" in share[0]
+
+
+def replayer_head(messages, segments):
+    """The replayer's verdict on the first transaction it cannot hand out: (gxid,
+    segment) of the parts it proves missing, and of those it still waits for."""
+    framer, reassembler = Framer("t"), Reassembler(segments, clock_skew_ms=SKEW)
+    for m in sorted(messages, key=lambda m: (m.topic.endswith(".dtx"), m.partition, m.offset)):
+        framed = framer.feed(-1 if m.topic.endswith(".dtx") else m.partition, m.offset, orjson.loads(m.value))
+        if isinstance(framed, Part):
+            reassembler.add_part(framed)
+        elif isinstance(framed, Record):
+            reassembler.add_record(framed)
+        elif isinstance(framed, Watermark):
+            reassembler.add_watermark(framed.segment, framed.resolved_ts_ms, framed.prepared, framed.prepared_ts_ms)
+        reassembler.ready()
+    missing = {(m.gxid, m.segment) for m in reassembler.missing()}
+    return missing, set(reassembler.in_doubt()) - missing
+
+
+@st.composite
+def doubtful_streams(draw):
+    """Two-phase transactions with parts delivered or not, and each segment's last
+    prepared list read before, around or after their records, holding some of them."""
+    b = StreamBuilder(segments=3)
+    transactions = draw(st.integers(1, 4))
+    undelivered = []
+    for gxid in range(1, transactions + 1):
+        segments = sorted(draw(st.sets(st.integers(0, 2), min_size=2, max_size=3)))
+        b.record(gxid, segments, 10 * gxid, 1000 + 10 * gxid)
+        for s in segments:
+            if draw(st.booleans()):
+                b.part(s, gxid, 100 * gxid, 1001 + 10 * gxid, rows=[("t", 100 * gxid + s)])
+            else:
+                undelivered.append((gxid, s))
+    for s in range(3):
+        held = [g for g, seg in undelivered if seg == s and draw(st.booleans())]
+        read_at = 1000 + draw(st.integers(-500, 2500))
+        b.watermark(s, 10_000, read_at + 5, prepared=held, prepared_ts=read_at)
+    b.watermark(-1, 10_000, 5000, prepared_ts=5000)
+    return b
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doubtful_streams())
+def test_missing_and_late_agree_with_the_replayer(spark, builder):
+    missing, late = replayer_head(builder.messages(), 3)
+    found = findings_of(spark, builder)
+    audit_missing = {(f["gxid"], f["segments"][0]) for f in found if f["rule"] == "missing_part"}
+    audit_late = {(f["gxid"], f["segments"][0]) for f in found if f["rule"] == "late_part"}
+    head = {g for g, _ in missing | late}
+    assert missing == {p for p in audit_missing if p[0] in head}
+    assert late == {p for p in audit_late if p[0] in head}
+    assert {f["rule"] for f in found} <= {"missing_part", "late_part"}
