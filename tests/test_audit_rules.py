@@ -11,10 +11,11 @@ from gpcdc_toolkit.replay._source import Framer, Watermark
 from ._audit_stream import StreamBuilder
 
 SKEW = 1000
+THRESHOLDS = Thresholds(clock_skew_ms=SKEW)
 
 
-def findings_of(spark, builder, thresholds=Thresholds(clock_skew_ms=SKEW)):
-    findings, _ = audit_events(events_frame(spark, builder.messages()), thresholds)
+def findings_of(spark, builder):
+    findings, _ = audit_events(events_frame(spark, builder.messages()), THRESHOLDS)
     return [f.asDict() for f in findings.collect()]
 
 

@@ -185,7 +185,8 @@ def damaged_parts(stream: Stream, t: Thresholds) -> DataFrame:
         F.concat(lit("segment "), _text("segment"), lit("'s transaction at offset "), _text("offset"),
                  lit(" (commit LSN "), _text("commit_lsn"), lit(", gxid "), _text("gxid"), lit(") "), what),
         gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
-        offsets=F.array(col("offset")), commit_ts=col("commit_ts"), first_seen=col("first_seen")))
+        offsets=F.when(unended, F.array(col("offset"), col("next_offset"))).otherwise(F.array(col("offset"))),
+        commit_ts=col("commit_ts"), first_seen=col("first_seen")))
 
 
 def missing_parts(stream: Stream, t: Thresholds) -> DataFrame:

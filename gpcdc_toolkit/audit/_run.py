@@ -4,11 +4,12 @@ scheduled run carries to the next, and the findings written under the work direc
 A scheduled run (``since_last``) reads from where the previous one left off, and
 reads again what was still open then: parts and records waiting for each other, a
 transaction not ended yet, and each partition's last transaction and watermark (so
-that order and silence are judged across the boundary). Findings the previous run
-reported on what is read again are not reported twice; those of open transactions
-(late, awaiting a record) are, with their new age. Transactions met before the window
-are remembered by commit LSN (the latest 20,000 per partition), so that a capture's
-resend of them is a duplicate, not a commit out of order.
+that order and silence are judged across the boundary). Of what it finds, it reports
+what shows in a message it had not read before, and what concerns a transaction that
+was open (late, awaiting its record: reported again with its new age, or now proven
+missing); the rest was reported by an earlier run. Transactions met before the
+window are remembered by commit LSN (the latest 20,000 per partition), so that a
+capture's resend of them is a duplicate, not a commit out of order.
 """
 
 from __future__ import annotations
@@ -84,12 +85,13 @@ class AuditState:
 
     def load(self) -> dict[str, Any]:
         if not self.file.is_file():
-            return {"resume": {}, "reported": []}
+            return {"resume": {}, "end": {}, "open": []}
         state: dict[str, Any] = read_json(self.file)
         return state
 
-    def resume(self) -> Offsets:
-        return {t: {int(p): o for p, o in parts.items()} for t, parts in self.load().get("resume", {}).items()}
+    def offsets(self, name: str) -> Offsets:
+        """``resume`` (where the next run reads from) or ``end`` (where the last one stopped)."""
+        return {t: {int(p): o for p, o in parts.items()} for t, parts in self.load().get(name, {}).items()}
 
     def seen(self, spark: Any) -> DataFrame | None:
         if not self.seen_dir.is_dir():
@@ -97,20 +99,25 @@ class AuditState:
         seen: DataFrame = spark.read.parquet(str(self.seen_dir))
         return seen
 
-    def save(self, spark: Any, resume: Offsets, reported: list[str], seen: DataFrame) -> None:
+    def save(self, spark: Any, resume: Offsets, end: Offsets, open_gxids: list[int], seen: DataFrame) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         aside = self.dir / "seen.writing"
         shutil.rmtree(aside, ignore_errors=True)
         seen.write.parquet(str(aside))
         shutil.rmtree(self.seen_dir, ignore_errors=True)
         aside.rename(self.seen_dir)
-        write_json(self.file, {"resume": {t: {str(p): o for p, o in parts.items()} for t, parts in resume.items()},
-                               "reported": reported})
+        write_json(self.file, {name: {t: {str(p): o for p, o in parts.items()} for t, parts in offsets.items()}
+                               for name, offsets in (("resume", resume), ("end", end))} | {"open": open_gxids})
 
 
-def _key_column() -> Any:
-    return F.to_json(F.array(col("rule"), col("gxid").cast("string"), F.to_json("segments"), col("topic"),
-                             col("partition").cast("string"), F.to_json("offsets")))
+def _new(findings: DataFrame, spark: Any, previous_end: Offsets, open_gxids: list[int]) -> DataFrame:
+    """The findings an earlier run has not reported: shown by a message past where it
+    stopped, or about a transaction it left open."""
+    ends = spark.createDataFrame([(t, p, o) for t, parts in previous_end.items() for p, o in parts.items()],
+                                 "topic string, partition int, previous_end bigint")
+    fresh = (col("previous_end").isNull() | col("offsets").isNull()
+             | (F.array_max("offsets") >= col("previous_end")) | col("gxid").isin(*open_gxids))
+    return findings.join(F.broadcast(ends), ["topic", "partition"], "left").where(fresh).drop("previous_end")
 
 
 def _read_kafka(spark: Any, config: Config, start: Offsets | None, start_ms: int | None,
@@ -157,7 +164,7 @@ def run_audit(spark: Any, config: Config, *, since_last: bool = False, start_ms:
         raise ConfigError("a scheduled audit (--since-last) reads from where the last one ended",
                           fix="give either --since-last or --from/--to")
     state = AuditState(config)
-    start = state.resume() if since_last else None
+    start = state.offsets("resume") if since_last else None
     if archive is not None:
         events, end = _window_of_archive(read_archive(spark, archive), start, start_ms, end_ms)
     else:
@@ -166,12 +173,7 @@ def run_audit(spark: Any, config: Config, *, since_last: bool = False, start_ms:
     seen = state.seen(spark) if since_last else None
     findings, stream = audit_events(events, thresholds_of(config), seen)
     if since_last:
-        reported = state.load().get("reported", [])
-        if reported:
-            old = spark.createDataFrame([(k,) for k in reported], "key string")
-            findings = (findings.withColumn("key", _key_column())
-                        .join(F.broadcast(old), "key", "left_anti").drop("key")
-                        .unionByName(findings.where(col("rule").isin(*OPEN_RULES))).distinct())
+        findings = _new(findings, spark, state.offsets("end"), state.load().get("open", []))
     ranked = F.when(col("severity") == "error", 0).when(col("severity") == "warning", 1).otherwise(2)
     findings = findings.orderBy(ranked, "rule", "first_seen", "topic", "partition").persist()
     counts = findings.groupBy("rule", "severity").count().collect()
@@ -239,10 +241,9 @@ def _carry(spark: Any, state: AuditState, stream: Stream, findings: DataFrame, e
     newest = Window.partitionBy("topic", "partition").orderBy(col("commit_lsn").desc())
     kept = (passed.distinct().withColumn("n", F.row_number().over(newest)).where(col("n") <= SEEN_PER_PARTITION)
             .drop("n").localCheckpoint())
-    again = findings.where(~col("rule").isin(*OPEN_RULES)).join(bounds, ["topic", "partition"]).where(
-        F.array_min("offsets") >= col("resume"))
-    reported = [r["key"] for r in again.select(_key_column().alias("key")).collect()]
-    state.save(spark, resume, reported, kept)
+    open_gxids = [r["gxid"] for r in findings.where(col("rule").isin(*OPEN_RULES) & col("gxid").isNotNull())
+                  .select("gxid").distinct().collect()]
+    state.save(spark, resume, end, open_gxids, kept)
 
 
 def events_frame(spark: Any, messages: Iterable[Any]) -> DataFrame:

@@ -1,0 +1,119 @@
+"""Audits on a real broker: scheduled runs that carry open transactions, an archive,
+and the command line's exit statuses."""
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from gpcdc_toolkit.audit import read_archive, run_audit, write_archive
+from gpcdc_toolkit.capture import ensure_topics
+from gpcdc_toolkit.config import load_config
+from gpcdc_toolkit.connect import kafka_client_settings
+from gpcdc_toolkit.protocol import Topics
+
+from ._audit_stream import StreamBuilder
+
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("GPCDC_")}
+
+
+@pytest.fixture
+def topics(broker, work_dir):
+    """A fresh pipeline prefix on the broker with its topics, and its configuration."""
+    prefix = f"u{uuid.uuid4().hex[:8]}"
+    config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
+                          "kafka.topic_prefix": prefix}, environ={})
+    kafka = kafka_client_settings(config)
+    ensure_topics(kafka, Topics(prefix), 3)
+    return config, kafka, StreamBuilder(prefix)
+
+
+def found(result):
+    return sorted((f["rule"], f["gxid"], f["segments"][0]) for f in result.findings.collect())
+
+
+def watermarks(b, ts, held=()):
+    for node in (-1, 0, 1, 2):
+        b.watermark(node, ts // 100, ts, prepared=held if node == 1 else (), prepared_ts=ts)
+
+
+def test_a_transaction_straddling_scheduled_runs_is_neither_missing_nor_forgotten(spark, topics):
+    config, kafka, b = topics
+    # Run 1: gxid 1's part on segment 1 has not come, and segment 1 still holds it prepared.
+    b.record(1, [0, 1], 10, 1000).record(2, [0, 1], 20, 1010)
+    b.part(0, 1, 100, 1001, rows=[("t", 1)]).part(0, 2, 110, 1011, rows=[("t", 2)])
+    b.part(1, 2, 100, 1011, rows=[("t", 3)])
+    watermarks(b, 5000, held=[1])
+    b.produce(kafka)
+    assert found(run_audit(spark, config, since_last=True)) == [("late_part", 1, 1)]
+    # Run 2: it comes; gxid 3's part on segment 2 never will (segment 2 passed it, holding nothing).
+    b.part(1, 1, 120, 5001, rows=[("t", 4)]).record(3, [0, 2], 30, 5002).part(0, 3, 120, 5003, rows=[("t", 5)])
+    watermarks(b, 9000)
+    b.produce(kafka)
+    assert found(run_audit(spark, config, since_last=True)) == [("missing_part", 3, 2)]
+    # Run 3: nothing new but watermarks: nothing reported again.
+    watermarks(b, 9500)
+    b.produce(kafka)
+    assert found(run_audit(spark, config, since_last=True)) == []
+    # A resend of a transaction an earlier run read is a duplicate, not a commit out of order.
+    b.part(0, 2, 110, 1011, rows=[("t", 2)])
+    b.produce(kafka)
+    assert found(run_audit(spark, config, since_last=True)) == [("duplicate_events", None, 0)]
+
+
+def test_an_archive_gives_the_same_findings_as_kafka_and_grows_by_what_is_new(spark, topics, tmp_path):
+    config, kafka, b = topics
+    b.record(1, [0, 1], 10, 1000).part(0, 1, 100, 1001).part(1, 1, 100, 1001, count=2)
+    watermarks(b, 5000)
+    b.produce(kafka)
+    first = write_archive(spark, config, tmp_path / "archive")
+    b.record(2, [0, 2], 20, 6000).part(0, 2, 110, 6001)
+    watermarks(b, 9000)
+    b.produce(kafka)
+    second = write_archive(spark, config, tmp_path / "archive")
+    assert (first.events, second.events) == (11, 8)
+    assert read_archive(spark, tmp_path / "archive").count() == 19
+    from_kafka = found(run_audit(spark, config, write=False))
+    assert from_kafka == [("damaged_part", 1, 1), ("missing_part", 2, 2)]
+    assert found(run_audit(spark, config, archive=tmp_path / "archive", write=False)) == from_kafka
+
+
+def gpcdc(config, *args):
+    return subprocess.run([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(config.work_dir),
+                           "--kafka-bootstrap-servers", config.kafka.bootstrap_servers,
+                           "--kafka-topic-prefix", config.kafka.topic_prefix, *args],
+                          env=ENV, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+
+
+def test_the_command_exits_0_when_clean_1_on_findings_and_2_when_it_cannot_run(topics, tmp_path):
+    config, kafka, b = topics
+    b.record(1, [0, 1], 10, 1000).part(0, 1, 100, 1001).part(1, 1, 100, 1001)
+    watermarks(b, 5000)
+    b.produce(kafka)
+    clean = gpcdc(config, "audit")
+    assert clean.returncode == 0, clean.stderr
+    assert "no findings" in clean.stdout
+    b.record(2, [0, 2], 20, 6000).part(0, 2, 110, 6001)  # gxid 2's part on segment 2 still held prepared: late
+    for node in (-1, 0, 1, 2):
+        b.watermark(node, 65, 6500, prepared=[2] if node == 2 else (), prepared_ts=6500)
+    b.produce(kafka)
+    assert gpcdc(config, "audit").returncode == 0  # late is info
+    failing = gpcdc(config, "audit", "--fail-on", "info")
+    assert failing.returncode == 1, failing.stderr
+    assert "late_part" in failing.stdout
+    out = failing.stdout.strip().splitlines()[-1].rsplit(" ", 1)[-1]
+    summary = json.loads(open(os.path.join(out, "summary.json")).read())
+    assert summary["summary"] == [{"rule": "late_part", "severity": "info", "count": 1}]
+    rows = [json.loads(line) for line in open(os.path.join(out, "findings.json"))]
+    assert [(r["rule"], r["gxid"], r["segments"]) for r in rows] == [("late_part", 2, [2])]
+    assert os.path.isdir(os.path.join(out, "findings.parquet"))
+    nothing = gpcdc(config, "audit", "--archive", str(tmp_path / "none"))
+    assert nothing.returncode == 2
+    assert nothing.stderr.strip().splitlines() == [
+        f"gpcdc: audit could not run: {tmp_path / 'none'} holds no archive runs: "
+        "write one with `gpcdc archive --to PATH` first"]
+    both = gpcdc(config, "audit", "--since-last", "--to", "2026-01-01T00:00:00")
+    assert both.returncode == 2 and "either --since-last or --from/--to" in both.stderr
