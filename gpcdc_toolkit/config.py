@@ -128,6 +128,8 @@ class AuditSettings:
                               minimum=1)
     fail_on: str = setting("error", "the least severity of a finding that makes `gpcdc audit` exit 1",
                            choices=("error", "warning", "info"))
+    expectations_dir: str | None = setting(None, "directory of the stream's expectation suites (default: the "
+                                                 "expectations/ directory of the toolkit's checkout)")
 
 
 @dataclass(frozen=True)

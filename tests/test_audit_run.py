@@ -117,3 +117,17 @@ def test_the_command_exits_0_when_clean_1_on_findings_and_2_when_it_cannot_run(t
         "write one with `gpcdc archive --to PATH` first"]
     both = gpcdc(config, "audit", "--since-last", "--to", "2026-01-01T00:00:00")
     assert both.returncode == 2 and "either --since-last or --from/--to" in both.stderr
+
+
+def test_the_stream_invariants_join_the_findings_as_failed_expectations(spark, topics):
+    config, kafka, b = topics
+    b.record(1, [0, 1], 10, 1000).part(0, 1, 100, 1001, rows=[("t", 1), ("t", 2)]).part(1, 1, 100, 1001)
+    watermarks(b, 5000)
+    b.partitions[(b.changes, 0)][1][1]["op"] = "x"  # the first row event: an operation the protocol lacks
+    _key, value, ts = b.partitions[(b.changes, 1)][1]
+    b.partitions[(b.changes, 1)][1] = (None, value, ts)  # the only row event of segment 1's part: no key
+    b.produce(kafka)
+    rules = {f["rule"]: f for f in run_audit(spark, config, write=False).findings.collect()}
+    assert set(rules) == {"expect_column_values_to_be_in_set(op)", "expect_column_values_to_be_in_set(keys)"}
+    assert "1 of 3 values unexpected, e.g. ['x']" in rules["expect_column_values_to_be_in_set(op)"]["evidence"]
+    assert "['mixed']" in rules["expect_column_values_to_be_in_set(keys)"]["evidence"]

@@ -32,6 +32,7 @@ from ..connect import kafka_client_settings
 from ..errors import ConfigError
 from ..protocol import Topics
 from ._archive import Offsets, read_archive
+from ._expectations import load_suites, validate
 from ._findings import Thresholds, at_or_above, summarize
 from ._rules import RULES, Stream, prepare, watermark_delay
 
@@ -163,6 +164,7 @@ def run_audit(spark: Any, config: Config, *, since_last: bool = False, start_ms:
     if since_last and (start_ms is not None or end_ms is not None):
         raise ConfigError("a scheduled audit (--since-last) reads from where the last one ended",
                           fix="give either --since-last or --from/--to")
+    suites = load_suites(Path(config.audit.expectations_dir) if config.audit.expectations_dir else None)
     state = AuditState(config)
     start = state.offsets("resume") if since_last else None
     if archive is not None:
@@ -172,6 +174,7 @@ def run_audit(spark: Any, config: Config, *, since_last: bool = False, start_ms:
     events = events.persist()
     seen = state.seen(spark) if since_last else None
     findings, stream = audit_events(events, thresholds_of(config), seen)
+    findings = findings.unionByName(validate(stream, suites))
     if since_last:
         findings = _new(findings, spark, state.offsets("end"), state.load().get("open", []))
     ranked = F.when(col("severity") == "error", 0).when(col("severity") == "warning", 1).otherwise(2)
