@@ -87,6 +87,8 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
             say(f"  {problem}")
         if not check.ok:
             return 1
+        if not _audit(config, say):
+            return 1
 
         if target.exists:
             target.down(remove=True)  # a fresh target, as the pipeline is fresh
@@ -113,3 +115,19 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
                 if cluster_sandbox.exists:
                     cluster_sandbox.down()
     return 0
+
+
+def _audit(config: Config, say: Callable[[str], None]) -> bool:
+    """The audit of the captured topics: whether it found nothing at or above a warning."""
+    from .audit import run_audit
+    from .ingest.spark import spark_session
+
+    spark = spark_session(config, "gpcdc-demo-audit", kafka_connector=False,
+                          jvm_log=config.work_dir / "logs" / "gpcdc-demo-audit.log")
+    try:
+        result = run_audit(spark, config)
+    finally:
+        spark.stop()
+    found = ", ".join(f"{count} {rule} ({severity})" for rule, severity, count in result.summary) or "no findings"
+    say(f"audit: {result.events} messages of both topics: {found}; written to {result.output}")
+    return not result.fails("warning")

@@ -53,6 +53,7 @@ def test_demo_runs_end_to_end(work_dir):
     assert "0 differ" in done.stdout and "dtx/s" in done.stdout and ", 0 problems" in done.stdout
     assert "check target wl_accounts:" in done.stdout and "equal to the source" in done.stdout
     assert "DIFFERENT" not in done.stdout
+    assert "audit: " in done.stdout and "of both topics" in done.stdout
     for name in ("source", "target"):
         assert not list((work_dir / "sandboxes" / name).glob("*/postmaster.pid")), f"demo left {name} running"
 

@@ -2,10 +2,10 @@
 Kafka's retention.
 
 Each ``write_archive`` appends what the topics gained since the previous one, as one
-directory of Parquet files in the ingest schema (``run-<n>``), written aside and
-renamed into place, and then records where it ended (``position.json``): a write that
-fails leaves no partial run behind, and the next one starts where the last whole one
-ended.
+directory of Parquet files in the ingest schema (``run-<n>``) holding also where it
+ended (``_position.json``, which Spark's Parquet reader passes over), written aside and
+renamed into place: a write that fails leaves no partial run behind, and the next one
+starts where the last whole one ended.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ..ingest import end_offsets
 from ..ingest._rows import SCHEMA_DDL
 from ..protocol import Topics
 
-POSITION = "position.json"
+POSITION = "_position.json"  # in each run's directory: where that run ended
 
 
 class ArchiveError(ConfigError):
@@ -43,9 +43,10 @@ class ArchiveRun:
 
 
 def _position(path: Path) -> Offsets:
-    file = path / POSITION
-    if not file.is_file():
+    runs = _runs(path)
+    if not runs:
         return {}
+    file = runs[-1] / POSITION
     return {topic: {int(p): o for p, o in parts.items()} for topic, parts in read_json(file).items()}
 
 
@@ -81,11 +82,11 @@ def write_archive(spark: Any, config: Config, path: Path) -> ArchiveRun:
     try:
         events.write.parquet(str(aside))
         count = spark.read.parquet(str(aside)).count()
+        write_json(aside / POSITION, {topic: {str(p): o for p, o in parts.items()} for topic, parts in end.items()})
         final = path / f"run-{number:06d}"
-        aside.rename(final)
+        aside.rename(final)  # the run, and where it ended, at once
     finally:
         shutil.rmtree(aside, ignore_errors=True)
-    write_json(path / POSITION, {topic: {str(p): o for p, o in parts.items()} for topic, parts in end.items()})
     return ArchiveRun(final, count, {t: {p: max(o, 0) for p, o in parts.items()} for t, parts in window.items()}, end)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,23 +31,10 @@ def _time_ms(text: str) -> int:
 
 @contextmanager
 def _spark(config: Config, name: str) -> Iterator[Any]:
-    """A Spark session whose JVM writes its own output to ``<work_dir>/logs/<name>.log``,
-    so that the terminal shows the command's lines alone."""
+    """A Spark session whose JVM writes to ``<work_dir>/logs/<name>.log``, stopped after."""
     from ..ingest.spark import spark_session
 
-    log = Path(config.work_dir) / "logs" / f"{name}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    # The JVM inherits file descriptor 2 when it starts: point it at the log meanwhile.
-    sys.stderr.flush()
-    saved, output = os.dup(2), os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(output, 2)
-    try:
-        spark = spark_session(config, name, kafka_connector=False)
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(output)
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = spark_session(config, name, kafka_connector=False, jvm_log=Path(config.work_dir) / "logs" / f"{name}.log")
     try:
         yield spark
     finally:

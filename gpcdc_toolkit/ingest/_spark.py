@@ -25,10 +25,30 @@ from ._spark_source import NAME, GpcdcDataSource, plan_start, plan_window
 SOURCES = (NAME, "kafka")
 
 
-def spark_session(config: Config, app_name: str = "gpcdc", *, kafka_connector: bool = True) -> Any:
+def spark_session(config: Config, app_name: str = "gpcdc", *, kafka_connector: bool = True,
+                  jvm_log: Path | None = None) -> Any:
     """A Spark session on ``spark.master``, with the gpcdc source registered and, unless
     ``kafka_connector`` is False, Spark's Kafka connector on its classpath (resolved from
-    Maven Central the first time)."""
+    Maven Central the first time). With ``jvm_log``, the JVM writes its own output there
+    instead of this process's stderr (for commands whose terminal shows their lines alone)."""
+    if jvm_log is None:
+        return _session(config, app_name, kafka_connector)
+    jvm_log.parent.mkdir(parents=True, exist_ok=True)
+    # The JVM inherits file descriptor 2 when it starts: point it at the log meanwhile.
+    sys.stderr.flush()
+    saved, output = os.dup(2), os.open(jvm_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(output, 2)
+    try:
+        spark = _session(config, app_name, kafka_connector)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(output)
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _session(config: Config, app_name: str, kafka_connector: bool) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
