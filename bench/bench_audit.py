@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -190,7 +189,12 @@ def spark_audit(path: Path) -> dict[str, Any]:
 
 
 def _jvm_peak_kib(spark: Any) -> int:
-    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    return _peak_kib(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+
+
+def _peak_kib(pid: int | str = "self") -> int:
+    """A process's peak resident memory (VmHWM: unlike getrusage's, it starts afresh at
+    exec, not at the parent's size when it forked)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1])
@@ -291,8 +295,7 @@ def measure(which: str, path: Path) -> None:
     counts = spark_audit(path) if which == "spark" else pandas_audit(path)
     elapsed = counts.pop("_seconds")
     jvm = counts.pop("_jvm_peak_kib", 0)
-    print(json.dumps({"seconds": elapsed, "counts": counts, "python_peak_kib":
-                      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "jvm_peak_kib": jvm}))
+    print(json.dumps({"seconds": elapsed, "counts": counts, "python_peak_kib": _peak_kib(), "jvm_peak_kib": jvm}))
 
 
 def run(which: str, path: Path) -> dict[str, Any]:

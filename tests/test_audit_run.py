@@ -131,3 +131,18 @@ def test_the_stream_invariants_join_the_findings_as_failed_expectations(spark, t
     assert set(rules) == {"expect_column_values_to_be_in_set(op)", "expect_column_values_to_be_in_set(keys)"}
     assert "1 of 3 values unexpected, e.g. ['x']" in rules["expect_column_values_to_be_in_set(op)"]["evidence"]
     assert "['mixed']" in rules["expect_column_values_to_be_in_set(keys)"]["evidence"]
+
+
+def test_the_result_charts_findings_delay_and_completeness(spark, topics):
+    config, kafka, b = topics
+    b.record(1, [0, 1], 10, 1000).part(0, 1, 100, 1001).part(1, 1, 100, 1001, count=2)
+    b.record(2, [0, 2], 20, 1010).part(0, 2, 110, 1011)
+    watermarks(b, 5000)
+    b.produce(kafka)
+    figures = run_audit(spark, config, write=False).figures()
+    assert set(figures) == {"findings_over_time", "watermark_delay", "completeness"}
+    completeness = {bar.name: list(bar.y) for bar in figures["completeness"].data}
+    assert completeness == {"whole": [2, 0, 0], "damaged": [0, 1, 0], "missing": [0, 0, 1], "late": [0, 0, 0]}
+    assert {trace.name for trace in figures["watermark_delay"].data} == {"coordinator", "segment 0", "segment 1",
+                                                                        "segment 2"}
+    assert sorted(trace.name for trace in figures["findings_over_time"].data) == ["damaged_part", "missing_part"]
