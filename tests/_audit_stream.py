@@ -14,6 +14,9 @@ class StreamBuilder:
         self.changes, self.dtx = f"{prefix}.changes", f"{prefix}.dtx"
         self.segments = segments
         self.partitions: dict[tuple[str, int], list[tuple[bytes | None, dict, int]]] = {}
+        # Every partition begins with its pipeline marker, as capture writes it.
+        for topic, partition, node in [(self.changes, s, s) for s in range(segments)] + [(self.dtx, 0, -1)]:
+            self._put(topic, partition, None, {"type": "pipeline", "pipeline": "test", "segment": node, "version": 2}, 1)
 
     def _put(self, topic, partition, key, value, ts):
         self.partitions.setdefault((topic, partition), []).append((key, value, ts))

@@ -1,6 +1,7 @@
 """Audits on a real broker: scheduled runs that carry open transactions, an archive,
 and the command line's exit statuses."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -74,8 +75,8 @@ def test_an_archive_gives_the_same_findings_as_kafka_and_grows_by_what_is_new(sp
     watermarks(b, 9000)
     b.produce(kafka)
     second = write_archive(spark, config, tmp_path / "archive")
-    assert (first.events, second.events) == (11, 8)
-    assert read_archive(spark, tmp_path / "archive").count() == 19
+    assert (first.events, second.events) == (15, 8)  # the first with the 4 pipeline markers
+    assert read_archive(spark, tmp_path / "archive").count() == 23
     from_kafka = found(run_audit(spark, config, write=False))
     assert from_kafka == [("damaged_part", 1, 1), ("missing_part", 2, 2)]
     assert found(run_audit(spark, config, archive=tmp_path / "archive", write=False)) == from_kafka
@@ -117,15 +118,20 @@ def test_the_command_exits_0_when_clean_1_on_findings_and_2_when_it_cannot_run(t
         "write one with `gpcdc archive --to PATH` first"]
     both = gpcdc(config, "audit", "--since-last", "--to", "2026-01-01T00:00:00")
     assert both.returncode == 2 and "either --since-last or --from/--to" in both.stderr
+    elsewhere = gpcdc(dataclasses.replace(config, kafka=dataclasses.replace(config.kafka, topic_prefix="nosuch")),
+                      "audit")
+    assert elsewhere.returncode == 2
+    assert elsewhere.stderr.strip().splitlines()[-1].startswith(
+        "gpcdc: audit could not run: cannot read topic 'nosuch.changes'")
 
 
 def test_the_stream_invariants_join_the_findings_as_failed_expectations(spark, topics):
     config, kafka, b = topics
     b.record(1, [0, 1], 10, 1000).part(0, 1, 100, 1001, rows=[("t", 1), ("t", 2)]).part(1, 1, 100, 1001)
     watermarks(b, 5000)
-    b.partitions[(b.changes, 0)][1][1]["op"] = "x"  # the first row event: an operation the protocol lacks
-    _key, value, ts = b.partitions[(b.changes, 1)][1]
-    b.partitions[(b.changes, 1)][1] = (None, value, ts)  # the only row event of segment 1's part: no key
+    b.partitions[(b.changes, 0)][2][1]["op"] = "x"  # the first row event: an operation the protocol lacks
+    _key, value, ts = b.partitions[(b.changes, 1)][2]
+    b.partitions[(b.changes, 1)][2] = (None, value, ts)  # the only row event of segment 1's part: no key
     b.produce(kafka)
     rules = {f["rule"]: f for f in run_audit(spark, config, write=False).findings.collect()}
     assert set(rules) == {"expect_column_values_to_be_in_set(op)", "expect_column_values_to_be_in_set(keys)"}

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpcdc_toolkit.replay import APPLIED, STATE, DdlRefused, check_ddl
-from gpcdc_toolkit.replay._ddl_policy import SYSTEM_SCHEMAS
+from gpcdc_toolkit.replay._ddl_policy import SYSTEM_SCHEMAS, locked_relations
 
 RESERVED = frozenset({APPLIED, STATE})
 
@@ -129,3 +129,20 @@ def test_a_second_statement_behind_an_allowed_one_is_refused(table, tail):
 def test_dropping_any_table_is_refused(table):
     with pytest.raises(DdlRefused, match="DROP TABLE"):
         check_ddl(f"DROP TABLE {quote(table)}", reserved=RESERVED)
+
+
+@pytest.mark.parametrize("statement,locked", [
+    ("ALTER TABLE wl_events ADD COLUMN x int", [(None, "wl_events")]),
+    ('ALTER TABLE "S p"."T" RENAME TO u', [("S p", "T")]),
+    ("DROP TABLE a, s.b", [(None, "a"), ("s", "b")]),
+    ("TRUNCATE t1, t2", [(None, "t1"), (None, "t2")]),
+    ("CREATE INDEX ON t (a)", [(None, "t")]),
+    ("CREATE TABLE n (LIKE t) DISTRIBUTED BY (id)", [(None, "n")]),
+    ("CREATE INDEX CONCURRENTLY ON t (a)", []),
+    ("CREATE VIEW v AS SELECT * FROM t", []),
+    ("COMMENT ON TABLE t IS 'x'", []),
+    ("GRANT SELECT ON t TO public", []),
+    ("not sql (", []),
+])
+def test_the_tables_a_statement_locks_against_writers(statement, locked):
+    assert list(locked_relations(statement)) == locked

@@ -57,7 +57,7 @@ def load_suites(directory: Path | None = None) -> list[Suite]:
 
 
 def tables_frame(stream: Stream) -> DataFrame:
-    rows = stream.events.where(F.col("kind") == "row")
+    rows = stream.events.where((F.col("kind") == "row") & (F.col("op") != "t"))  # a TRUNCATE has no key
     keyed = F.sum(F.col("key").isNotNull().cast("int"))
     return rows.groupBy("table_schema", "table_name").agg(
         F.when(keyed == F.count(F.lit(1)), "all").when(keyed == 0, "none").otherwise("mixed").alias("keys"))
@@ -92,13 +92,13 @@ def validate(stream: Stream, suites: list[Suite]) -> DataFrame:
             assert config is not None  # a suite's results name their expectations
             kwargs = config.kwargs
             subject = kwargs.get("column") or ", ".join(kwargs.get("column_list") or [])
-            raised = (result.exception_info or {}).get("raised_exception")
-            if raised:
-                evidence = f"{suite.name}: could not be evaluated: {result.exception_info.get('exception_message')}"
-            else:
-                r = result.result
-                evidence = (f"{suite.name}: {r.get('unexpected_count')} of {r.get('element_count')} values "
-                            f"unexpected, e.g. {r.get('partial_unexpected_list', [])[:5]}")
+            if (result.exception_info or {}).get("raised_exception"):
+                raise ConfigError(f"suite {suite.name}: {config.type}({subject}) could not be evaluated: "
+                                  f"{result.exception_info.get('exception_message')}",
+                                  fix="correct the expectation in its JSON file")
+            r = result.result
+            evidence = (f"{suite.name}: {r.get('unexpected_count')} of {r.get('element_count')} values "
+                        f"unexpected, e.g. {r.get('partial_unexpected_list', [])[:5]}")
             severity = _SEVERITY.get(str(getattr(config, "severity", "critical")).split(".")[-1].lower(), "error")
             rows.append((f"{config.type}({subject})", severity, evidence))
     spark = stream.events.sparkSession

@@ -168,7 +168,7 @@ def _silence(stream: _Stream, thresholds: Thresholds) -> list[Expected]:
     for node, ts in times.items():
         gaps = sum(1 for a, b in zip(ts, ts[1:]) if b - a > thresholds.silence_ms)
         tail = 1 if ts and latest - ts[-1] > thresholds.silence_ms else 0
-        out += [Expected("silent_node", node)] * (gaps + tail)
+        out += [Expected("watermark_gap", node)] * gaps + [Expected("silent_node", node)] * tail
     return out
 
 
@@ -292,7 +292,7 @@ def _duplicate_range(stream: _Stream, rng: random.Random, t: Thresholds,
     copies = [_Block(list(blocks[i].messages), list(blocks[i].values)) for i in chosen]
     at = rng.randint(chosen[-1] + 1, len(blocks))
     blocks[at:at] = copies
-    return [Expected("duplicate_events", s)], set()
+    return [Expected("duplicate_events", s)], _ids(*(_gxid(b) for b in copies))
 
 
 def _delay_segment(stream: _Stream, rng: random.Random, t: Thresholds,
@@ -389,8 +389,14 @@ def _record_blocks(stream: _Stream, avoid: set[int], least_segments: int = 1) ->
 
 def _parts_of(stream: _Stream, gxid: int) -> list[tuple[int, int]]:
     """(segment, block index) of a transaction's parts."""
-    return [(s, i) for s in stream.segments() for i in _transactions(stream.segment(s))
-            if _gxid(stream.segment(s)[i]) == gxid]
+    out, seen = [], set()
+    for s in stream.segments():
+        for i in _transactions(stream.segment(s)):
+            end = stream.segment(s)[i].end
+            if _gxid(stream.segment(s)[i]) == gxid and (s, end["commit_lsn"]) not in seen:  # type: ignore[index]
+                seen.add((s, end["commit_lsn"]))  # type: ignore[index]
+                out.append((s, i))
+    return out
 
 
 def _rewrite(block: _Block, j: int, value: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from ..replay._ddl_policy import relations_of
+from ..replay._ddl_policy import locked_relations
 from ._findings import FINDING_COLUMNS, Thresholds
 
 col, lit = F.col, F.lit
@@ -37,12 +37,16 @@ class Stream:
     records: DataFrame  # coordinator commit records, with their position (offset) in coordinator order
     ddl: DataFrame  # coordinator DDL records
     watermarks: DataFrame  # every node's resolved watermarks
+    # Per partition read: whether the window holds its beginning (the pipeline marker),
+    # its first offset, and the earliest source time in it (commit or resolved).
+    starts: DataFrame
 
     def materialized(self) -> Stream:
         """The same tables computed once (each rule reads them again): checkpointed
         where Spark keeps its blocks, memory then disk."""
         return Stream(*(frame.localCheckpoint() for frame in (self.events, self.duplicates, self.parts,
-                                                              self.records, self.ddl, self.watermarks)))
+                                                              self.records, self.ddl, self.watermarks,
+                                                              self.starts)))
 
 
 def finding(rule: str, severity: str | Column, evidence: Column, **columns: Column | None) -> list[Column]:
@@ -111,7 +115,13 @@ def prepare(events: DataFrame, seen: DataFrame | None = None) -> Stream:
                                                             "commit_ts", "timestamp"),
                   unique.where(col("kind") == "resolved").select("topic", "partition", "segment", "offset",
                                                                  "timestamp", "resolved_lsn", "resolved_ts",
-                                                                 "prepared", "prepared_ts"))
+                                                                 "prepared", "prepared_ts"),
+                  events.groupBy("topic", "partition").agg(
+                      # A window that continues a scheduled run's (``seen``) has what came
+                      # before it accounted for, as if read from the start.
+                      F.max(((col("kind") == "pipeline") | lit(seen is not None)).cast("int")).alias("from_start"),
+                      F.min("offset").alias("first_offset"),
+                      F.min(F.coalesce("commit_ts", "resolved_ts")).alias("first_ts")))
 
 
 def _parts(events: DataFrame) -> DataFrame:
@@ -122,6 +132,7 @@ def _parts(events: DataFrame) -> DataFrame:
         F.min("timestamp").alias("first_seen"),
         F.max(F.when(is_end, col("offset"))).alias("end_offset"),
         F.sum(is_end.cast("int")).alias("ends"),
+        F.sum((col("kind") == "begin").cast("int")).alias("begins"),
         # The END's gxid and flag: row events of a part streamed before its end carry no flag.
         F.coalesce(F.max(F.when(is_end, col("gxid"))), F.max("gxid")).alias("gxid"),
         F.max(F.when(is_end, col("one_phase").cast("int"))).alias("one_phase"),
@@ -139,6 +150,16 @@ def _records(events: DataFrame) -> DataFrame:
     return events.where(col("kind") == "commit").select(
         "gxid", "segments", "commit_lsn", "commit_ts", "ddl_count", "topic", "partition", "offset",
         col("timestamp").alias("first_seen"))
+
+
+def _part_offsets() -> Column:
+    """Where a part begins and ends: a scheduled run reports a part once its END is new."""
+    return F.array_compact(F.array(col("offset"), col("end_offset")))
+
+
+def _cut(stream: Stream) -> DataFrame:
+    """Partitions read from partway (no pipeline marker): what came before is unknown."""
+    return stream.starts.where(col("from_start") == 0)
 
 
 def _two_phase(parts: DataFrame) -> DataFrame:
@@ -169,7 +190,12 @@ def damaged_parts(stream: Stream, t: Thresholds) -> DataFrame:
     """A part whose rows do not match its END (count, sequence 1..count), or with no END
     although a later transaction follows it in its partition."""
     order = Window.partitionBy("topic", "partition").orderBy("offset")
-    parts = stream.parts.withColumn("next_offset", F.lead("offset").over(order))
+    parts = (stream.parts.withColumn("next_offset", F.lead("offset").over(order))
+             .withColumn("previous_offset", F.lag("offset").over(order))
+             .join(stream.starts.select("topic", "partition", "from_start"), ["topic", "partition"]))
+    # The first part of a window read from partway may have begun before it: its rows
+    # are not all here, which proves nothing.
+    parts = parts.where(~((col("from_start") == 0) & col("previous_offset").isNull() & (col("begins") == 0)))
     unended = (col("ends") == 0) & col("next_offset").isNotNull()
     uncounted = (col("ends") > 0) & col("event_count").isNull()
     short = (col("ends") > 0) & col("event_count").isNotNull() & (
@@ -185,7 +211,7 @@ def damaged_parts(stream: Stream, t: Thresholds) -> DataFrame:
         F.concat(lit("segment "), _text("segment"), lit("'s transaction at offset "), _text("offset"),
                  lit(" (commit LSN "), _text("commit_lsn"), lit(", gxid "), _text("gxid"), lit(") "), what),
         gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
-        offsets=F.when(unended, F.array(col("offset"), col("next_offset"))).otherwise(F.array(col("offset"))),
+        offsets=F.when(unended, F.array(col("offset"), col("next_offset"))).otherwise(_part_offsets()),
         commit_ts=col("commit_ts"), first_seen=col("first_seen")))
 
 
@@ -198,15 +224,24 @@ def missing_parts(stream: Stream, t: Thresholds) -> DataFrame:
     absent = expected.join(present.select("gxid", "segment"), ["gxid", "segment"], "left_anti")
     arrived = present.groupBy("gxid").agg(F.array_sort(F.collect_list("segment")).alias("arrived"))
     latest = _latest_watermarks(stream)
-    rows = absent.join(arrived, "gxid", "left").join(latest, "segment", "left")
+    # A part commits after its record; on a segment read from partway, one whose record
+    # is not clear of the window's start may lie before it.
+    cut = _cut(stream).where(~col("topic").endswith(".dtx")).select(
+        col("partition").alias("segment"), col("first_ts").alias("segment_from"))
+    rows = absent.join(arrived, "gxid", "left").join(latest, "segment", "left").join(cut, "segment", "left")
+    before_window = col("segment_from").isNotNull() & (
+        _ms("commit_ts") - t.clock_skew_ms < _ms("segment_from"))
     proven = (col("prepared_ts").isNotNull() & ~F.array_contains(F.coalesce(col("prepared"), F.array()), col("gxid"))
-              & (_ms("prepared_ts") >= _ms("commit_ts") + t.clock_skew_ms))
+              & (_ms("prepared_ts") >= _ms("commit_ts") + t.clock_skew_ms) & ~before_window)
     still_prepared = F.array_contains(F.coalesce(col("prepared"), F.array()), col("gxid"))
     head = F.concat(lit("gxid "), _text("gxid"), lit("'s commit record lists segments "), F.to_json("segments"),
                     lit("; the part of segment "), _text("segment"), lit(" has not arrived (arrived: "),
                     F.coalesce(F.to_json("arrived"), lit("[]")), lit(")"))
     why = (F.when(proven, F.concat(lit(", and segment "), _text("segment"), lit("'s prepared list of "),
                                    _text("prepared_ts"), lit(" no longer holds it")))
+           .when(before_window, F.concat(lit("; segment "), _text("segment"), lit("'s part may lie before the "
+                                                                                  "window read, which starts at "),
+                                         _text("segment_from")))
            .when(still_prepared, F.concat(lit("; segment "), _text("segment"), lit(" still held it prepared at "),
                                           _text("prepared_ts")))
            .otherwise(F.concat(lit("; late by "), _text(_ms("resolved_ts") - _ms("commit_ts")),
@@ -226,17 +261,24 @@ def orphan_parts(stream: Stream, t: Thresholds) -> DataFrame:
     orphans = _two_phase(stream.parts).join(stream.records.select("gxid"), "gxid", "left_anti")
     # An aggregate with no grouping has one row, null when the coordinator sent no watermark.
     coordinator = stream.watermarks.where(col("segment") == -1).agg(F.max("resolved_ts").alias("coordinator_ts"))
-    rows = orphans.crossJoin(coordinator)
-    proven = col("coordinator_ts").isNotNull() & (_ms("coordinator_ts") >= _ms("commit_ts") + t.clock_skew_ms)
+    # Read from partway, the coordinator's window may lack any part's record: a record
+    # is written before its parts commit, but how long before has no bound (a part can
+    # stay prepared).
+    cut = _cut(stream).where(col("topic").endswith(".dtx")).agg(F.count(lit(1)).alias("coordinator_cut"))
+    rows = orphans.crossJoin(coordinator).crossJoin(cut)
+    before_window = col("coordinator_cut") > 0
+    proven = (col("coordinator_ts").isNotNull() & (_ms("coordinator_ts") >= _ms("commit_ts") + t.clock_skew_ms)
+              & ~before_window)
     return rows.select(finding(
         "orphan_part", F.when(proven, lit("error")).otherwise(lit("info")),
         F.concat(lit("segment "), _text("segment"), lit("'s two-phase part of gxid "), _text("gxid"),
                  lit(" at offset "), _text("offset"), lit(" has no commit record"),
                  F.when(proven, F.concat(lit(", and the coordinator's watermark of "), _text("coordinator_ts"),
                                          lit(" has passed its commit")))
+                 .when(before_window, lit(" in the window read; it may lie before it"))
                  .otherwise(lit(" yet"))),
         gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
-        offsets=F.array(col("offset")), commit_ts=col("commit_ts"), first_seen=col("first_seen"))
+        offsets=_part_offsets(), commit_ts=col("commit_ts"), first_seen=col("first_seen"))
     ).withColumn("rule", F.when(col("severity") == "error", lit("orphan_part")).otherwise(lit("awaiting_record")))
 
 
@@ -250,7 +292,7 @@ def unlisted_parts(stream: Stream, t: Thresholds) -> DataFrame:
                  _text("offset"), lit(", but its commit record at offset "), _text("record_offset"),
                  lit(" lists segments "), F.to_json("segments")),
         gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
-        offsets=F.array(col("offset")), commit_ts=col("commit_ts"), first_seen=col("first_seen")))
+        offsets=_part_offsets(), commit_ts=col("commit_ts"), first_seen=col("first_seen")))
 
 
 def one_phase_contradictions(stream: Stream, t: Thresholds) -> DataFrame:
@@ -263,12 +305,17 @@ def one_phase_contradictions(stream: Stream, t: Thresholds) -> DataFrame:
                  _text("offset"), lit(" is flagged one-phase, but the transaction has a commit record at offset "),
                  _text("record_offset"), lit(" listing segments "), F.coalesce(F.to_json("segments"), lit("null"))),
         gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
-        offsets=F.array(col("offset")), commit_ts=col("commit_ts"), first_seen=col("first_seen")))
+        offsets=_part_offsets(), commit_ts=col("commit_ts"), first_seen=col("first_seen")))
 
 
 def lost_ddl_records(stream: Stream, t: Thresholds) -> DataFrame:
     counts = stream.ddl.groupBy("gxid").agg(F.count(lit(1)).alias("arrived"))
+    # A transaction's DDL records come right before its commit record: read from partway,
+    # those of a record near the start may lie before the window.
+    cut = _cut(stream).select("topic", "partition", "first_offset")
     rows = (stream.records.where(col("ddl_count").isNotNull()).join(counts, "gxid", "left")
+            .join(cut, ["topic", "partition"], "left")
+            .where(col("first_offset").isNull() | (col("offset") - col("ddl_count") >= col("first_offset")))
             .where(F.coalesce(col("arrived"), lit(0)) != col("ddl_count")))
     return rows.select(finding(
         "lost_ddl_record", "error",
@@ -291,7 +338,7 @@ def legacy_markers(stream: Stream, t: Thresholds) -> DataFrame:
                  lit(" (commit LSN "), _text("commit_lsn"), lit(") has "), marker,
                  lit(": it cannot be told from a part whose commit record is lost, nor ordered")),
         gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
-        offsets=F.array(col("offset")), commit_ts=col("commit_ts"), first_seen=col("first_seen")))
+        offsets=_part_offsets(), commit_ts=col("commit_ts"), first_seen=col("first_seen")))
     share = stream.parts.groupBy("topic", "partition", "segment").agg(
         F.sum(F.coalesce(col("legacy"), lit(0))).alias("legacy"), F.count(lit(1)).alias("parts"),
         F.min(F.when(col("legacy") == 1, col("first_seen"))).alias("first_seen")).where(col("legacy") > 0)
@@ -319,15 +366,27 @@ def commit_order(stream: Stream, t: Thresholds) -> DataFrame:
     records = stream.records.select("topic", "partition", lit(-1).alias("segment"), "gxid", "commit_lsn",
                                     "commit_ts", "offset", "first_seen")
     order = Window.partitionBy("topic", "partition").orderBy("offset")
+    before = order.rowsBetween(Window.unboundedPreceding, -1)
     rows = (parts.unionByName(records).withColumn("prev_lsn", F.lag("commit_lsn").over(order))
-            .withColumn("prev_offset", F.lag("offset").over(order)).where(col("prev_lsn") > col("commit_lsn")))
+            .withColumn("prev_offset", F.lag("offset").over(order))
+            .withColumn("lowest_before", F.min("commit_lsn").over(before))
+            .where(col("prev_lsn") > col("commit_lsn"))
+            .join(stream.starts.select("topic", "partition", "from_start"), ["topic", "partition"]))
+    # Read from partway, a commit below every one before it in the window may be a
+    # capture's resend of one before the window: that cannot be told without it.
+    unknowable = (col("from_start") == 0) & (col("commit_lsn") < col("lowest_before"))
     return rows.select(finding(
-        "commit_lsn_backwards", "error",
+        "commit_lsn_backwards", F.when(unknowable, lit("info")).otherwise(lit("error")),
         F.concat(lit("node "), _text("segment"), lit("'s commit at offset "), _text("offset"), lit(" (commit LSN "),
                  _text("commit_lsn"), lit(", gxid "), _text("gxid"), lit(") comes after one with commit LSN "),
-                 _text("prev_lsn"), lit(" at offset "), _text("prev_offset")),
+                 _text("prev_lsn"), lit(" at offset "), _text("prev_offset"),
+                 F.when(unknowable, lit(", and below every commit before it in the window: perhaps a resend of "
+                                        "one before the window (read the partition from its start to tell)"))
+                 .otherwise(lit(""))),
         gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
-        offsets=F.array(col("prev_offset"), col("offset")), commit_ts=col("commit_ts"), first_seen=col("first_seen")))
+        offsets=F.array(col("prev_offset"), col("offset")), commit_ts=col("commit_ts"), first_seen=col("first_seen"))
+    ).withColumn("rule", F.when(col("severity") == "info", lit("resend_before_window"))
+                 .otherwise(lit("commit_lsn_backwards")))
 
 
 def after_watermark(stream: Stream, t: Thresholds) -> DataFrame:
@@ -335,7 +394,8 @@ def after_watermark(stream: Stream, t: Thresholds) -> DataFrame:
     marks = stream.watermarks.where(col("segment") >= 0).select(
         "topic", "partition", "offset", col("resolved_lsn").alias("passed"))
     parts = stream.parts.where(col("end_lsn").isNotNull()).select(
-        "topic", "partition", "offset", "segment", "gxid", "commit_lsn", "end_lsn", "commit_ts", "first_seen")
+        "topic", "partition", "offset", "end_offset", "segment", "gxid", "commit_lsn", "end_lsn", "commit_ts",
+        "first_seen")
     before = Window.partitionBy("topic", "partition").orderBy("offset").rowsBetween(Window.unboundedPreceding, -1)
     rows = (parts.unionByName(marks, allowMissingColumns=True)
             .withColumn("passed_before", F.max("passed").over(before))
@@ -346,7 +406,7 @@ def after_watermark(stream: Stream, t: Thresholds) -> DataFrame:
                  lit(" (gxid "), _text("gxid"), lit(", commit ending at LSN "), _text("end_lsn"),
                  lit(") comes after a watermark that had resolved LSN "), _text("passed_before")),
         gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
-        offsets=F.array(col("offset")), commit_ts=col("commit_ts"), first_seen=col("first_seen")))
+        offsets=_part_offsets(), commit_ts=col("commit_ts"), first_seen=col("first_seen")))
 
 
 def _positions(stream: Stream) -> DataFrame:
@@ -389,7 +449,7 @@ def ddl_barriers(stream: Stream, t: Thresholds) -> DataFrame:
     writer of it is ordered with it the same way on every segment)."""
     spark = stream.events.sparkSession
     statements = stream.ddl.select("gxid", "statement").collect()  # few: one per DDL statement
-    named = [(r["gxid"], schema or "public", name) for r in statements for schema, name in relations_of(r["statement"])]
+    named = [(r["gxid"], schema or "public", name) for r in statements for schema, name in locked_relations(r["statement"])]
     ddl = spark.createDataFrame(named, "ddl_gxid bigint, table_schema string, table_name string").distinct()
     positions = _positions(stream)
     ddl_parts = (ddl.join(stream.parts.select(col("gxid").alias("ddl_gxid"), "segment",
@@ -445,14 +505,15 @@ def duplicates(stream: Stream, t: Thresholds) -> DataFrame:
 
 def silence(stream: Stream, t: Thresholds) -> DataFrame:
     """A node with no resolved watermark for longer than ``silence_ms`` by its own clock:
-    between two of its watermarks, or at the end, behind the latest of any node."""
+    between two of its watermarks (``watermark_gap``: it was silent), or at the end,
+    behind the latest of any node (``silent_node``: it is silent now)."""
     marks = stream.watermarks.where(col("resolved_ts").isNotNull())
     order = Window.partitionBy("segment").orderBy("offset")
     gaps = (marks.withColumn("prev_ts", F.lag("resolved_ts").over(order))
             .withColumn("prev_offset", F.lag("offset").over(order))
             .where(_ms("resolved_ts") - _ms("prev_ts") > t.silence_ms))
     inner = gaps.select(finding(
-        "silent_node", "warning",
+        "watermark_gap", "warning",
         F.concat(lit("node "), _text("segment"), lit(" sent no watermark for "),
                  _text(_ms("resolved_ts") - _ms("prev_ts")), lit(" ms (from "), _text("prev_ts"), lit(" to "),
                  _text("resolved_ts"), lit(")")),

@@ -15,7 +15,6 @@ capture's resend of them is a duplicate, not a commit out of order.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -38,6 +37,8 @@ from ._rules import RULES, Stream, prepare, watermark_delay
 
 col = F.col
 OPEN_RULES = ("late_part", "awaiting_record")  # about transactions still open: reported again while open
+CLOSING_RULES = ("missing_part", "orphan_part")  # what an open transaction can turn into
+STANDING_RULES = ("silent_node",)  # about now, not about a message: reported again while true
 SEEN_PER_PARTITION = 20_000
 
 
@@ -117,7 +118,8 @@ def _new(findings: DataFrame, spark: Any, previous_end: Offsets, open_gxids: lis
     ends = spark.createDataFrame([(t, p, o) for t, parts in previous_end.items() for p, o in parts.items()],
                                  "topic string, partition int, previous_end bigint")
     fresh = (col("previous_end").isNull() | col("offsets").isNull()
-             | (F.array_max("offsets") >= col("previous_end")) | col("gxid").isin(*open_gxids))
+             | (F.array_max("offsets") >= col("previous_end")) | col("rule").isin(*STANDING_RULES)
+             | (col("rule").isin(*OPEN_RULES, *CLOSING_RULES) & col("gxid").isin(*open_gxids)))
     return findings.join(F.broadcast(ends), ["topic", "partition"], "left").where(fresh).drop("previous_end")
 
 
@@ -164,6 +166,9 @@ def run_audit(spark: Any, config: Config, *, since_last: bool = False, start_ms:
     if since_last and (start_ms is not None or end_ms is not None):
         raise ConfigError("a scheduled audit (--since-last) reads from where the last one ended",
                           fix="give either --since-last or --from/--to")
+    if start_ms is not None and end_ms is not None and end_ms <= start_ms:
+        raise ConfigError(f"the window ends ({end_ms}) where or before it starts ({start_ms})",
+                          fix="give a --to later than --from")
     suites = load_suites(Path(config.audit.expectations_dir) if config.audit.expectations_dir else None)
     state = AuditState(config)
     start = state.offsets("resume") if since_last else None
@@ -197,8 +202,9 @@ def _write(config: Config, result: AuditResult) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     result.findings.write.parquet(str(out / "findings.parquet"))
     with (out / "findings.json").open("w") as f:
-        for row in result.findings.toLocalIterator():
-            f.write(json.dumps(row.asDict(), default=str) + "\n")
+        # Spark writes the times, in the session's time zone (UTC), with their offset.
+        for (line,) in result.findings.select(F.to_json(F.struct("*"), {"ignoreNullFields": "false"})).toLocalIterator():
+            f.write(line + "\n")
     write_json(out / "summary.json", {"events": result.events, "window": _jsonable(result.window),
                                       "summary": [{"rule": r, "severity": s, "count": n}
                                                   for r, s, n in result.summary]})
@@ -215,7 +221,8 @@ def _open_offsets(stream: Stream, findings: DataFrame) -> Iterable[Any]:
     """(topic, partition, offset) of what the next run must read again."""
     open_gxids = findings.where(col("rule").isin(*OPEN_RULES)).select("gxid").distinct()
     waiting_parts = stream.parts.join(open_gxids, "gxid").select("topic", "partition", "offset")
-    waiting_records = stream.records.join(open_gxids, "gxid").select("topic", "partition", "offset")
+    waiting_records = (stream.records.join(open_gxids, "gxid").select("topic", "partition", "offset")
+                       .unionByName(stream.ddl.join(open_gxids, "gxid").select("topic", "partition", "offset")))
     order = Window.partitionBy("topic", "partition").orderBy(col("offset").desc())
     last_parts = (stream.parts.withColumn("n", F.row_number().over(order)).where(col("n") == 1)
                   .select("topic", "partition", "offset"))

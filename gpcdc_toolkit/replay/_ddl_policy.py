@@ -126,14 +126,28 @@ def check_ddl(statement: str, *, reserved: frozenset[str] = frozenset()) -> Chec
     return CheckedDdl(statement, kind, names, tuple(_added_types(node)))
 
 
-def relations_of(statement: str) -> tuple[tuple[str | None, str], ...]:
-    """(schema or None, name) of the relations a statement names; () when it does not parse."""
+def locked_relations(statement: str) -> tuple[tuple[str | None, str], ...]:
+    """(schema or None, name) of the tables a statement locks against their writers: the
+    one it alters, truncates, indexes (not concurrently), renames, drops or creates;
+    not those it merely names (a view's source, ``LIKE``, ``COMMENT ON``, ``GRANT``).
+    () when it does not parse."""
     try:
         create = parse_create_table(statement)
         parsed = pglast.parse_sql(create.statement if create is not None else statement)
     except (DdlError, pglast.parser.ParseError):
         return ()
-    return tuple(name for stmt in parsed for name in _names(stmt.stmt))
+    out: list[tuple[str | None, str]] = []
+    for raw in parsed:
+        node = raw.stmt
+        if isinstance(node, (ast.AlterTableStmt, ast.CreateStmt)) or (
+                isinstance(node, ast.IndexStmt) and not node.concurrent) or (
+                isinstance(node, ast.RenameStmt) and node.relation is not None):
+            out.append((node.relation.schemaname, node.relation.relname))
+        elif isinstance(node, ast.TruncateStmt):
+            out += [(r.schemaname, r.relname) for r in node.relations or ()]
+        elif isinstance(node, ast.DropStmt) and node.removeType == ObjectType.OBJECT_TABLE:
+            out += [(names[-2].sval if len(names) > 1 else None, names[-1].sval) for names in node.objects or ()]
+    return tuple(out)
 
 
 def check_default(expression: str, where: str) -> None:

@@ -27,20 +27,21 @@ class TableDiff:
     extra: int = 0  # found, not expected
     changed: int = 0  # found under an expected key, with other values (by-key comparisons only)
     examples: tuple[str, ...] = ()
+    misplaced: int = 0  # found on a segment other than the one its distribution key names
 
     @property
     def equal(self) -> bool:
-        return not (self.missing or self.extra or self.changed)
+        return not (self.missing or self.extra or self.changed or self.misplaced)
 
     @property
     def differing(self) -> int:
-        return self.missing + self.extra + self.changed
+        return self.missing + self.extra + self.changed + self.misplaced
 
     def line(self) -> str:
         if self.equal:
             return f"{self.table}: {self.actual} rows, equal"
         parts = [f"{n} {what}" for n, what in ((self.missing, "missing"), (self.extra, "extra"),
-                                                 (self.changed, "changed")) if n]
+                                                 (self.changed, "changed"), (self.misplaced, "misplaced")) if n]
         return f"{self.table}: {self.actual} rows where {self.expected} were expected; {', '.join(parts)}"
 
 

@@ -1,0 +1,268 @@
+"""A table on the target compared with the source by checksums computed in each
+database: rows leave the databases only where their chunk differs.
+
+Every segment of both clusters computes, per chunk of the key space (``_chunks``), a
+row count and the sum of a 64-bit hash of each row's text (PostgreSQL's own text of
+the row: NULL and '' differ, floats are compared exactly as printed, numerics, bytea,
+json and arrays by their output text). Chunks that differ are bisected until they hold
+few rows; those rows are fetched and diffed: by primary key (rows missing, extra,
+changed, with the changed columns), or as a multiset for a table without one. The
+statements that would make the target equal are produced per target node (where each
+row lives, or where the target's distribution sends it), quoted by psycopg's ``sql``
+module; nothing is applied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from psycopg import sql
+
+from ..cluster import Cluster, TableRef
+from ..cluster._cluster import Table
+from ..cluster._routing import segment_for
+from ..errors import GpcdcError
+from ._chunks import MOD, Chunk, Digest, Reply, bisect, summed
+from ._diff import EXAMPLES, TableDiff
+
+FETCH_ROWS = 1000  # bisect until a differing chunk holds at most this many rows
+
+
+class ValidationError(GpcdcError):
+    """A table cannot be compared (it differs in shape between source and target)."""
+
+
+@dataclass(frozen=True)
+class ChecksumResult:
+    table: str
+    diff: TableDiff
+    rounds: int  # bisection levels measured
+    chunks: int  # chunks whose rows were fetched
+    fetched: int  # rows fetched from both sides
+    seconds: float
+    fix: dict[int, list[str]] = field(default_factory=dict)  # target node content -> statements
+
+    @property
+    def equal(self) -> bool:
+        return self.diff.equal
+
+    def write_fix(self, path: Path, target: Cluster) -> None:
+        """The fix as a SQL file, one section per target node (none when equal)."""
+        lines = [f"-- Statements that would make {self.table} on the target equal to the source.",
+                 "-- Review them; nothing was applied. Run each section on the node it names."]
+        for content in sorted(self.fix):
+            node = target.nodes[content + 1]
+            lines += ["", f"-- node: {node}", "BEGIN;", *(s + ";" for s in self.fix[content]), "COMMIT;"]
+        path.write_text("\n".join(lines) + "\n")
+
+
+def _row(info: Table) -> sql.Composable:
+    return sql.SQL("ROW({})::text").format(sql.SQL(", ").join(sql.Identifier(c) for c in info.columns))
+
+
+def _key(info: Table) -> sql.Composable:
+    columns = info.primary_key or info.columns
+    return sql.SQL("ROW({})::text").format(sql.SQL(", ").join(sql.Identifier(c) for c in columns))
+
+
+def _prefix(shift: int) -> sql.Composable:
+    """A chunk's prefix from the key hash ``h`` (bigint): unsigned, except at the last level."""
+    if shift == 0:
+        return sql.SQL("h")
+    return sql.SQL("((h >> {}) & {})").format(sql.Literal(shift), sql.Literal((1 << (64 - shift)) - 1))
+
+
+def _signed(prefix: int, shift: int) -> int:
+    return prefix - MOD if shift == 0 and prefix >= 1 << 63 else prefix
+
+
+def _digests(cluster: Cluster, info: Table, level: int, parents: tuple[Chunk, ...]) -> dict[Chunk, Digest]:
+    shift = 64 - level * 16
+    hashed = sql.SQL("SELECT hashtextextended({}, 0) AS h, hashtextextended({}, 0) AS r FROM {}").format(
+        _key(info), _row(info), info.identifier)
+    query = sql.SQL("SELECT {} AS prefix, count(*), sum(r::numeric)::text FROM ({}) s").format(_prefix(shift), hashed)
+    params: list[Any] = []
+    if parents:
+        parent_shift = parents[0].shift
+        query += sql.SQL(" WHERE {} = ANY(%s)").format(_prefix(parent_shift))
+        params.append([_signed(p.prefix, parent_shift) for p in parents])
+    query += sql.SQL(" GROUP BY 1")
+    per_node = []
+    for node in cluster.segments:
+        with cluster.connect_node(node) as conn:
+            per_node.append({Chunk(level, int(prefix) % MOD if shift == 0 else int(prefix)):
+                             Digest(int(count), int(checksum) % MOD)
+                             for prefix, count, checksum in conn.execute(query, params).fetchall()})
+    return summed(per_node)
+
+
+def _fetch(cluster: Cluster, info: Table, chunks: list[Chunk]) -> list[tuple[int, tuple[str | None, ...], str]]:
+    """(node content, the row's columns as text, the row's text) of every row in ``chunks``."""
+    columns = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.columns)
+    out = []
+    for shift in sorted({c.shift for c in chunks}):
+        prefixes = [_signed(c.prefix, shift) for c in chunks if c.shift == shift]
+        query = sql.SQL("SELECT {}, {} FROM (SELECT *, hashtextextended({}, 0) AS h FROM {} t) s "
+                        "WHERE {} = ANY(%s)").format(columns, _row(info), _key(info), info.identifier, _prefix(shift))
+        for node in cluster.segments:
+            with cluster.connect_node(node) as conn:
+                for row in conn.execute(query, [prefixes]).fetchall():
+                    out.append((node.content, tuple(row[:-1]), row[-1]))
+    return out
+
+
+def _check_shapes(source: Table, target: Table) -> None:
+    if source.columns != target.columns or source.types != target.types:
+        raise ValidationError(
+            f"{source.name} has columns {list(zip(source.columns, source.types))} on the source and "
+            f"{list(zip(target.columns, target.types))} on the target", fix="make the target's table match first")
+    if source.primary_key != target.primary_key:
+        raise ValidationError(f"{source.name} has primary key {list(source.primary_key)} on the source and "
+                              f"{list(target.primary_key)} on the target", fix="make the target's table match first")
+
+
+def compare_checksums(source: Cluster, target: Cluster, table: TableRef, *, fetch_rows: int = FETCH_ROWS) -> ChecksumResult:
+    """Compare one table, source against target (both read as they are now: equal only
+    when neither changes meanwhile, or both are read at one sync point)."""
+    started = time.monotonic()
+    info, target_info = source.table(table), target.table(table)
+    _check_shapes(info, target_info)
+    steps = bisect(fetch_rows)
+    request = next(steps)
+    rounds, totals = 0, (0, 0)
+    try:
+        while True:
+            level, parents = request
+            reply: Reply = (_digests(source, info, level, parents), _digests(target, target_info, level, parents))
+            if not rounds:  # the first round covers the whole table
+                totals = (sum(d.rows for d in reply[0].values()), sum(d.rows for d in reply[1].values()))
+            rounds += 1
+            request = steps.send(reply)
+    except StopIteration as done:
+        chunks: list[Chunk] = done.value
+    src, tgt = (_fetch(source, info, chunks), _fetch(target, target_info, chunks)) if chunks else ([], [])
+    diff, fix = (_by_key if info.primary_key else _as_multiset)(info, target, src, tgt)
+    misplaced = _misplaced(target, target_info)
+    for node, statements in _moves(target, target_info, misplaced).items():
+        fix.setdefault(node, []).extend(statements)
+    examples = diff.examples + tuple(f"row {row!r} on segment {node}, which its distribution key does not name"
+                                     for node, row, _ in misplaced[:EXAMPLES])
+    diff = dataclasses.replace(diff, expected=totals[0], actual=totals[1], misplaced=len(misplaced), examples=examples)
+    return ChecksumResult(info.name, diff, rounds, len(chunks), len(src) + len(tgt), time.monotonic() - started, fix)
+
+
+def _misplaced(target: Cluster, info: Table) -> list[tuple[int, tuple[str | None, ...], str]]:
+    """Rows of the target on a segment other than the one their distribution key names:
+    (node, columns as text, row text). The distribution key's columns are read from the
+    target to tell (the routing hash has no SQL form); whole rows only where misplaced."""
+    key = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.distribution_key)
+    columns = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.columns)
+    out = []
+    for node in target.segments:
+        with target.connect_node(node) as conn:
+            wrong = [ctid for ctid, *values in conn.execute(sql.SQL("SELECT ctid::text, {} FROM {}").format(
+                key, info.identifier)) if segment_for(values, target.segment_count) != node.content]
+            if wrong:
+                rows = conn.execute(sql.SQL("SELECT {}, {} FROM {} t WHERE ctid::text = ANY(%s)").format(
+                    columns, _row(info), info.identifier), [wrong]).fetchall()
+                out += [(node.content, tuple(r[:-1]), r[-1]) for r in rows]
+    return out
+
+
+def _moves(target: Cluster, info: Table, misplaced: list[Any]) -> dict[int, list[str]]:
+    """Each misplaced row deleted where it is and inserted where it belongs."""
+    statements: list[tuple[int, sql.Composable]] = []
+    for node, row, text in misplaced:
+        statements.append((node, sql.SQL("DELETE FROM {} WHERE ctid IN (SELECT ctid FROM {} t WHERE {} = {} LIMIT 1)")
+                           .format(info.identifier, info.identifier, _row(info), sql.Literal(text))))
+        statements.append(_insert(info, target, row))
+    return _rendered(target, statements)
+
+
+def _values(info: Table, row: tuple[str | None, ...]) -> list[sql.Composable]:
+    return [sql.SQL("{}::{}").format(sql.Literal(v), sql.SQL(t)) for v, t in zip(row, info.types)]
+
+
+def _where(info: Table, columns: tuple[str, ...], row: tuple[str | None, ...]) -> sql.Composable:
+    index = {c: i for i, c in enumerate(info.columns)}
+    return sql.SQL(" AND ").join(
+        sql.SQL("{} = {}::{}").format(sql.Identifier(c), sql.Literal(row[index[c]]), sql.SQL(info.types[index[c]]))
+        for c in columns)
+
+
+def _insert(info: Table, target: Cluster, row: tuple[str | None, ...]) -> tuple[int, sql.Composable]:
+    index = {c: i for i, c in enumerate(info.columns)}
+    node = segment_for([row[index[c]] for c in info.distribution_key], target.segment_count)
+    columns = [c for c in info.columns if c not in info.generated]
+    statement = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+        info.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)),
+        sql.SQL(", ").join(v for c, v in zip(info.columns, _values(info, row)) if c not in info.generated))
+    return node, statement
+
+
+def _by_key(info: Table, target: Cluster, src: list[Any], tgt: list[Any]) -> tuple[TableDiff, dict[int, list[str]]]:
+    key = [info.columns.index(c) for c in info.primary_key]
+    expected = {tuple(r[i] for i in key): r for _, r, _ in src}
+    actual = {tuple(r[i] for i in key): (node, r) for node, r, _ in tgt}
+    statements: list[tuple[int, sql.Composable]] = []
+    examples: list[str] = []
+    missing = sorted((k for k in expected if k not in actual), key=repr)
+    extra = sorted((k for k in actual if k not in expected), key=repr)
+    changed = sorted((k for k in expected if k in actual and actual[k][1] != expected[k]), key=repr)
+    for k in missing:
+        statements.append(_insert(info, target, expected[k]))
+    for k in extra:
+        node, row = actual[k]
+        statements.append((node, sql.SQL("DELETE FROM {} WHERE {}").format(
+            info.identifier, _where(info, info.primary_key, row))))
+    for k in changed:
+        node, row = actual[k]
+        want = expected[k]
+        columns = [c for i, c in enumerate(info.columns) if row[i] != want[i] and c not in info.generated]
+        at = {c: info.columns.index(c) for c in columns}
+        if len(examples) < EXAMPLES:
+            said = ", ".join(f"{c} {row[i]!r}, expected {want[i]!r}" for c, i in at.items())
+            examples.append(f"key {k!r}: {said}")
+        assignments = sql.SQL(", ").join(sql.SQL("{} = {}::{}").format(
+            sql.Identifier(c), sql.Literal(want[i]), sql.SQL(info.types[i])) for c, i in at.items())
+        statements.append((node, sql.SQL("UPDATE {} SET {} WHERE {}").format(
+            info.identifier, assignments, _where(info, info.primary_key, row))))
+    examples = [f"missing key {k!r}" for k in missing[:EXAMPLES]] + [f"extra key {k!r}" for k in extra[:EXAMPLES]] + examples
+    diff = TableDiff(info.name, len(expected), len(actual), len(missing), len(extra), len(changed), tuple(examples))
+    return diff, _rendered(target, statements)
+
+
+def _as_multiset(info: Table, target: Cluster, src: list[Any], tgt: list[Any]) -> tuple[TableDiff, dict[int, list[str]]]:
+    want = Counter(r for _, r, _ in src)
+    have = Counter(r for _, r, _ in tgt)
+    where = {r: (node, text) for node, r, text in tgt}
+    statements: list[tuple[int, sql.Composable]] = []
+    for row, n in sorted((want - have).items(), key=repr):
+        statements += [_insert(info, target, row)] * n
+    for row, n in sorted((have - want).items(), key=repr):
+        node, text = where[row]
+        # No key: delete n copies of the row, by its text.
+        statements.append((node, sql.SQL("DELETE FROM {} WHERE ctid IN (SELECT ctid FROM {} t WHERE {} = {} LIMIT {})")
+                           .format(info.identifier, info.identifier, _row(info), sql.Literal(text), sql.Literal(n))))
+    missing, extra = want - have, have - want
+    examples = [f"missing {r!r}" for r in sorted(missing, key=repr)[:EXAMPLES]]
+    examples += [f"extra {r!r}" for r in sorted(extra, key=repr)[:EXAMPLES]]
+    diff = TableDiff(info.name, sum(want.values()), sum(have.values()), sum(missing.values()), sum(extra.values()),
+                     examples=tuple(examples))
+    return diff, _rendered(target, statements)
+
+
+def _rendered(target: Cluster, statements: list[tuple[int, sql.Composable]]) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = {}
+    if statements:
+        with target.coordinator_connection() as conn:
+            for node, statement in statements:
+                out.setdefault(node, []).append(statement.as_string(conn))
+    return out
+
+

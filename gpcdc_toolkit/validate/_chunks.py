@@ -1,0 +1,94 @@
+"""Chunks of a table's key space and their bisection (pure).
+
+A row's chunk is a prefix of a 64-bit hash of its key, computed by each database
+(PostgreSQL's ``hashtextextended`` of the key's text): it does not depend on where the
+row lives, so a source and a target with different segment counts cut their tables
+into the same chunks. Level 1 chunks are the hash's top 16 bits; a level ``n`` chunk is
+its top ``16 * n`` bits, so each chunk splits into 65,536 at the next level.
+
+Per chunk, each node reports a *digest*: its row count and the sum of a 64-bit hash of
+each row's text. Summed over the nodes (modulo 2**64) it does not depend on row order
+or placement either, and it counts duplicates, so tables without a key compare as
+multisets. :func:`bisect` is a generator: it asks for the digests of chunks at a level,
+is sent both sides' digests, descends into the chunks that differ, and returns the
+chunks whose rows are few enough to fetch and diff.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterable, Mapping
+from dataclasses import dataclass
+
+BITS = 16  # per level
+LEVELS = 64 // BITS
+MOD = 1 << 64
+
+
+@dataclass(frozen=True, order=True)
+class Chunk:
+    level: int  # 1..LEVELS
+    prefix: int  # the top level * BITS bits of the key hash, as an unsigned number
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.level <= LEVELS:
+            raise ValueError(f"a chunk's level is 1 to {LEVELS}, not {self.level}")
+        if not 0 <= self.prefix < 1 << (self.level * BITS):
+            raise ValueError(f"prefix {self.prefix} does not fit level {self.level}")
+
+    @property
+    def shift(self) -> int:
+        """How far to shift the 64-bit hash right to get this level's prefix."""
+        return 64 - self.level * BITS
+
+    def parent(self) -> Chunk | None:
+        return None if self.level == 1 else Chunk(self.level - 1, self.prefix >> BITS)
+
+
+@dataclass(frozen=True)
+class Digest:
+    rows: int = 0
+    checksum: int = 0  # sum of row hashes, modulo 2**64
+
+    def __add__(self, other: Digest) -> Digest:
+        return Digest(self.rows + other.rows, (self.checksum + other.checksum) % MOD)
+
+
+EMPTY = Digest()
+
+
+def summed(per_node: Iterable[Mapping[Chunk, Digest]]) -> dict[Chunk, Digest]:
+    """The digests of every node added up, chunk by chunk."""
+    out: dict[Chunk, Digest] = {}
+    for digests in per_node:
+        for chunk, digest in digests.items():
+            out[chunk] = out.get(chunk, EMPTY) + digest
+    return out
+
+
+def differing(source: Mapping[Chunk, Digest], target: Mapping[Chunk, Digest]) -> list[Chunk]:
+    """Chunks whose digests differ (a chunk one side lacks has no rows there)."""
+    return sorted(c for c in set(source) | set(target) if source.get(c, EMPTY) != target.get(c, EMPTY))
+
+
+Request = tuple[int, tuple[Chunk, ...]]  # a level, and the parent chunks to look inside (none: the whole table)
+Reply = tuple[Mapping[Chunk, Digest], Mapping[Chunk, Digest]]  # (source, target), summed over nodes
+
+
+def bisect(fetch_rows: int) -> Generator[Request, Reply, list[Chunk]]:
+    """Bisect a table: yields (level, parents) to measure, is sent both sides' digests
+    of the chunks at that level within those parents, and returns the differing chunks
+    holding at most ``fetch_rows`` rows on either side (or at the last level, any)."""
+    if fetch_rows < 1:
+        raise ValueError(f"fetch_rows must be at least 1, not {fetch_rows}")
+    to_fetch: list[Chunk] = []
+    parents: tuple[Chunk, ...] = ()
+    for level in range(1, LEVELS + 1):
+        source, target = yield level, parents
+        deeper: list[Chunk] = []
+        for chunk in differing(source, target):
+            rows = max(source.get(chunk, EMPTY).rows, target.get(chunk, EMPTY).rows)
+            (to_fetch if rows <= fetch_rows or level == LEVELS else deeper).append(chunk)
+        if not deeper:
+            break
+        parents = tuple(deeper)
+    return sorted(to_fetch)

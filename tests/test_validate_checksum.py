@@ -1,0 +1,140 @@
+"""Checksum validation of a target against its source, on real sandboxes: equal tables
+are equal, every injected divergence is found exactly, and the fix statements make the
+next comparison equal."""
+
+import random
+import uuid
+
+import pytest
+from psycopg import sql
+
+from gpcdc_toolkit.cluster import Session, segment_for
+from gpcdc_toolkit.sandbox import Sandbox
+from gpcdc_toolkit.validate._checksum import ValidationError, compare_checksums
+
+TABLE = ("public", "Order Items")
+COLUMNS = '("id" bigint PRIMARY KEY, "select" text, "amount" numeric(20,4), "ratio" float8, "tags" int[], ' \
+          '"doc" jsonb, "raw" bytea) DISTRIBUTED BY ("id")'
+KEYLESS = ("public", "keyless log")
+
+
+@pytest.fixture(scope="module")
+def clusters(source, work_dir):
+    """The source (3 segments) and a target with 2, each with the two tables, equal."""
+    target_box = Sandbox(f"vt-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
+    target = target_box.cluster()
+    rng = random.Random(4)
+    rows = [{"id": i, "select": rng.choice(["", None, "x", "it's", 'say "hi"', "ünï"]),
+             "amount": f"{rng.randint(-10**6, 10**6)}.{rng.randint(0, 9999):04d}", "ratio": rng.random(),
+             "tags": [rng.randint(0, 9), None], "doc": '{"a": [1, 2], "b": null}', "raw": bytes([0, i % 256])}
+            for i in range(3000)]
+    log = [{"event": f"e{i % 50}", "n": i % 7} for i in range(500)]  # duplicates on purpose
+    for cluster in (source, target):
+        with Session(cluster) as session:
+            session.ddl('DROP TABLE IF EXISTS "Order Items"')
+            session.ddl('DROP TABLE IF EXISTS "keyless log"')
+            session.ddl(f'CREATE TABLE "Order Items" {COLUMNS}')
+            session.ddl('CREATE TABLE "keyless log" ("event" text, "n" int) DISTRIBUTED BY ("event")')
+            with session.transaction() as tx:
+                tx.insert(TABLE, rows)
+                tx.insert(KEYLESS, log)
+    try:
+        yield source, target
+    finally:
+        with Session(source) as session:
+            session.ddl('DROP TABLE IF EXISTS "Order Items"')
+            session.ddl('DROP TABLE IF EXISTS "keyless log"')
+        target_box.down(remove=True)
+
+
+def on_segment(cluster, table, key_value, statement, params=()):
+    """Run a statement on the segment that holds the row with this distribution key."""
+    node = cluster.segments[segment_for([key_value], cluster.segment_count)]
+    with cluster.connect_node(node) as conn:
+        return conn.execute(sql.SQL(statement).format(*[sql.Identifier(*table)] * statement.count("{}")),
+                            params).rowcount
+
+
+def apply(target, result):
+    for content, statements in result.fix.items():
+        with target.connect_node(target.segments[content]) as conn, conn.transaction():
+            for statement in statements:
+                conn.execute(statement)
+
+
+def test_equal_tables_are_equal_in_one_round_with_no_row_fetched(clusters):
+    source, target = clusters
+    for table in (TABLE, KEYLESS):
+        result = compare_checksums(source, target, table)
+        assert result.equal, result.diff.line()
+        assert (result.rounds, result.fetched, result.fix) == (1, 0, {})
+    assert compare_checksums(source, target, TABLE).diff.expected == 3000
+
+
+def test_each_divergence_is_found_exactly_and_the_fix_makes_the_tables_equal(clusters, tmp_path):
+    source, target = clusters
+    on_segment(target, TABLE, 5, "DELETE FROM {} WHERE id = 5")
+    on_segment(target, TABLE, 6, "UPDATE {} SET amount = amount + 0.0001 WHERE id = 6")
+    on_segment(target, TABLE, 7, "UPDATE {} SET \"select\" = CASE WHEN \"select\" IS NULL THEN '' ELSE NULL END "
+                                 "WHERE id = 7")
+    on_segment(target, TABLE, 8, "UPDATE {} SET ratio = ratio * (1 + 1e-15) WHERE id = 8")
+    on_segment(target, TABLE, 10**6, "INSERT INTO {} (id, \"select\") VALUES (1000000, 'extra')")
+    # A row on a segment its distribution key does not name.
+    home = segment_for([9], target.segment_count)
+    with target.connect_node(target.segments[home]) as conn:
+        row = conn.execute('DELETE FROM "Order Items" WHERE id = 9 RETURNING id, "select", amount::text, '
+                           'ratio::text, tags::text, doc::text, raw').fetchone()
+    with target.connect_node(target.segments[1 - home]) as conn:
+        conn.execute('INSERT INTO "Order Items" VALUES (%s, %s, %s::numeric, %s::float8, %s::int[], %s::jsonb, %s)',
+                     row)
+    result = compare_checksums(source, target, TABLE, fetch_rows=50)
+    diff = result.diff
+    assert (diff.missing, diff.extra, diff.changed, diff.misplaced) == (1, 1, 3, 1), diff.examples
+    assert result.fetched < 20 and result.chunks <= 7  # only the differing rows' chunks left the databases
+    assert any("select" in e and "key ('7',)" in e for e in diff.examples)
+    result.write_fix(tmp_path / "fix.sql", target)
+    assert "-- node: segment" in (tmp_path / "fix.sql").read_text()
+    apply(target, result)
+    again = compare_checksums(source, target, TABLE)
+    assert again.equal, again.diff.examples
+
+
+def test_a_table_without_a_key_compares_as_a_multiset(clusters):
+    source, target = clusters
+    on_segment(target, KEYLESS, "e1", "DELETE FROM {} WHERE ctid IN (SELECT ctid FROM {} WHERE event = 'e1' LIMIT 1)")
+    on_segment(target, KEYLESS, "e2", "INSERT INTO {} VALUES ('e2', 2)")
+    result = compare_checksums(source, target, KEYLESS)
+    assert (result.diff.missing, result.diff.extra) == (1, 1), result.diff.examples
+    apply(target, result)
+    assert compare_checksums(source, target, KEYLESS).equal
+
+
+def test_tables_of_different_shape_are_refused_in_one_line(clusters):
+    source, target = clusters
+    with Session(target) as session:
+        session.ddl('ALTER TABLE "keyless log" ADD COLUMN extra int DEFAULT 7')
+    try:
+        with pytest.raises(ValidationError, match="on the source and .* on the target: make the target's table match"):
+            compare_checksums(source, target, KEYLESS)
+    finally:
+        with Session(target) as session:
+            session.ddl('ALTER TABLE "keyless log" DROP COLUMN extra')
+
+
+def test_each_level_of_chunks_splits_the_one_above_it_in_the_database(clusters):
+    """Level n + 1 digests, asked within some level n chunks, add up to theirs."""
+    from gpcdc_toolkit.validate._checksum import _digests
+
+    source, _ = clusters
+    info = source.table(TABLE)
+    above = _digests(source, info, 1, ())
+    assert sum(d.rows for d in above.values()) == 3000
+    for level in (2, 3, 4):
+        parents = tuple(sorted(above)[:40])
+        below = _digests(source, info, level, parents)
+        assert {c.parent() for c in below} == set(parents)
+        for parent in parents:
+            inside = [d for c, d in below.items() if c.parent() == parent]
+            assert sum(d.rows for d in inside) == above[parent].rows
+            assert sum(d.checksum for d in inside) % 2**64 == above[parent].checksum
+        above = below

@@ -1,0 +1,85 @@
+"""Chunks of a key space and their bisection (no servers): whatever the tables, the
+chunks bisection hands out hold every differing row, and no more rows than asked
+unless they cannot be split further."""
+
+import hashlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpcdc_toolkit.validate._chunks import BITS, LEVELS, MOD, Chunk, Digest, bisect, differing, summed
+
+
+def h64(text):
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+def digests(table, level, parents):
+    """A side's digests at a level within parents, as the databases compute them."""
+    out = {}
+    for key, row in table.items():
+        chunk = Chunk(level, h64(key) >> (64 - level * BITS))
+        if parents and chunk.parent() not in parents:
+            continue
+        out[chunk] = out.get(chunk, Digest()) + Digest(1, h64(f"{key}|{row}"))
+    return out
+
+
+def run(source, target, fetch_rows):
+    steps = bisect(fetch_rows)
+    request = next(steps)
+    try:
+        while True:
+            level, parents = request
+            request = steps.send((digests(source, level, set(parents)), digests(target, level, set(parents))))
+    except StopIteration as done:
+        return done.value
+
+
+tables = st.dictionaries(st.text(max_size=6), st.integers(0, 3), max_size=300)
+
+
+@given(tables, st.data(), st.integers(1, 50))
+def test_bisection_hands_out_every_differing_row_in_small_chunks(source, data, fetch_rows):
+    target = dict(source)
+    for key in data.draw(st.lists(st.sampled_from(sorted(source)), max_size=5)) if source else []:
+        if data.draw(st.booleans()):
+            target.pop(key, None)
+        else:
+            target[key] = source[key] + 1
+    for key in data.draw(st.lists(st.text(max_size=6), max_size=3)):
+        target.setdefault(key, 9)
+    chunks = run(source, target, fetch_rows)
+    changed = {k for k in set(source) | set(target) if source.get(k) != target.get(k)}
+    found = {k for k in changed if any(h64(k) >> c.shift == c.prefix for c in chunks)}
+    assert found == changed
+    assert bool(chunks) == bool(changed)
+    for chunk in chunks:
+        rows = max(sum(1 for k in t if h64(k) >> chunk.shift == chunk.prefix) for t in (source, target))
+        assert rows <= fetch_rows or chunk.level == LEVELS
+
+
+def test_equal_tables_need_one_round_and_nothing_fetched():
+    table = {str(i): i for i in range(1000)}
+    steps = bisect(10)
+    assert next(steps) == (1, ())
+    with pytest.raises(StopIteration) as done:
+        steps.send((digests(table, 1, set()), digests(table, 1, set())))
+    assert done.value.value == []
+
+
+def test_digests_add_up_over_nodes_modulo_two_to_the_64():
+    a, b = Chunk(1, 3), Chunk(1, 4)
+    total = summed([{a: Digest(1, MOD - 1)}, {a: Digest(2, 5), b: Digest(1, 1)}])
+    assert total == {a: Digest(3, 4), b: Digest(1, 1)}
+    assert differing({a: Digest(1, 1)}, {}) == [a]
+
+
+def test_chunks_and_bisection_refuse_what_cannot_be():
+    with pytest.raises(ValueError, match="level is 1 to 4, not 5"):
+        Chunk(5, 0)
+    with pytest.raises(ValueError, match="prefix 65536 does not fit level 1"):
+        Chunk(1, 1 << 16)
+    with pytest.raises(ValueError, match="fetch_rows must be at least 1, not 0"):
+        next(bisect(0))
