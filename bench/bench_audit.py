@@ -62,6 +62,11 @@ def generate(path: Path, events: int, seed: int = 7) -> None:
         pq.write_table(_segment_table(segment, g, two_phase[g - 1], rng, schema), out / f"segment-{segment}.parquet")
     pq.write_table(_coordinator_table(gxids[two_phase], first[two_phase], second[two_phase], schema),
                    out / "coordinator.parquet")
+    # Each partition begins with its pipeline marker (offset 0), as capture writes it.
+    markers = [("bench.changes", s, s) for s in range(3)] + [("bench.dtx", 0, -1)]
+    pq.write_table(_table({"topic": [t for t, _, _ in markers], "partition": [p for _, p, _ in markers],
+                           "offset": [0] * 4, "timestamp": [BASE_TS] * 4, "kind": ["pipeline"] * 4,
+                           "segment": [n for _, _, n in markers]}, 4, schema), out / "markers.parquet")
 
 
 def _table(columns: dict[str, Any], n: int, schema: Any) -> Any:
@@ -114,7 +119,7 @@ def _segment_table(segment: int, gxids: Any, two_phase: Any, rng: Any, schema: A
         mask=pa.array(~is_row))
     columns = {
         "topic": np.full(n, "bench.changes"), "partition": np.full(n, segment, dtype=np.int32),
-        "offset": np.arange(n), "timestamp": ts + 3, "kind": kind, "segment": np.full(n, segment, dtype=np.int32),
+        "offset": np.arange(n) + 1, "timestamp": ts + 3, "kind": kind, "segment": np.full(n, segment, dtype=np.int32),
         "gxid": np.where(is_mark, None, gxids[part]).astype(object),
         "xid": np.where(is_mark, None, commit_lsn).astype(object),
         "commit_lsn": np.where(is_mark, None, commit_lsn).astype(object),
@@ -152,7 +157,7 @@ def _coordinator_table(gxids: Any, first: Any, second: Any, schema: Any) -> Any:
     segments = pa.array([None if m else sorted((int(first[i]), int(second[i]))) for m, i in zip(is_mark, index)],
                         type=pa.list_(pa.int32()))
     columns = {
-        "topic": np.full(n, "bench.dtx"), "partition": np.zeros(n, dtype=np.int32), "offset": np.arange(n),
+        "topic": np.full(n, "bench.dtx"), "partition": np.zeros(n, dtype=np.int32), "offset": np.arange(n) + 1,
         "timestamp": ts + 3, "kind": np.where(is_mark, "resolved", "commit"), "segment": np.full(n, -1, np.int32),
         "gxid": np.where(is_mark, None, gxids[index]).astype(object),
         "xid": np.where(is_mark, None, index).astype(object),
