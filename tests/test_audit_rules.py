@@ -26,22 +26,23 @@ def test_every_rule_gives_the_findings_schema(spark):
         assert [(f.name, f.dataType.simpleString()) for f in frame.schema.fields] == list(FINDING_COLUMNS), rule.__name__
 
 
-def test_segments_committing_in_different_orders_is_no_finding(spark):
+def opposite_orders(keys_on_0):
+    """gxid 1 then 2 in coordinator order; segment 0 commits gxid 2 (writing the first
+    key) then gxid 1 (the second), segment 1 commits them in coordinator order."""
     b = StreamBuilder().record(1, [0, 1], 10, 1000).record(2, [0, 1], 20, 1001)
-    b.part(0, 1, 100, 1002, rows=[("t", 1)]).part(0, 2, 110, 1003, rows=[("t", 2)])
-    b.part(1, 2, 100, 1002, rows=[("t", 3)]).part(1, 1, 110, 1003, rows=[("t", 4)])
-    for node in (-1, 0, 1, 2):
-        b.watermark(node, 1000, 5000, prepared_ts=5000)
-    assert findings_of(spark, b) == []
-
-
-def test_two_writers_of_one_key_against_coordinator_order_is_an_error(spark):
-    b = StreamBuilder().record(1, [0, 1], 10, 1000).record(2, [0, 1], 20, 1001)
-    b.part(0, 2, 100, 1002, rows=[("t", 1)]).part(0, 1, 110, 1003, rows=[("t", 1)])
+    b.part(0, 2, 100, 1002, rows=[("t", keys_on_0[0])]).part(0, 1, 110, 1003, rows=[("t", keys_on_0[1])])
     b.part(1, 1, 100, 1002, rows=[("t", 3)]).part(1, 2, 110, 1003, rows=[("t", 4)])
     for node in (-1, 0, 1, 2):
         b.watermark(node, 1000, 5000, prepared_ts=5000)
-    [finding] = findings_of(spark, b)
+    return b
+
+
+def test_segments_committing_in_different_orders_is_no_finding(spark):
+    assert findings_of(spark, opposite_orders((1, 2))) == []
+
+
+def test_two_writers_of_one_key_against_coordinator_order_is_an_error(spark):
+    [finding] = findings_of(spark, opposite_orders((1, 1)))
     assert (finding["rule"], finding["gxid"], finding["segments"], finding["table"]) == ("key_order", 1, [0], "public.t")
 
 
