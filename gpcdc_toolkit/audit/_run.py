@@ -114,7 +114,8 @@ class AuditState:
 
 def _new(findings: DataFrame, spark: Any, previous_end: Offsets, open_gxids: list[int]) -> DataFrame:
     """The findings an earlier run has not reported: shown by a message past where it
-    stopped, or about a transaction it left open."""
+    stopped, about a transaction it left open (still open, or now proven missing or
+    orphaned), or standing (a node silent now)."""
     ends = spark.createDataFrame([(t, p, o) for t, parts in previous_end.items() for p, o in parts.items()],
                                  "topic string, partition int, previous_end bigint")
     fresh = (col("previous_end").isNull() | col("offsets").isNull()
