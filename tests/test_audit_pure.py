@@ -74,3 +74,19 @@ def test_times_are_epoch_milliseconds_or_iso_8601_in_utc_unless_said():
     assert _time_ms("2026-11-23T01:00:00+01:00") == 1795392000000
     with pytest.raises(argparse.ArgumentTypeError, match="neither epoch milliseconds nor an ISO 8601 time"):
         _time_ms("yesterday")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["audit", "--since-last", "--from", "1"], "argument --from: not allowed with argument --since-last"),
+    (["audit", "--from", "yesterday"], "argument --from: 'yesterday' is neither epoch milliseconds"),
+    (["audit", "--fail-on", "fatal"], "argument --fail-on: invalid choice: 'fatal'"),
+    (["audti"], "argument COMMAND: invalid choice: 'audti'"),
+])
+def test_usage_errors_are_one_line_naming_the_help(capsys, args, message):
+    from gpcdc_toolkit.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(args)
+    assert done.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("gpcdc: error: ") and message in line and line.endswith("--help)")

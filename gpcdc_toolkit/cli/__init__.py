@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from ..config import load_config
 from ..errors import GpcdcError
@@ -14,8 +15,16 @@ from ._command import Command, add_config_flags
 from ._commands import COMMANDS, GROUPS
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line, saying where the help is (its subcommands' parsers are
+    of this class too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"gpcdc: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpcdc", description="Change data capture for Greenplum-style clusters.")
+    parser = _Parser(prog="gpcdc", description="Change data capture for Greenplum-style clusters.")
     add_config_flags(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group, (help_text, members) in GROUPS.items():
