@@ -36,10 +36,8 @@ Offsets = dict[str, dict[int, int]]  # topic -> partition -> offset
 
 @dataclass(frozen=True)
 class ArchiveRun:
-    path: Path
-    events: int
-    start: Offsets
-    end: Offsets
+    path: Path  # the run's directory
+    events: int  # messages it holds
 
 
 def _position(path: Path) -> Offsets:
@@ -87,7 +85,7 @@ def write_archive(spark: Any, config: Config, path: Path) -> ArchiveRun:
         aside.rename(final)  # the run, and where it ended, at once
     finally:
         shutil.rmtree(aside, ignore_errors=True)
-    return ArchiveRun(final, count, {t: {p: max(o, 0) for p, o in parts.items()} for t, parts in window.items()}, end)
+    return ArchiveRun(final, count)
 
 
 def read_archive(spark: Any, path: Path) -> Any:

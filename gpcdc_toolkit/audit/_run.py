@@ -206,16 +206,10 @@ def _write(config: Config, result: AuditResult) -> Path:
         # Spark writes the times, in the session's time zone (UTC), with their offset.
         for (line,) in result.findings.select(F.to_json(F.struct("*"), {"ignoreNullFields": "false"})).toLocalIterator():
             f.write(line + "\n")
-    write_json(out / "summary.json", {"events": result.events, "window": _jsonable(result.window),
+    write_json(out / "summary.json", {"events": result.events, "window": result.window,
                                       "summary": [{"rule": r, "severity": s, "count": n}
                                                   for r, s, n in result.summary]})
     return out
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    return value
 
 
 def _open_offsets(stream: Stream, findings: DataFrame) -> Iterable[Any]:

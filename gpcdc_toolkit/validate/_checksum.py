@@ -184,15 +184,17 @@ def _moves(target: Cluster, info: Table, misplaced: list[Any]) -> dict[int, list
     return _rendered(target, statements)
 
 
-def _values(info: Table, row: tuple[str | None, ...]) -> list[sql.Composable]:
-    return [sql.SQL("{}::{}").format(sql.Literal(v), sql.SQL(t)) for v, t in zip(row, info.types)]
+def _typed(info: Table, column: str, text: str | None) -> sql.Composable:
+    """A value's text as a literal of its column's type."""
+    return sql.SQL("{}::{}").format(sql.Literal(text), sql.SQL(info.types[info.columns.index(column)]))
+
+
+def _equal(info: Table, column: str, text: str | None) -> sql.Composable:
+    return sql.SQL("{} = {}").format(sql.Identifier(column), _typed(info, column, text))
 
 
 def _where(info: Table, columns: tuple[str, ...], row: tuple[str | None, ...]) -> sql.Composable:
-    index = {c: i for i, c in enumerate(info.columns)}
-    return sql.SQL(" AND ").join(
-        sql.SQL("{} = {}::{}").format(sql.Identifier(c), sql.Literal(row[index[c]]), sql.SQL(info.types[index[c]]))
-        for c in columns)
+    return sql.SQL(" AND ").join(_equal(info, c, row[info.columns.index(c)]) for c in columns)
 
 
 def _insert(info: Table, target: Cluster, row: tuple[str | None, ...]) -> tuple[int, sql.Composable]:
@@ -201,7 +203,7 @@ def _insert(info: Table, target: Cluster, row: tuple[str | None, ...]) -> tuple[
     columns = [c for c in info.columns if c not in info.generated]
     statement = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
         info.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)),
-        sql.SQL(", ").join(v for c, v in zip(info.columns, _values(info, row)) if c not in info.generated))
+        sql.SQL(", ").join(_typed(info, c, v) for c, v in zip(info.columns, row) if c not in info.generated))
     return node, statement
 
 
@@ -228,8 +230,7 @@ def _by_key(info: Table, target: Cluster, src: list[Any], tgt: list[Any]) -> tup
         if len(examples) < EXAMPLES:
             said = ", ".join(f"{c} {row[i]!r}, expected {want[i]!r}" for c, i in at.items())
             examples.append(f"key {k!r}: {said}")
-        assignments = sql.SQL(", ").join(sql.SQL("{} = {}::{}").format(
-            sql.Identifier(c), sql.Literal(want[i]), sql.SQL(info.types[i])) for c, i in at.items())
+        assignments = sql.SQL(", ").join(_equal(info, c, want[i]) for c, i in at.items())
         statements.append((node, sql.SQL("UPDATE {} SET {} WHERE {}").format(
             info.identifier, assignments, _where(info, info.primary_key, row))))
     examples = [f"missing key {k!r}" for k in missing[:EXAMPLES]] + [f"extra key {k!r}" for k in extra[:EXAMPLES]] + examples
