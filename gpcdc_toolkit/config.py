@@ -135,6 +135,18 @@ class AuditSettings:
 
 
 @dataclass(frozen=True)
+class ValidateSettings:
+    mode: str = setting("checksum", "how tables are compared: checksums computed in each database, bisected to "
+                                    "the rows that differ, or both sides read into Spark and diffed",
+                        choices=("checksum", "spark"))
+    fetch_rows: int = setting(1000, "checksum mode: differing chunks are bisected until each holds at most this "
+                                    "many rows, which are then fetched and diffed", minimum=1)
+    replay_timeout: float = setting(120.0, "seconds to wait for the replayer to reach a new sync point", minimum=0.1)
+    lock_timeout: float = setting(10.0, "seconds a sync point waits for the commit lock (for running commit "
+                                        "phases to end) before giving up", minimum=0.01)
+
+
+@dataclass(frozen=True)
 class Config:
     work_dir: Path = setting(Path(".gpcdc"), "directory for sandboxes, the broker and state")
     source: ClusterRef = field(default_factory=SourceRef)
@@ -144,6 +156,7 @@ class Config:
     capture: CaptureSettings = field(default_factory=CaptureSettings)
     replay: ReplaySettings = field(default_factory=ReplaySettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
+    validate: ValidateSettings = field(default_factory=ValidateSettings)
     origins: Mapping[str, str] = internal(default_factory=dict)  # setting -> where its value came from
     file: Path | None = internal(None)  # the configuration file read, if any (child processes read it too)
 
@@ -390,6 +403,7 @@ def load_config(
         capture=CaptureSettings(**sections["capture"]),
         replay=ReplaySettings(**sections["replay"]),
         audit=AuditSettings(**sections["audit"]),
+        validate=ValidateSettings(**sections["validate"]),
         origins=origins,
         file=file.absolute() if file is not None else None,
     )

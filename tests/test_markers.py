@@ -6,6 +6,7 @@ from gpcdc_toolkit.protocol import _markers as markers
 
 @pytest.mark.parametrize("marker", [
     GxidMarker(7), OnePhaseMarker(8), CommitRecord(9, (0, 2)), CommitRecord(10, None),
+    CommitRecord(12, (0, 1), syncpoint=((-1, 900), (0, 1 << 40), (1, 7))),
     DdlRecord(11, "CREATE TABLE t (id int) DISTRIBUTED BY (id)"),
 ])
 def test_round_trip(marker):
@@ -28,6 +29,11 @@ def test_foreign_prefix_is_not_a_marker():
     ("gpcdc.commit", "[1]", "not a JSON object"),
     ("gpcdc.commit", '{"gxid": 0}', "positive integer gxid"),
     ("gpcdc.commit", '{"gxid": 3, "segments": [0, "x"]}', "malformed segment list"),
+    ("gpcdc.commit", '{"gxid": 3, "segments": [true]}', "malformed segment list"),
+    ("gpcdc.commit", '{"gxid": 3, "segments": [0], "syncpoint": {}}', "malformed sync point"),
+    ("gpcdc.commit", '{"gxid": 3, "segments": [0], "syncpoint": {"--1": 5}}', "malformed sync point"),
+    ("gpcdc.commit", '{"gxid": 3, "segments": [0], "syncpoint": {"0": -5}}', "malformed sync point"),
+    ("gpcdc.commit", '{"gxid": 3, "segments": [0], "syncpoint": [1]}', "malformed sync point"),
     ("gpcdc.ddl", '{"gxid": 3}', "no statement"),
 ])
 def test_malformed_markers_are_named(prefix, content, message):

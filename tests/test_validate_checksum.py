@@ -124,17 +124,19 @@ def test_tables_of_different_shape_are_refused_in_one_line(clusters):
 def test_each_level_of_chunks_splits_the_one_above_it_in_the_database(clusters):
     """Level n + 1 digests, asked within some level n chunks, add up to theirs."""
     from gpcdc_toolkit.validate._checksum import _digests
+    from gpcdc_toolkit.validate._snapshots import Snapshots
 
     source, _ = clusters
     info = source.table(TABLE)
-    above = _digests(source, info, 1, ())
-    assert sum(d.rows for d in above.values()) == 3000
-    for level in (2, 3, 4):
-        parents = tuple(sorted(above)[:40])
-        below = _digests(source, info, level, parents)
-        assert {c.parent() for c in below} == set(parents)
-        for parent in parents:
-            inside = [d for c, d in below.items() if c.parent() == parent]
-            assert sum(d.rows for d in inside) == above[parent].rows
-            assert sum(d.checksum for d in inside) % 2**64 == above[parent].checksum
-        above = below
+    with Snapshots(source) as reading:
+        above = _digests(reading, info, 1, ())
+        assert sum(d.rows for d in above.values()) == 3000
+        for level in (2, 3, 4):
+            parents = tuple(sorted(above)[:40])
+            below = _digests(reading, info, level, parents)
+            assert {c.parent() for c in below} == set(parents)
+            for parent in parents:
+                inside = [d for c, d in below.items() if c.parent() == parent]
+                assert sum(d.rows for d in inside) == above[parent].rows
+                assert sum(d.checksum for d in inside) % 2**64 == above[parent].checksum
+            above = below

@@ -2,11 +2,11 @@
 
 from ..protocol import COORDINATOR
 from ._cluster import Cluster, Node, Table, TableRef, connect_dsn, quoted
-from ._dtx import DistributedTransaction, Session, gid, gxid_of, resolve_in_doubt
+from ._dtx import SYNCPOINT_LOCK, DistributedTransaction, Session, gid, gxid_of, resolve_in_doubt
 from ._routing import jump_consistent_hash, key_hash, segment_for
 
 __all__ = [
     "COORDINATOR", "Cluster", "Node", "Table", "TableRef", "connect_dsn", "quoted",
-    "DistributedTransaction", "Session", "gid", "gxid_of", "resolve_in_doubt",
+    "SYNCPOINT_LOCK", "DistributedTransaction", "Session", "gid", "gxid_of", "resolve_in_doubt",
     "jump_consistent_hash", "key_hash", "segment_for",
 ]

@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 
 _DDL_LOCK_WAIT = "500ms"
 
+# Advisory lock key 1 of a sync point on the target (key 2: its gxid): a validator holds
+# it from before the cut; the replayer, having applied the sync point, waits for it.
+SYNCPOINT_LOCK = 1196454768  # 'GPsp'
+
 Statement = sql.SQL | sql.Composed  # what psycopg runs, built with psycopg.sql
 
 

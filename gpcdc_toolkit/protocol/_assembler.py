@@ -171,6 +171,8 @@ class TransactionAssembler:
                                     "gxid": marker.gxid}
             if isinstance(marker, markers.CommitRecord):
                 body["segments"] = list(marker.segments) if marker.segments is not None else None
+                if marker.syncpoint is not None:
+                    body["syncpoint"] = {str(node): lsn for node, lsn in marker.syncpoint}
             else:
                 body["statement"] = marker.statement
             body.update(self._position(txn))

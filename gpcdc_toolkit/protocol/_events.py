@@ -80,6 +80,7 @@ class CoordinatorRecord(TypedDict, total=False):
     gxid: int
     segments: list[int] | None  # commit: the participants (None under legacy markers)
     ddl_count: int  # commit: how many DDL records came before it in the same transaction
+    syncpoint: dict[str, int]  # commit of a sync point only: each node's WAL position at the cut
     statement: str  # ddl
     segment: int
     xid: int

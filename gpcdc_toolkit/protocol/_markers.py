@@ -9,6 +9,7 @@ prefix              node        content                                         
 ``gpcdc.gxid``      segment     the gxid, first change of every local part       not written
 ``gpcdc.one_phase`` segment     the gxid, last change of a one-phase commit      not written
 ``gpcdc.commit``    coordinator ``{"gxid": n, "segments": [..]}`` (2PC only)     no segments
+                               a sync point's adds ``"syncpoint": {node: LSN}``
 ``gpcdc.ddl``       coordinator ``{"gxid": n, "statement": "..."}``             same
 ==================  ==========  ==============================================  ============
 """
@@ -16,6 +17,7 @@ prefix              node        content                                         
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from ..errors import StreamError
@@ -45,6 +47,8 @@ class OnePhaseMarker:
 class CommitRecord:
     gxid: int
     segments: tuple[int, ...] | None  # None: written in legacy mode, participants unknown
+    # A sync point's record: each node's WAL position at the cut (content -> LSN).
+    syncpoint: tuple[tuple[int, int], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -63,10 +67,12 @@ def encode(marker: Marker) -> tuple[str, str]:
             return GXID_PREFIX, str(gxid)
         case OnePhaseMarker(gxid):
             return ONE_PHASE_PREFIX, str(gxid)
-        case CommitRecord(gxid, segments):
+        case CommitRecord(gxid, segments, syncpoint):
             body: dict[str, object] = {"gxid": gxid}
             if segments is not None:
                 body["segments"] = list(segments)
+            if syncpoint is not None:
+                body["syncpoint"] = {str(node): lsn for node, lsn in syncpoint}
             return COMMIT_PREFIX, json.dumps(body, separators=(",", ":"))
         case DdlRecord(gxid, statement):
             return DDL_PREFIX, json.dumps({"gxid": gxid, "statement": statement}, separators=(",", ":"))
@@ -77,6 +83,20 @@ def _gxid(value: object, prefix: str, content: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise MarkerError(f"{prefix} message has no positive integer gxid: {content[:80]!r}")
     return value
+
+
+def _natural(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _syncpoint(body: dict[str, object], text: str) -> tuple[tuple[int, int], ...] | None:
+    lsns = body.get("syncpoint")
+    if lsns is None:
+        return None
+    if (not isinstance(lsns, dict) or not lsns
+            or not all(re.fullmatch(r"-1|[0-9]+", n) and _natural(lsn) for n, lsn in lsns.items())):
+        raise MarkerError(f"{COMMIT_PREFIX} message has a malformed sync point: {text[:80]!r}")
+    return tuple(sorted((int(n), lsn) for n, lsn in lsns.items()))
 
 
 def decode(prefix: str, content: str | bytes) -> Marker | None:
@@ -98,11 +118,10 @@ def decode(prefix: str, content: str | bytes) -> Marker | None:
     gxid = _gxid(body.get("gxid"), prefix, text)
     if prefix == COMMIT_PREFIX:
         segments = body.get("segments")
-        if segments is None:
-            return CommitRecord(gxid, None)
-        if not isinstance(segments, list) or not all(isinstance(s, int) and s >= 0 for s in segments):
+        if segments is not None and (not isinstance(segments, list)
+                                     or not all(_natural(s) for s in segments)):
             raise MarkerError(f"{prefix} message has a malformed segment list: {text[:80]!r}")
-        return CommitRecord(gxid, tuple(segments))
+        return CommitRecord(gxid, None if segments is None else tuple(segments), _syncpoint(body, text))
     statement = body.get("statement")
     if not isinstance(statement, str):
         raise MarkerError(f"{prefix} message has no statement: {text[:80]!r}")

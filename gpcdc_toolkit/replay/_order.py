@@ -57,6 +57,7 @@ class Record:
     ddl: tuple[str, ...] = ()
     commit_lsn: int = -1  # of the coordinator's local commit; -1: unknown
     offset: int = -1  # where the record (or its first DDL statement) is in the coordinator's partition
+    syncpoint: bool = False  # a sync point's: the source's state at a consistent cut ends here
 
 
 @dataclass(frozen=True)

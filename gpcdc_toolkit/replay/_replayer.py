@@ -21,7 +21,7 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from ..bootstrap import InitialSnapshot, Pipeline
-from ..cluster import Cluster, resolve_in_doubt
+from ..cluster import SYNCPOINT_LOCK, Cluster, resolve_in_doubt
 from ..config import Config, ReplaySettings
 from ..connect import kafka_client_settings, kafka_logger, open_cluster
 from ..errors import BrokerError, GpcdcError, StreamError
@@ -190,6 +190,7 @@ class _Run:
     def __init__(self, replayer: Replayer) -> None:
         self.settings = replayer.settings
         self.applier = replayer.applier
+        self.target = replayer.target
         self.topics = replayer.topics
         self.quarantine = replayer.pipeline.directory / "quarantine.jsonl"
         self.consumer = Consumer({**replayer.kafka, "group.id": f"gpcdc-replay-{self.topics.prefix}",
@@ -242,6 +243,7 @@ class _Run:
         self.applied_lsn = dict(checkpoint.applied_lsn)  # legacy replay: everything up to these is applied
         self.window: list[Part | Record | Watermark] = []  # framed while reading the window
         self.in_hand: deque[Whole] = deque()  # handed out by the reassembler, not applied yet
+        self.syncpoints: list[tuple[int, float]] = []  # (gxid, ms held there) of the sync points passed
 
     def close(self) -> None:
         self.consumer.close()
@@ -372,6 +374,19 @@ class _Run:
                 for part in whole.parts:
                     if isinstance(part.payload, SqliteSpill):
                         part.payload.close()
+            last = batch[-1]
+            if last.record is not None and last.record.syncpoint and last.gxid is not None:
+                self._pass_syncpoint(last.gxid)
+
+    def _pass_syncpoint(self, gxid: int) -> None:
+        """Everything before sync point ``gxid`` is applied, nothing after: wait while a
+        validator holds its lock on the target (it reads the target here, then lets go)."""
+        started = time.monotonic()
+        with self.target.coordinator_connection() as conn:
+            conn.execute("SELECT pg_advisory_lock_shared(%s, %s)", (SYNCPOINT_LOCK, gxid))
+        held_ms = (time.monotonic() - started) * 1000
+        self.syncpoints.append((gxid, held_ms))
+        log.info("passed sync point %d (held %.1f ms)", gxid, held_ms)
 
     def _quarantine(self, refused: DdlRefusedError) -> None:
         """Keep the refused record where an operator finds it, one JSON line each."""
@@ -387,6 +402,8 @@ class _Run:
         for whole in self.in_hand:
             if whole.record is not None and whole.record.ddl:
                 return batch or [whole]  # DDL goes alone
+            if whole.record is not None and whole.record.syncpoint:
+                return [*batch, whole]  # a batch ends at a sync point, to stop there
             size = sum(len(p.payload or ()) for p in whole.parts)
             if batch and (len(batch) >= self.settings.batch_transactions or rows + size > self.settings.batch_rows):
                 break

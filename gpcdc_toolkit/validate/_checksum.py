@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from ..cluster._routing import segment_for
 from ..errors import GpcdcError
 from ._chunks import MOD, Chunk, Digest, Reply, bisect, summed
 from ._diff import EXAMPLES, TableDiff
+from ._snapshots import Snapshots
 
 FETCH_ROWS = 1000  # bisect until a differing chunk holds at most this many rows
 
@@ -51,14 +53,18 @@ class ChecksumResult:
     def equal(self) -> bool:
         return self.diff.equal
 
-    def write_fix(self, path: Path, target: Cluster) -> None:
-        """The fix as a SQL file, one section per target node (none when equal)."""
+    def fix_lines(self, target: Cluster) -> list[str]:
+        """The fix as SQL lines, one section per target node (none when equal)."""
         lines = [f"-- Statements that would make {self.table} on the target equal to the source.",
                  "-- Review them; nothing was applied. Run each section on the node it names."]
         for content in sorted(self.fix):
             node = target.nodes[content + 1]
             lines += ["", f"-- node: {node}", "BEGIN;", *(s + ";" for s in self.fix[content]), "COMMIT;"]
-        path.write_text("\n".join(lines) + "\n")
+        return lines
+
+    def write_fix(self, path: Path, target: Cluster) -> None:
+        """The fix as a SQL file (see :meth:`fix_lines`)."""
+        path.write_text("\n".join(self.fix_lines(target)) + "\n")
 
 
 def _row(info: Table) -> sql.Composable:
@@ -81,7 +87,7 @@ def _signed(prefix: int, shift: int) -> int:
     return prefix - MOD if shift == 0 and prefix >= 1 << 63 else prefix
 
 
-def _digests(cluster: Cluster, info: Table, level: int, parents: tuple[Chunk, ...]) -> dict[Chunk, Digest]:
+def _digests(side: Snapshots, info: Table, level: int, parents: tuple[Chunk, ...]) -> dict[Chunk, Digest]:
     shift = 64 - level * 16
     hashed = sql.SQL("SELECT hashtextextended({}, 0) AS h, hashtextextended({}, 0) AS r FROM {}").format(
         _key(info), _row(info), info.identifier)
@@ -92,16 +98,13 @@ def _digests(cluster: Cluster, info: Table, level: int, parents: tuple[Chunk, ..
         query += sql.SQL(" WHERE {} = ANY(%s)").format(_prefix(parent_shift))
         params.append([_signed(p.prefix, parent_shift) for p in parents])
     query += sql.SQL(" GROUP BY 1")
-    per_node = []
-    for node in cluster.segments:
-        with cluster.connect_node(node) as conn:
-            per_node.append({Chunk(level, int(prefix) % MOD if shift == 0 else int(prefix)):
-                             Digest(int(count), int(checksum) % MOD)
-                             for prefix, count, checksum in conn.execute(query, params).fetchall()})
+    per_node = [{Chunk(level, int(prefix) % MOD if shift == 0 else int(prefix)): Digest(int(count), int(checksum) % MOD)
+                 for prefix, count, checksum in conn.execute(query, params).fetchall()}
+                for _node, conn in side.segments()]
     return summed(per_node)
 
 
-def _fetch(cluster: Cluster, info: Table, chunks: list[Chunk]) -> list[tuple[int, tuple[str | None, ...], str]]:
+def _fetch(side: Snapshots, info: Table, chunks: list[Chunk]) -> list[tuple[int, tuple[str | None, ...], str]]:
     """(node content, the row's columns as text, the row's text) of every row in ``chunks``."""
     columns = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.columns)
     out = []
@@ -109,10 +112,8 @@ def _fetch(cluster: Cluster, info: Table, chunks: list[Chunk]) -> list[tuple[int
         prefixes = [_signed(c.prefix, shift) for c in chunks if c.shift == shift]
         query = sql.SQL("SELECT {}, {} FROM (SELECT *, hashtextextended({}, 0) AS h FROM {} t) s "
                         "WHERE {} = ANY(%s)").format(columns, _row(info), _key(info), info.identifier, _prefix(shift))
-        for node in cluster.segments:
-            with cluster.connect_node(node) as conn:
-                for row in conn.execute(query, [prefixes]).fetchall():
-                    out.append((node.content, tuple(row[:-1]), row[-1]))
+        for node, conn in side.segments():
+            out += [(node.content, tuple(row[:-1]), row[-1]) for row in conn.execute(query, [prefixes]).fetchall()]
     return out
 
 
@@ -126,11 +127,20 @@ def _check_shapes(source: Table, target: Table) -> None:
                               f"{list(target.primary_key)} on the target", fix="make the target's table match first")
 
 
-def compare_checksums(source: Cluster, target: Cluster, table: TableRef, *, fetch_rows: int = FETCH_ROWS) -> ChecksumResult:
-    """Compare one table, source against target (both read as they are now: equal only
-    when neither changes meanwhile, or both are read at one sync point)."""
+def compare_checksums(source: Cluster | Snapshots, target: Cluster | Snapshots, table: TableRef, *,
+                      fetch_rows: int = FETCH_ROWS) -> ChecksumResult:
+    """Compare one table, source against target: each side read at its ``Snapshots``
+    (a sync point's), or, given a cluster, at snapshots taken now on its segments one
+    after the other (equal then only when neither side changes meanwhile)."""
+    with ExitStack() as stack:
+        sides = [side if isinstance(side, Snapshots) else stack.enter_context(Snapshots(side))
+                 for side in (source, target)]
+        return _compare(sides[0], sides[1], table, fetch_rows)
+
+
+def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: int) -> ChecksumResult:
     started = time.monotonic()
-    info, target_info = source.table(table), target.table(table)
+    info, target_info = source.cluster.table(table), target.cluster.table(table)
     _check_shapes(info, target_info)
     steps = bisect(fetch_rows)
     request = next(steps)
@@ -156,25 +166,24 @@ def compare_checksums(source: Cluster, target: Cluster, table: TableRef, *, fetc
     return ChecksumResult(info.name, diff, rounds, len(chunks), len(src) + len(tgt), time.monotonic() - started, fix)
 
 
-def _misplaced(target: Cluster, info: Table) -> list[tuple[int, tuple[str | None, ...], str]]:
+def _misplaced(target: Snapshots, info: Table) -> list[tuple[int, tuple[str | None, ...], str]]:
     """Rows of the target on a segment other than the one their distribution key names:
     (node, columns as text, row text). The distribution key's columns are read from the
     target to tell (the routing hash has no SQL form); whole rows only where misplaced."""
     key = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.distribution_key)
     columns = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.columns)
     out = []
-    for node in target.segments:
-        with target.connect_node(node) as conn:
-            wrong = [ctid for ctid, *values in conn.execute(sql.SQL("SELECT ctid::text, {} FROM {}").format(
-                key, info.identifier)) if segment_for(values, target.segment_count) != node.content]
-            if wrong:
-                rows = conn.execute(sql.SQL("SELECT {}, {} FROM {} t WHERE ctid::text = ANY(%s)").format(
-                    columns, _row(info), info.identifier), [wrong]).fetchall()
-                out += [(node.content, tuple(r[:-1]), r[-1]) for r in rows]
+    for node, conn in target.segments():
+        wrong = [ctid for ctid, *values in conn.execute(sql.SQL("SELECT ctid::text, {} FROM {}").format(
+            key, info.identifier)) if segment_for(values, target.cluster.segment_count) != node.content]
+        if wrong:
+            rows = conn.execute(sql.SQL("SELECT {}, {} FROM {} t WHERE ctid::text = ANY(%s)").format(
+                columns, _row(info), info.identifier), [wrong]).fetchall()
+            out += [(node.content, tuple(r[:-1]), r[-1]) for r in rows]
     return out
 
 
-def _moves(target: Cluster, info: Table, misplaced: list[Any]) -> dict[int, list[str]]:
+def _moves(target: Snapshots, info: Table, misplaced: list[Any]) -> dict[int, list[str]]:
     """Each misplaced row deleted where it is and inserted where it belongs."""
     statements: list[tuple[int, sql.Composable]] = []
     for node, row, text in misplaced:
@@ -197,9 +206,9 @@ def _where(info: Table, columns: tuple[str, ...], row: tuple[str | None, ...]) -
     return sql.SQL(" AND ").join(_equal(info, c, row[info.columns.index(c)]) for c in columns)
 
 
-def _insert(info: Table, target: Cluster, row: tuple[str | None, ...]) -> tuple[int, sql.Composable]:
+def _insert(info: Table, target: Snapshots, row: tuple[str | None, ...]) -> tuple[int, sql.Composable]:
     index = {c: i for i, c in enumerate(info.columns)}
-    node = segment_for([row[index[c]] for c in info.distribution_key], target.segment_count)
+    node = segment_for([row[index[c]] for c in info.distribution_key], target.cluster.segment_count)
     columns = [c for c in info.columns if c not in info.generated]
     statement = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
         info.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)),
@@ -207,7 +216,7 @@ def _insert(info: Table, target: Cluster, row: tuple[str | None, ...]) -> tuple[
     return node, statement
 
 
-def _by_key(info: Table, target: Cluster, src: list[Any], tgt: list[Any]) -> tuple[TableDiff, dict[int, list[str]]]:
+def _by_key(info: Table, target: Snapshots, src: list[Any], tgt: list[Any]) -> tuple[TableDiff, dict[int, list[str]]]:
     key = [info.columns.index(c) for c in info.primary_key]
     expected = {tuple(r[i] for i in key): r for _, r, _ in src}
     actual = {tuple(r[i] for i in key): (node, r) for node, r, _ in tgt}
@@ -238,7 +247,7 @@ def _by_key(info: Table, target: Cluster, src: list[Any], tgt: list[Any]) -> tup
     return diff, _rendered(target, statements)
 
 
-def _as_multiset(info: Table, target: Cluster, src: list[Any], tgt: list[Any]) -> tuple[TableDiff, dict[int, list[str]]]:
+def _as_multiset(info: Table, target: Snapshots, src: list[Any], tgt: list[Any]) -> tuple[TableDiff, dict[int, list[str]]]:
     want = Counter(r for _, r, _ in src)
     have = Counter(r for _, r, _ in tgt)
     where = {r: (node, text) for node, r, text in tgt}
@@ -258,12 +267,12 @@ def _as_multiset(info: Table, target: Cluster, src: list[Any], tgt: list[Any]) -
     return diff, _rendered(target, statements)
 
 
-def _rendered(target: Cluster, statements: list[tuple[int, sql.Composable]]) -> dict[int, list[str]]:
+def _rendered(target: Snapshots, statements: list[tuple[int, sql.Composable]]) -> dict[int, list[str]]:
     out: dict[int, list[str]] = {}
     if statements:
-        with target.coordinator_connection() as conn:
-            for node, statement in statements:
-                out.setdefault(node, []).append(statement.as_string(conn))
+        _node, conn = next(target.segments())
+        for node, statement in statements:
+            out.setdefault(node, []).append(statement.as_string(conn))
     return out
 
 

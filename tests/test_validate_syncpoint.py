@@ -1,0 +1,140 @@
+"""Validation at sync points on real servers: source, broker, capture, a replayer
+following the stream, and writers that keep committing one- and two-phase
+transactions on the same keys while the sync points are cut."""
+
+import json
+import random
+import sys
+import threading
+import traceback
+
+from gpcdc_toolkit.bootstrap import bootstrap
+from gpcdc_toolkit.cluster import Session, segment_for
+from gpcdc_toolkit.replay import Replayer
+from gpcdc_toolkit.validate import take_syncpoint, validate
+
+from .test_cli import gpcdc
+
+HOT = ("public", "sp hot")
+STATIC = ("public", "sp Static")
+
+
+def _tables(source):
+    with Session(source) as session:
+        session.ddl('DROP TABLE IF EXISTS "sp hot"')
+        session.ddl('DROP TABLE IF EXISTS "sp Static"')
+        session.ddl('CREATE TABLE "sp hot" (id int PRIMARY KEY, n bigint, note text) DISTRIBUTED BY (id)')
+        session.ddl('CREATE TABLE "sp Static" (id int PRIMARY KEY, "select" text, x float8) DISTRIBUTED BY (id)')
+        with session.transaction() as tx:
+            tx.insert(HOT, [{"id": i, "n": 0, "note": ""} for i in range(24)])
+            tx.insert(STATIC, [{"id": i, "select": ["", None, "a'b"][i % 3], "x": i / 7} for i in range(300)])
+
+
+def _writer(source, seed, stop, counts):
+    """Update 1 to 3 hot keys per transaction (one-phase when they share a segment), in
+    key order: segments detect no deadlock that spans two of them."""
+    rng = random.Random(seed)
+    with Session(source) as session:
+        while not stop.is_set():
+            with session.transaction() as tx:
+                for key in sorted(rng.sample(range(24), rng.choice((1, 1, 2, 3)))):
+                    tx.update(HOT, {"id": key}, {"n": rng.randint(0, 10**9), "note": f"w{seed}"})
+            counts[seed] += 1
+
+
+def _stacks(threads):
+    frames = sys._current_frames()
+    return "".join(f"{t.name}:\n" + "".join(traceback.format_stack(frames[t.ident]))
+                   for t in threads if t.is_alive() and t.ident in frames)
+
+
+def test_sync_points_while_writers_run_then_divergences_found_exactly_and_fixed(source, replay_target, work_dir):
+    target_box, config, pipeline, group = replay_target
+    _tables(source)
+    bootstrap(source, pipeline, "snapshot")
+    group.start()
+    target = target_box.cluster()
+    stop_writers, stop_replay = threading.Event(), threading.Event()
+    counts = {1: 0, 2: 0}
+    failures = []
+
+    def guarded(fn, *args):
+        try:
+            fn(*args)
+        except BaseException as e:  # noqa: BLE001 (reported by the test)
+            failures.append(e)
+
+    def replay():
+        with Replayer(config) as replayer:
+            replayer.run(follow=True, should_stop=stop_replay.is_set)
+
+    threads = [threading.Thread(target=guarded, args=(_writer, source, s, stop_writers, counts)) for s in counts]
+    threads.append(threading.Thread(target=guarded, args=(replay,)))
+    for t in threads:
+        t.start()
+    try:
+        first = validate(config, tables=[HOT, STATIC], source=source, target=target)
+        second = validate(config, tables=[HOT, STATIC], source=source, target=target)
+        for run in (first, second):
+            assert run.equal, run.lines()
+            assert [r.table for r in run.results] == ['public."sp hot"', 'public."sp Static"']
+            assert run.syncpoint["stall_ms"] > 0 and run.syncpoint["replay_hold_ms"] is not None
+            assert {r.diff.expected for r in run.results if r.table.endswith('"sp hot"')} == {24}
+            summary = json.loads((run.output / "summary.json").read_text())
+            assert summary["equal"] and summary["syncpoint"]["syncpoint"] == run.syncpoint["syncpoint"]
+            assert not (run.output / "fix.sql").exists()
+        assert second.syncpoint["syncpoint"] > first.syncpoint["syncpoint"]
+
+        # Divergences on the target, in rows the writers leave alone.
+        on = {k: target.segments[segment_for([k], target.segment_count)] for k in (4, 5, 6)}
+        with target.connect_node(on[5]) as conn:
+            conn.execute('DELETE FROM "sp Static" WHERE id = 5')
+        with target.connect_node(on[4]) as conn:
+            conn.execute('UPDATE "sp Static" SET "select" = %s WHERE id = 4', [""])  # NULL on the source
+        with target.connect_node(on[6]) as conn:
+            conn.execute('UPDATE "sp Static" SET x = x + 1e-12 WHERE id = 6')
+        cli = gpcdc(work_dir, "--source-sandbox", "source", "--target-sandbox", target_box.name,
+                    "--kafka-bootstrap-servers", config.kafka.bootstrap_servers,
+                    "--kafka-topic-prefix", config.kafka.topic_prefix, "validate", "--tables", '"sp Static"')
+        assert cli.returncode == 1, cli.stderr
+        assert 'public."sp Static": 299 rows where 300 were expected; 1 missing, 2 changed' in cli.stdout, cli.stdout
+        fix = next(line for line in cli.stdout.splitlines() if line.startswith("results in ")).split(" ", 2)[2]
+        script = (work_dir / fix / "fix.sql").read_text()
+        assert script.count("INSERT INTO") == 1 and script.count("UPDATE") == 2
+        found = validate(config, tables=[STATIC], source=source, target=target)
+        (result,) = found.results
+        assert (result.diff.missing, result.diff.extra, result.diff.changed) == (1, 0, 2)
+        for content, statements in result.fix.items():
+            with target.connect_node(target.segments[content]) as conn, conn.transaction():
+                for statement in statements:
+                    conn.execute(statement)
+        assert validate(config, tables=[HOT, STATIC], source=source, target=target).equal
+    finally:
+        stop_writers.set()
+        stop_replay.set()
+        for t in threads:
+            t.join(60)
+    assert not [t for t in threads if t.is_alive()], _stacks(threads)
+    assert not failures, failures
+    assert all(counts.values())
+
+
+def test_without_a_replayer_a_sync_point_gives_up_in_one_line_and_leaves_no_lock(source, replay_target, work_dir):
+    target_box, config, pipeline, group = replay_target
+    _tables(source)
+    flags = ["--source-sandbox", "source", "--target-sandbox", target_box.name,
+             "--kafka-bootstrap-servers", config.kafka.bootstrap_servers,
+             "--kafka-topic-prefix", config.kafka.topic_prefix]
+    run = gpcdc(work_dir, *flags, "validate", "--validate-replay-timeout", "0.5")
+    assert run.returncode == 2
+    (line,) = run.stderr.splitlines()
+    assert line.startswith("gpcdc: validate could not run: the replayer did not reach sync point ")
+    assert "gpcdc replay --follow" in line and "validate.replay_timeout" in line
+    target = target_box.cluster()
+    with target.coordinator_connection() as conn:
+        assert conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()[0] == 0
+    # The source's commit lock is free again: a distributed transaction commits.
+    with Session(source) as session, session.transaction() as tx:
+        tx.update(HOT, {"id": 1}, {"n": 1})
+    with take_syncpoint(source) as point:
+        assert point.stall_ms > 0 and set(point.lsns) == {-1, *range(source.segment_count)}
