@@ -90,7 +90,9 @@ def test_each_divergence_is_found_exactly_and_the_fix_makes_the_tables_equal(clu
     result = compare_checksums(source, target, TABLE, fetch_rows=50)
     diff = result.diff
     assert (diff.missing, diff.extra, diff.changed, diff.misplaced) == (1, 1, 3, 1), diff.examples
-    assert result.fetched < 20 and result.chunks <= 7  # only the differing rows' chunks left the databases
+    # Only the differing rows' chunks left the databases: one per row missing or extra,
+    # two per changed row (its source and its target version hash apart).
+    assert result.fetched < 20 and result.chunks <= 8
     assert any("select" in e and "key ('7',)" in e for e in diff.examples)
     result.write_fix(tmp_path / "fix.sql", target)
     assert "-- node: segment" in (tmp_path / "fix.sql").read_text()
@@ -121,19 +123,26 @@ def test_tables_of_different_shape_are_refused_in_one_line(clusters):
             session.ddl('ALTER TABLE "keyless log" DROP COLUMN extra')
 
 
-def test_each_level_of_chunks_splits_the_one_above_it_in_the_database(clusters):
-    """Level n + 1 digests, asked within some level n chunks, add up to theirs."""
-    from gpcdc_toolkit.validate._checksum import _digests
+@pytest.mark.parametrize("by_record", [True, False], ids=["record hash", "text hash"])
+def test_each_level_of_chunks_splits_the_one_above_it_in_the_database(clusters, by_record):
+    """Level n + 1 digests, asked within some level n chunks, add up to theirs, from the
+    whole table (level 0) down."""
+    from gpcdc_toolkit.validate._checksum import _digest_rows, _digests, _row_hash, _run_all
+    from gpcdc_toolkit.validate._chunks import summed
     from gpcdc_toolkit.validate._snapshots import Snapshots
 
     source, _ = clusters
     info = source.table(TABLE)
+    hashed = _row_hash(info, by_record)
     with Snapshots(source) as reading:
-        above = _digests(reading, info, 1, ())
-        assert sum(d.rows for d in above.values()) == 3000
-        for level in (2, 3, 4):
+        def digests(level, parents):
+            return summed(_digest_rows(level, rows) for rows in _run_all(_digests(reading, info, hashed, level, parents)))
+
+        above = digests(0, ())
+        assert [d.rows for d in above.values()] == [3000]
+        for level in (1, 2, 3, 4):
             parents = tuple(sorted(above)[:40])
-            below = _digests(reading, info, level, parents)
+            below = digests(level, parents)
             assert {c.parent() for c in below} == set(parents)
             for parent in parents:
                 inside = [d for c, d in below.items() if c.parent() == parent]

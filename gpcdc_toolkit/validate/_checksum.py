@@ -17,11 +17,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from psycopg import sql
 
 from ..cluster import Cluster, TableRef
@@ -71,13 +74,32 @@ def _row(info: Table) -> sql.Composable:
     return sql.SQL("ROW({})::text").format(sql.SQL(", ").join(sql.Identifier(c) for c in info.columns))
 
 
-def _key(info: Table) -> sql.Composable:
-    columns = info.primary_key or info.columns
-    return sql.SQL("ROW({})::text").format(sql.SQL(", ").join(sql.Identifier(c) for c in columns))
+# Types whose own extended hash is equality as the row's text shows it: their values are
+# hashed as they are. Any other (floats, numeric, json, character(n), intervals, ...) is
+# hashed by its text, so that values that print differently never pass for equal.
+_HASHED_AS_IS = ("smallint", "integer", "bigint", "text", "boolean", "date", "uuid", "bytea", "jsonb",
+                 "timestamp without time zone", "timestamp with time zone", "character varying")
+
+
+def _hashed_as_is(type_name: str) -> bool:
+    base = type_name.removesuffix("[]").split("(")[0]
+    return base in _HASHED_AS_IS
+
+
+def _row_hash(info: Table, by_record: bool) -> sql.Composable:
+    """A row's 64-bit hash: of its columns by their types' hash functions where the
+    server has ``hash_record_extended`` (PostgreSQL 14+) on both sides, else of its text."""
+    if not by_record:
+        return sql.SQL("hashtextextended({}, 0)").format(_row(info))
+    columns = [sql.Identifier(c) if _hashed_as_is(t) else sql.SQL("{}::text").format(sql.Identifier(c))
+               for c, t in zip(info.columns, info.types)]
+    return sql.SQL("hash_record_extended(ROW({}), 0)").format(sql.SQL(", ").join(columns))
 
 
 def _prefix(shift: int) -> sql.Composable:
-    """A chunk's prefix from the key hash ``h`` (bigint): unsigned, except at the last level."""
+    """A chunk's prefix from the row hash ``h`` (bigint): unsigned, except at the last level."""
+    if shift == 64:
+        return sql.SQL("0")
     if shift == 0:
         return sql.SQL("h")
     return sql.SQL("((h >> {}) & {})").format(sql.Literal(shift), sql.Literal((1 << (64 - shift)) - 1))
@@ -87,34 +109,65 @@ def _signed(prefix: int, shift: int) -> int:
     return prefix - MOD if shift == 0 and prefix >= 1 << 63 else prefix
 
 
-def _digests(side: Snapshots, info: Table, level: int, parents: tuple[Chunk, ...]) -> dict[Chunk, Digest]:
+def _within(query: sql.Composed, chunks: Sequence[Chunk], params: list[Any]) -> sql.Composed:
+    """``query`` (over rows with hash ``h``) limited to the rows of ``chunks`` (one level)."""
+    if not chunks or chunks[0].level == 0:
+        return query
+    shift = chunks[0].shift
+    params.append([_signed(c.prefix, shift) for c in chunks])
+    return sql.SQL("{} WHERE {} = ANY(%s)").format(query, _prefix(shift))
+
+
+def _digests(side: Snapshots, info: Table, hashed: sql.Composable, level: int,
+             parents: tuple[Chunk, ...]) -> list[Query]:
     shift = 64 - level * 16
-    hashed = sql.SQL("SELECT hashtextextended({}, 0) AS h, hashtextextended({}, 0) AS r FROM {}").format(
-        _key(info), _row(info), info.identifier)
-    query = sql.SQL("SELECT {} AS prefix, count(*), sum(r::numeric)::text FROM ({}) s").format(_prefix(shift), hashed)
     params: list[Any] = []
-    if parents:
-        parent_shift = parents[0].shift
-        query += sql.SQL(" WHERE {} = ANY(%s)").format(_prefix(parent_shift))
-        params.append([_signed(p.prefix, parent_shift) for p in parents])
-    query += sql.SQL(" GROUP BY 1")
-    per_node = [{Chunk(level, int(prefix) % MOD if shift == 0 else int(prefix)): Digest(int(count), int(checksum) % MOD)
-                 for prefix, count, checksum in conn.execute(query, params).fetchall()}
-                for _node, conn in side.segments()]
-    return summed(per_node)
+    query = _within(sql.SQL("SELECT {} AS prefix, count(*), sum(h)::text FROM (SELECT {} AS h FROM {}) s").format(
+        _prefix(shift), hashed, info.identifier), parents, params)
+    if level:
+        query = sql.SQL("{} GROUP BY 1").format(query)
+    return [(conn, query, params) for _node, conn in side.segments()]
 
 
-def _fetch(side: Snapshots, info: Table, chunks: list[Chunk]) -> list[tuple[int, tuple[str | None, ...], str]]:
-    """(node content, the row's columns as text, the row's text) of every row in ``chunks``."""
+def _digest_rows(level: int, rows: list[tuple[Any, ...]]) -> dict[Chunk, Digest]:
+    shift = 64 - level * 16
+    return {Chunk(level, int(prefix) % MOD if shift == 0 else int(prefix)): Digest(int(count), int(total or 0) % MOD)
+            for prefix, count, total in rows}
+
+
+Query = tuple[psycopg.Connection[Any], sql.Composed, list[Any]]
+
+
+def _run_all(queries: list[Query]) -> list[list[tuple[Any, ...]]]:
+    """Run each query on its connection, all at once (one thread per connection)."""
+    def run(query: Query) -> list[tuple[Any, ...]]:
+        conn, statement, params = query
+        return conn.execute(statement, params).fetchall()
+
+    if len(queries) == 1:
+        return [run(queries[0])]
+    with ThreadPoolExecutor(len(queries)) as pool:
+        return list(pool.map(run, queries))
+
+
+def _fetch(side: Snapshots, info: Table, hashed: sql.Composable,
+           chunks: list[Chunk]) -> list[Query]:
+    """Queries for the rows of ``chunks``: each row's columns as text, then its text."""
     columns = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.columns)
-    out = []
+    queries = []
     for shift in sorted({c.shift for c in chunks}):
-        prefixes = [_signed(c.prefix, shift) for c in chunks if c.shift == shift]
-        query = sql.SQL("SELECT {}, {} FROM (SELECT *, hashtextextended({}, 0) AS h FROM {} t) s "
-                        "WHERE {} = ANY(%s)").format(columns, _row(info), _key(info), info.identifier, _prefix(shift))
-        for node, conn in side.segments():
-            out += [(node.content, tuple(row[:-1]), row[-1]) for row in conn.execute(query, [prefixes]).fetchall()]
-    return out
+        params: list[Any] = []
+        query = _within(sql.SQL("SELECT {}, {} FROM (SELECT *, {} AS h FROM {} t) s").format(
+            columns, _row(info), hashed, info.identifier), [c for c in chunks if c.shift == shift], params)
+        queries += [(conn, query, params) for _node, conn in side.segments()]
+    return queries
+
+
+def _fetched(side: Snapshots, chunks: list[Chunk],
+             results: list[list[tuple[Any, ...]]]) -> list[tuple[int, tuple[str | None, ...], str]]:
+    """(node content, the row's columns as text, the row's text) from ``_fetch``'s results."""
+    nodes = [node.content for _shift in sorted({c.shift for c in chunks}) for node in side.cluster.segments]
+    return [(node, tuple(row[:-1]), row[-1]) for node, rows in zip(nodes, results) for row in rows]
 
 
 def _check_shapes(source: Table, target: Table) -> None:
@@ -142,20 +195,32 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
     started = time.monotonic()
     info, target_info = source.cluster.table(table), target.cluster.table(table)
     _check_shapes(info, target_info)
+    by_record = min(source.server_version, target.server_version) >= 140000
+    hashed, target_hashed = _row_hash(info, by_record), _row_hash(target_info, by_record)
     steps = bisect(fetch_rows)
     request = next(steps)
     rounds, totals = 0, (0, 0)
     try:
         while True:
             level, parents = request
-            reply: Reply = (_digests(source, info, level, parents), _digests(target, target_info, level, parents))
+            queries = (_digests(source, info, hashed, level, parents),
+                       _digests(target, target_info, target_hashed, level, parents))
+            results = _run_all(queries[0] + queries[1])
+            reply: Reply = tuple(summed(_digest_rows(level, rows) for rows in part)  # type: ignore[assignment]
+                                 for part in (results[:len(queries[0])], results[len(queries[0]):]))
             if not rounds:  # the first round covers the whole table
                 totals = (sum(d.rows for d in reply[0].values()), sum(d.rows for d in reply[1].values()))
             rounds += 1
             request = steps.send(reply)
     except StopIteration as done:
         chunks: list[Chunk] = done.value
-    src, tgt = (_fetch(source, info, chunks), _fetch(target, target_info, chunks)) if chunks else ([], [])
+    src: list[tuple[int, tuple[str | None, ...], str]] = []
+    tgt: list[tuple[int, tuple[str | None, ...], str]] = []
+    if chunks:
+        fetches = (_fetch(source, info, hashed, chunks), _fetch(target, target_info, target_hashed, chunks))
+        results = _run_all(fetches[0] + fetches[1])
+        src = _fetched(source, chunks, results[:len(fetches[0])])
+        tgt = _fetched(target, chunks, results[len(fetches[0]):])
     diff, fix = (_by_key if info.primary_key else _as_multiset)(info, target, src, tgt)
     misplaced = _misplaced(target, target_info)
     for node, statements in _moves(target, target_info, misplaced).items():

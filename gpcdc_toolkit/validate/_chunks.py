@@ -1,17 +1,19 @@
-"""Chunks of a table's key space and their bisection (pure).
+"""Chunks of a table and their bisection (pure).
 
-A row's chunk is a prefix of a 64-bit hash of its key, computed by each database
-(PostgreSQL's ``hashtextextended`` of the key's text): it does not depend on where the
-row lives, so a source and a target with different segment counts cut their tables
-into the same chunks. Level 1 chunks are the hash's top 16 bits; a level ``n`` chunk is
-its top ``16 * n`` bits, so each chunk splits into 65,536 at the next level.
+Each database hashes every row to 64 bits (``_checksum`` says how); a row's chunk is a
+prefix of its hash. Level 0 is the whole table; a level ``n`` chunk is the top
+``16 * n`` bits, so each chunk splits into 65,536 at the next level. Chunks do not
+depend on where a row lives, so a source and a target with different segment counts
+cut a table alike. A changed row falls in one chunk on the source and another on the
+target: both differ, and the rows of both are fetched from both sides, so the row
+diff still meets both versions.
 
-Per chunk, each node reports a *digest*: its row count and the sum of a 64-bit hash of
-each row's text. Summed over the nodes (modulo 2**64) it does not depend on row order
-or placement either, and it counts duplicates, so tables without a key compare as
-multisets. :func:`bisect` is a generator: it asks for the digests of chunks at a level,
-is sent both sides' digests, descends into the chunks that differ, and returns the
-chunks whose rows are few enough to fetch and diff.
+Per chunk, each node reports a *digest*: its row count and the sum of its rows' hashes.
+Summed over the nodes (modulo 2**64) it does not depend on row order or placement, and
+it counts duplicates, so tables without a key compare as multisets. :func:`bisect` is a
+generator: it asks for the digests of chunks at a level, is sent both sides' digests,
+descends into the chunks that differ, and returns the chunks whose rows are few enough
+to fetch and diff. Equal tables take one round: one digest per node.
 """
 
 from __future__ import annotations
@@ -26,12 +28,12 @@ MOD = 1 << 64
 
 @dataclass(frozen=True, order=True)
 class Chunk:
-    level: int  # 1..LEVELS
-    prefix: int  # the top level * BITS bits of the key hash, as an unsigned number
+    level: int  # 0 (the whole table) to LEVELS
+    prefix: int  # the top level * BITS bits of the row hash, as an unsigned number
 
     def __post_init__(self) -> None:
-        if not 1 <= self.level <= LEVELS:
-            raise ValueError(f"a chunk's level is 1 to {LEVELS}, not {self.level}")
+        if not 0 <= self.level <= LEVELS:
+            raise ValueError(f"a chunk's level is 0 to {LEVELS}, not {self.level}")
         if not 0 <= self.prefix < 1 << (self.level * BITS):
             raise ValueError(f"prefix {self.prefix} does not fit level {self.level}")
 
@@ -41,7 +43,7 @@ class Chunk:
         return 64 - self.level * BITS
 
     def parent(self) -> Chunk | None:
-        return None if self.level == 1 else Chunk(self.level - 1, self.prefix >> BITS)
+        return None if self.level == 0 else Chunk(self.level - 1, self.prefix >> BITS)
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,8 @@ def differing(source: Mapping[Chunk, Digest], target: Mapping[Chunk, Digest]) ->
     return sorted(c for c in set(source) | set(target) if source.get(c, EMPTY) != target.get(c, EMPTY))
 
 
-Request = tuple[int, tuple[Chunk, ...]]  # a level, and the parent chunks to look inside (none: the whole table)
+Request = tuple[int, tuple[Chunk, ...]]  # a level, and the chunks of the level above to look inside
+WHOLE = Chunk(0, 0)
 Reply = tuple[Mapping[Chunk, Digest], Mapping[Chunk, Digest]]  # (source, target), summed over nodes
 
 
@@ -82,7 +85,7 @@ def bisect(fetch_rows: int) -> Generator[Request, Reply, list[Chunk]]:
         raise ValueError(f"fetch_rows must be at least 1, not {fetch_rows}")
     to_fetch: list[Chunk] = []
     parents: tuple[Chunk, ...] = ()
-    for level in range(1, LEVELS + 1):
+    for level in range(LEVELS + 1):
         source, target = yield level, parents
         deeper: list[Chunk] = []
         for chunk in differing(source, target):

@@ -19,6 +19,10 @@ from ..cluster import Cluster, Node
 from ..errors import GpcdcError
 from ..protocol import parse_lsn
 
+# Values are compared by their text: print them alike whatever each server's defaults.
+_SESSION = ("SET TimeZone = 'UTC'; SET DateStyle = 'ISO, YMD'; SET IntervalStyle = 'postgres'; "
+            "SET extra_float_digits = 1; SET bytea_output = 'hex'")
+
 
 class Snapshots:
     """One connection per segment of ``cluster``; :meth:`pin` starts their snapshots."""
@@ -29,7 +33,8 @@ class Snapshots:
         self._connections: dict[int, psycopg.Connection[Any]] = {}
         try:
             for node in cluster.segments:
-                self._connections[node.content] = cluster.connect_node(node)
+                conn = self._connections[node.content] = cluster.connect_node(node)
+                conn.execute(_SESSION)
         except BaseException:
             self.close()
             raise
@@ -51,6 +56,11 @@ class Snapshots:
             self.names[content] = name
             lsns[content] = parse_lsn(lsn)
         return lsns
+
+    @property
+    def server_version(self) -> int:
+        """The lowest ``server_version_num`` of the segments."""
+        return min(conn.info.server_version for conn in self._connections.values())
 
     def connections(self) -> list[psycopg.Connection[Any]]:
         """The segments' connections, in segment order (not necessarily pinned)."""
