@@ -141,6 +141,8 @@ class ValidateSettings:
                         choices=("checksum", "spark"))
     fetch_rows: int = setting(1000, "checksum mode: differing chunks are bisected until each holds at most this "
                                     "many rows, which are then fetched and diffed", minimum=1)
+    check_placement: bool = setting(True, "checksum mode: also read every target row's distribution key, to find "
+                                          "rows on a segment their key does not name (a pass over the key columns)")
     replay_timeout: float = setting(120.0, "seconds to wait for the replayer to reach a new sync point", minimum=0.1)
     lock_timeout: float = setting(10.0, "seconds a sync point waits for the commit lock (for running commit "
                                         "phases to end) before giving up", minimum=0.01)

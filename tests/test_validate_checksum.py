@@ -149,3 +149,29 @@ def test_each_level_of_chunks_splits_the_one_above_it_in_the_database(clusters, 
                 assert sum(d.rows for d in inside) == above[parent].rows
                 assert sum(d.checksum for d in inside) % 2**64 == above[parent].checksum
             above = below
+
+
+def test_a_column_default_that_differs_is_a_difference_with_its_fix(clusters):
+    source, target = clusters
+    with Session(source) as session:
+        session.ddl("""ALTER TABLE "Order Items" ALTER COLUMN "select" SET DEFAULT 'it''s'""")
+    with Session(target) as session:
+        session.ddl('ALTER TABLE "Order Items" ALTER COLUMN "ratio" SET DEFAULT 0.5')
+    try:
+        result = compare_checksums(source, target, TABLE)
+        assert result.diff.equal and not result.equal
+        assert len(result.schema) == 2
+        assert any("'select'" in s and "NULL on the target" in s for s in result.schema), result.schema
+        assert any("'ratio'" in s and "NULL on the source" in s for s in result.schema), result.schema
+        statements = result.fix[-1]
+        assert statements == ['ALTER TABLE "public"."Order Items" ALTER COLUMN "select" SET DEFAULT \'it\'\'s\'::text',
+                              'ALTER TABLE "public"."Order Items" ALTER COLUMN "ratio" DROP DEFAULT']
+        with Session(target) as session:
+            for statement in statements:
+                session.ddl(statement)
+        assert compare_checksums(source, target, TABLE).equal
+    finally:
+        for cluster in (source, target):
+            with Session(cluster) as session:
+                session.ddl('ALTER TABLE "Order Items" ALTER COLUMN "select" DROP DEFAULT')
+                session.ddl('ALTER TABLE "Order Items" ALTER COLUMN "ratio" DROP DEFAULT')

@@ -51,6 +51,7 @@ class Table:
     primary_key: tuple[str, ...]
     parts: tuple[str, str] = ("", "")  # (schema, name) exactly as the catalog has them
     generated: Mapping[str, str] = field(default_factory=dict)  # stored generated column -> its expression
+    defaults: Mapping[str, str] = field(default_factory=dict)  # column -> its default's expression
 
     @property
     def identifier(self) -> sql.Composable:
@@ -179,7 +180,8 @@ class Cluster:
                 "FROM pg_class c JOIN pg_namespace n ON n.oid = relnamespace WHERE c.oid = %s", (oid,)).fetchone()
             columns = conn.execute(
                 "SELECT attname, format_type(atttypid, atttypmod), "
-                "CASE WHEN attgenerated <> '' THEN pg_get_expr(d.adbin, d.adrelid) END FROM pg_attribute a "
+                "CASE WHEN attgenerated <> '' THEN pg_get_expr(d.adbin, d.adrelid) END, "
+                "CASE WHEN attgenerated = '' THEN pg_get_expr(d.adbin, d.adrelid) END FROM pg_attribute a "
                 "LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
                 "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
                 (oid,),
@@ -200,12 +202,13 @@ class Cluster:
                                fix="create it through the toolkit with DISTRIBUTED BY (...)")
         return Table(
             name=qualified,
-            columns=tuple(c for c, _, _ in columns),
-            types=tuple(t for _, t, _ in columns),
+            columns=tuple(c for c, *_ in columns),
+            types=tuple(t for _, t, *_ in columns),
             distribution_key=tuple(c for c, in distkey),
             primary_key=tuple(c for c, in pkey),
             parts=(schema, relname),
-            generated={c: expression for c, _, expression in columns if expression is not None},
+            generated={c: expression for c, _, expression, _ in columns if expression is not None},
+            defaults={c: default for c, _, _, default in columns if default is not None},
         )
 
     def fetch_all(self, query: str | sql.SQL | sql.Composed, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:

@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..cluster import Cluster, TableRef
+from ..cluster import COORDINATOR, Cluster, TableRef
 from ..cluster._cluster import Table
 from ..cluster._routing import segment_for
 from ..errors import GpcdcError
@@ -51,10 +51,15 @@ class ChecksumResult:
     fetched: int  # rows fetched from both sides
     seconds: float
     fix: dict[int, list[str]] = field(default_factory=dict)  # target node content -> statements
+    schema: tuple[str, ...] = ()  # how the target's definition differs beyond its rows (column defaults)
 
     @property
     def equal(self) -> bool:
-        return self.diff.equal
+        return self.diff.equal and not self.schema
+
+    def lines(self) -> list[str]:
+        """What differs, for a terminal: the rows' line, then each schema difference."""
+        return [self.diff.line(), *(f"{self.table}: {what}" for what in self.schema)]
 
     def fix_lines(self, target: Cluster) -> list[str]:
         """The fix as SQL lines, one section per target node (none when equal)."""
@@ -180,18 +185,37 @@ def _check_shapes(source: Table, target: Table) -> None:
                               f"{list(target.primary_key)} on the target", fix="make the target's table match first")
 
 
+def _schema(source: Table, target: Table) -> tuple[list[str], list[sql.Composed]]:
+    """Column defaults that differ, and the statements that would set the source's.
+
+    The defaults are the source catalog's own expressions, written into the fix as they
+    are: review them before running it."""
+    said, statements = [], []
+    for column in source.columns:
+        want, have = source.defaults.get(column), target.defaults.get(column)
+        if want != have:
+            said.append(f"column {column!r} defaults to {have or 'NULL'} on the target, {want or 'NULL'} on the source")
+            change = sql.SQL("SET DEFAULT {}").format(sql.SQL(want)) if want is not None else sql.SQL("DROP DEFAULT")
+            statements.append(sql.SQL("ALTER TABLE {} ALTER COLUMN {} {}").format(
+                target.identifier, sql.Identifier(column), change))
+    return said, statements
+
+
 def compare_checksums(source: Cluster | Snapshots, target: Cluster | Snapshots, table: TableRef, *,
-                      fetch_rows: int = FETCH_ROWS) -> ChecksumResult:
+                      fetch_rows: int = FETCH_ROWS, placement: bool = True) -> ChecksumResult:
     """Compare one table, source against target: each side read at its ``Snapshots``
     (a sync point's), or, given a cluster, at snapshots taken now on its segments one
-    after the other (equal then only when neither side changes meanwhile)."""
+    after the other (equal then only when neither side changes meanwhile). With
+    ``placement``, every target row's distribution key is also read, to find rows on
+    a segment their key does not name (the sums cannot see where a row is)."""
     with ExitStack() as stack:
         sides = [side if isinstance(side, Snapshots) else stack.enter_context(Snapshots(side))
                  for side in (source, target)]
-        return _compare(sides[0], sides[1], table, fetch_rows)
+        return _compare(sides[0], sides[1], table, fetch_rows, placement)
 
 
-def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: int) -> ChecksumResult:
+def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: int,
+             placement: bool) -> ChecksumResult:
     started = time.monotonic()
     info, target_info = source.cluster.table(table), target.cluster.table(table)
     _check_shapes(info, target_info)
@@ -222,13 +246,18 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
         src = _fetched(source, chunks, results[:len(fetches[0])])
         tgt = _fetched(target, chunks, results[len(fetches[0]):])
     diff, fix = (_by_key if info.primary_key else _as_multiset)(info, target, src, tgt)
-    misplaced = _misplaced(target, target_info)
+    misplaced = _misplaced(target, target_info) if placement else []
     for node, statements in _moves(target, target_info, misplaced).items():
         fix.setdefault(node, []).extend(statements)
     examples = diff.examples + tuple(f"row {row!r} on segment {node}, which its distribution key does not name"
                                      for node, row, _ in misplaced[:EXAMPLES])
     diff = dataclasses.replace(diff, expected=totals[0], actual=totals[1], misplaced=len(misplaced), examples=examples)
-    return ChecksumResult(info.name, diff, rounds, len(chunks), len(src) + len(tgt), time.monotonic() - started, fix)
+    schema, alter = _schema(info, target_info)
+    if alter:  # DDL: on the coordinator, which dispatches it to the segments
+        rendered = _rendered(target, [(COORDINATOR, statement) for statement in alter])
+        fix.setdefault(COORDINATOR, []).extend(rendered[COORDINATOR])
+    return ChecksumResult(info.name, diff, rounds, len(chunks), len(src) + len(tgt), time.monotonic() - started, fix,
+                          tuple(schema))
 
 
 def _misplaced(target: Snapshots, info: Table) -> list[tuple[int, tuple[str | None, ...], str]]:
@@ -239,8 +268,10 @@ def _misplaced(target: Snapshots, info: Table) -> list[tuple[int, tuple[str | No
     columns = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.columns)
     out = []
     for node, conn in target.segments():
-        wrong = [ctid for ctid, *values in conn.execute(sql.SQL("SELECT ctid::text, {} FROM {}").format(
-            key, info.identifier)) if segment_for(values, target.cluster.segment_count) != node.content]
+        with conn.cursor(name="gpcdc_placement") as keys:  # streamed: the table may not fit in memory
+            keys.itersize = 20_000
+            keys.execute(sql.SQL("SELECT ctid::text, {} FROM {}").format(key, info.identifier))
+            wrong = [ctid for ctid, *values in keys if segment_for(values, target.cluster.segment_count) != node.content]
         if wrong:
             rows = conn.execute(sql.SQL("SELECT {}, {} FROM {} t WHERE ctid::text = ANY(%s)").format(
                 columns, _row(info), info.identifier), [wrong]).fetchall()

@@ -27,7 +27,7 @@ from ._snapshots import Snapshots
 from ._syncpoint import SyncPoint, take_syncpoint
 
 RESULT_COLUMNS = ("table", "equal", "source_rows", "target_rows", "missing", "extra", "changed", "misplaced",
-                  "chunks", "rounds", "fetched", "seconds", "examples")
+                  "chunks", "rounds", "fetched", "seconds", "examples", "schema")
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,8 @@ class Validation:
         return [{"table": r.table, "equal": r.equal, "source_rows": r.diff.expected, "target_rows": r.diff.actual,
                  "missing": r.diff.missing, "extra": r.diff.extra, "changed": r.diff.changed,
                  "misplaced": r.diff.misplaced, "chunks": r.chunks, "rounds": r.rounds, "fetched": r.fetched,
-                 "seconds": round(r.seconds, 3), "examples": list(r.diff.examples)} for r in self.results]
+                 "seconds": round(r.seconds, 3), "examples": list(r.diff.examples), "schema": list(r.schema)}
+                for r in self.results]
 
     def frame(self) -> Any:
         """The results as a pandas DataFrame."""
@@ -59,8 +60,9 @@ class Validation:
         at = (f"at sync point {self.syncpoint['syncpoint']} (writers held {self.syncpoint['stall_ms']} ms, "
               f"replayer {self.syncpoint['replay_hold_ms']} ms)" if self.syncpoint else "as read now, without a sync point")
         out = [f"{len(self.results)} tables compared {at}, {self.mode} mode, in {self.seconds:.1f} s"]
-        out += [r.diff.line() + (f"; {r.chunks} chunks, {r.fetched} rows fetched" if not r.equal else "")
-                for r in self.results]
+        for r in self.results:
+            first, *schema = r.lines()
+            out += [first + (f"; {r.chunks} chunks, {r.fetched} rows fetched" if not r.diff.equal else ""), *schema]
         verdict = ("target equals source" if self.equal else
                    f"{sum(not r.equal for r in self.results)} tables differ; fix statements in {self.output / 'fix.sql'}")
         return [*out, verdict]
@@ -94,7 +96,8 @@ def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpo
             sides: tuple[Snapshots, Snapshots] = (point.source, point.wait_for_replay(settings.replay_timeout))
         else:
             sides = (stack.enter_context(Snapshots(source)), stack.enter_context(Snapshots(target)))
-        results = tuple(compare_checksums(sides[0], sides[1], info.parts, fetch_rows=settings.fetch_rows)
+        results = tuple(compare_checksums(sides[0], sides[1], info.parts, fetch_rows=settings.fetch_rows,
+                                          placement=settings.check_placement)
                         for info in infos)
         summary = point.summary() if point is not None else None
     run = Validation(results, summary, settings.mode, time.monotonic() - started, _run_dir(config))
