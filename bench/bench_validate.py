@@ -8,7 +8,9 @@ stall at sync points, all measured in the same run.
      (which reads every target row's key); ratio to the baseline;
    - the same with 100 rows changed on the target (bisection and row diff);
    - pulling every row of both sides and comparing them in Python (the demo's way);
-     ratio of checksum validation to it.
+     ratio of checksum validation to it; and the Spark mode (local[2], session already
+     started) on the same table, against the same pull. Both only up to 2M rows (the
+     pull holds every row of both sides in memory).
 2. Sync points while writers commit distributed transactions (4 threads, 1 to 3 keys
    each): the commit-lock hold of --syncpoints sync points (p50, p99, max), and the
    writers' commit latency p99 with sync points every 50 ms against without, in the
@@ -110,7 +112,18 @@ def change_rows(target: Cluster, name: str, rows: int, n: int, undo: bool = Fals
                          ("!", i) if not undo else (i,))
 
 
-def validation(source: Cluster, target: Cluster, rows: int) -> None:
+def timed_spark(spark: object, source: Cluster, target: Cluster, name: str) -> float:
+    from gpcdc_toolkit.validate import Snapshots
+    from gpcdc_toolkit.validate._spark import compare_spark
+
+    started = time.perf_counter()
+    with Snapshots(source) as s, Snapshots(target) as t:
+        result = compare_spark(spark, s, t, source.table(name), target.table(name))
+    assert result.equal, result.diff.line()
+    return time.perf_counter() - started
+
+
+def validation(source: Cluster, target: Cluster, rows: int, spark: object) -> None:
     name = table_name(rows)
     baseline = count_all(source, target, name)
     fast, result = timed_checksum(source, target, name, placement=False)
@@ -124,10 +137,13 @@ def validation(source: Cluster, target: Cluster, rows: int) -> None:
     finally:
         change_rows(target, name, rows, 100, undo=True)
     pulled = pull_and_compare(source, target, name) if rows <= 2_000_000 else None
+    by_spark = timed_spark(spark, source, target, name) if rows <= 2_000_000 else None
     print(f"{rows:>10} rows: count(*) {baseline:6.2f} s; checksum {fast:6.2f} s ({fast / baseline:5.1f}x count), "
           f"with placement {placed:6.2f} s ({placed / baseline:5.1f}x), 100 rows changed {differing:6.2f} s "
           f"({differing / baseline:5.1f}x, {result.rounds} rounds, {result.fetched} rows fetched)"  # type: ignore[attr-defined]
-          + (f"; full pull {pulled:6.2f} s (checksum {fast / pulled:.3f}x of it)" if pulled else ""), flush=True)
+          + (f"; full pull {pulled:6.2f} s (checksum {fast / pulled:.3f}x of it)" if pulled else "")
+          + (f"; spark mode {by_spark:6.2f} s ({by_spark / pulled:.2f}x the pull)" if by_spark and pulled else ""),
+          flush=True)
 
 
 # -- sync points -------------------------------------------------------------------------
@@ -195,14 +211,20 @@ def main() -> None:
     source_box, target_box = Sandbox("source", args.data), Sandbox("target", args.data)
     source_box.up(segments=3)
     target_box.up(segments=2)
+    from gpcdc_toolkit.config import load_config
+    from gpcdc_toolkit.ingest.spark import spark_session
+
+    spark = spark_session(load_config({"work_dir": str(args.data), "spark.master": "local[2]"}, environ={}),
+                          "bench-validate", kafka_connector=False, jvm_log=args.data / "spark.log")
     try:
         source, target = source_box.cluster(), target_box.cluster()
         for rows in (int(n) for n in args.rows.split(",")):
             load(source, rows)
             load(target, rows)
-            validation(source, target, rows)
+            validation(source, target, rows, spark)
         syncpoints(source, args.syncpoints)
     finally:
+        spark.stop()
         source_box.down()
         target_box.down()
 

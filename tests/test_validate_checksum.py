@@ -62,6 +62,22 @@ def apply(target, result):
                 conn.execute(statement)
 
 
+@pytest.fixture(params=["checksum", "spark"])
+def compare(request):
+    """compare(source, target, table, **options) by one mode or the other."""
+    if request.param == "checksum":
+        return compare_checksums
+    from gpcdc_toolkit.validate._snapshots import Snapshots
+    from gpcdc_toolkit.validate._spark import compare_spark
+
+    spark = request.getfixturevalue("spark")
+
+    def by_spark(source, target, table, fetch_rows=None):
+        with Snapshots(source) as s, Snapshots(target) as t:
+            return compare_spark(spark, s, t, source.table(table), target.table(table))
+    return by_spark
+
+
 def test_equal_tables_are_equal_in_one_round_with_no_row_fetched(clusters):
     source, target = clusters
     for table in (TABLE, KEYLESS):
@@ -71,7 +87,7 @@ def test_equal_tables_are_equal_in_one_round_with_no_row_fetched(clusters):
     assert compare_checksums(source, target, TABLE).diff.expected == 3000
 
 
-def test_each_divergence_is_found_exactly_and_the_fix_makes_the_tables_equal(clusters, tmp_path):
+def test_each_divergence_is_found_exactly_and_the_fix_makes_the_tables_equal(clusters, tmp_path, compare):
     source, target = clusters
     on_segment(target, TABLE, 5, "DELETE FROM {} WHERE id = 5")
     on_segment(target, TABLE, 6, "UPDATE {} SET amount = amount + 0.0001 WHERE id = 6")
@@ -87,28 +103,30 @@ def test_each_divergence_is_found_exactly_and_the_fix_makes_the_tables_equal(clu
     with target.connect_node(target.segments[1 - home]) as conn:
         conn.execute('INSERT INTO "Order Items" VALUES (%s, %s, %s::numeric, %s::float8, %s::int[], %s::jsonb, %s)',
                      row)
-    result = compare_checksums(source, target, TABLE, fetch_rows=50)
+    result = compare(source, target, TABLE, fetch_rows=50)
     diff = result.diff
     assert (diff.missing, diff.extra, diff.changed, diff.misplaced) == (1, 1, 3, 1), diff.examples
     # Only the differing rows' chunks left the databases: one per row missing or extra,
     # two per changed row (its source and its target version hash apart).
     assert result.fetched < 20 and result.chunks <= 8
+    assert diff.expected == 3000 and diff.actual == 3000
     assert any("select" in e and "key ('7',)" in e for e in diff.examples)
     result.write_fix(tmp_path / "fix.sql", target)
     assert "-- node: segment" in (tmp_path / "fix.sql").read_text()
     apply(target, result)
-    again = compare_checksums(source, target, TABLE)
+    again = compare(source, target, TABLE)
     assert again.equal, again.diff.examples
 
 
-def test_a_table_without_a_key_compares_as_a_multiset(clusters):
+def test_a_table_without_a_key_compares_as_a_multiset(clusters, compare):
     source, target = clusters
     on_segment(target, KEYLESS, "e1", "DELETE FROM {} WHERE ctid IN (SELECT ctid FROM {} WHERE event = 'e1' LIMIT 1)")
     on_segment(target, KEYLESS, "e2", "INSERT INTO {} VALUES ('e2', 2)")
-    result = compare_checksums(source, target, KEYLESS)
-    assert (result.diff.missing, result.diff.extra) == (1, 1), result.diff.examples
+    on_segment(target, KEYLESS, "e3", "INSERT INTO {} VALUES ('e3', 3)")  # a second copy of a row
+    result = compare(source, target, KEYLESS)
+    assert (result.diff.missing, result.diff.extra, result.diff.expected) == (1, 2, 500), result.diff.examples
     apply(target, result)
-    assert compare_checksums(source, target, KEYLESS).equal
+    assert compare(source, target, KEYLESS).equal
 
 
 def test_tables_of_different_shape_are_refused_in_one_line(clusters):

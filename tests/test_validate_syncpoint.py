@@ -48,7 +48,8 @@ def _stacks(threads):
                    for t in threads if t.is_alive() and t.ident in frames)
 
 
-def test_sync_points_while_writers_run_then_divergences_found_exactly_and_fixed(source, replay_target, work_dir):
+def test_sync_points_while_writers_run_then_divergences_found_exactly_and_fixed(source, replay_target, work_dir,
+                                                                                 spark):
     target_box, config, pipeline, group = replay_target
     _tables(source)
     bootstrap(source, pipeline, "snapshot")
@@ -75,7 +76,10 @@ def test_sync_points_while_writers_run_then_divergences_found_exactly_and_fixed(
     try:
         first = validate(config, tables=[HOT, STATIC], source=source, target=target)
         second = validate(config, tables=[HOT, STATIC], source=source, target=target)
-        for run in (first, second):
+        by_spark = validate(config.with_settings({"validate.mode": "spark"}), tables=[HOT, STATIC], source=source,
+                            target=target, spark=spark)
+        assert by_spark.mode == "spark"
+        for run in (first, second, by_spark):
             assert run.equal, run.lines()
             assert [r.table for r in run.results] == ['public."sp hot"', 'public."sp Static"']
             assert run.syncpoint["stall_ms"] > 0 and run.syncpoint["replay_hold_ms"] is not None
@@ -83,7 +87,7 @@ def test_sync_points_while_writers_run_then_divergences_found_exactly_and_fixed(
             summary = json.loads((run.output / "summary.json").read_text())
             assert summary["equal"] and summary["syncpoint"]["syncpoint"] == run.syncpoint["syncpoint"]
             assert not (run.output / "fix.sql").exists()
-        assert second.syncpoint["syncpoint"] > first.syncpoint["syncpoint"]
+        assert by_spark.syncpoint["syncpoint"] > second.syncpoint["syncpoint"] > first.syncpoint["syncpoint"]
 
         # Divergences on the target, in rows the writers leave alone.
         on = {k: target.segments[segment_for([k], target.segment_count)] for k in (4, 5, 6)}

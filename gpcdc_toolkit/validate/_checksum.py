@@ -247,6 +247,15 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
         tgt = _fetched(target, chunks, results[len(fetches[0]):])
     diff, fix = (_by_key if info.primary_key else _as_multiset)(info, target, src, tgt)
     misplaced = _misplaced(target, target_info) if placement else []
+    return finish(info, target, target_info, diff, fix, misplaced, totals, rounds=rounds, chunks=len(chunks),
+                  fetched=len(src) + len(tgt), started=started)
+
+
+def finish(info: Table, target: Snapshots, target_info: Table, diff: TableDiff, fix: dict[int, list[str]],
+           misplaced: list[tuple[int, tuple[str | None, ...], str]], totals: tuple[int, int], *, rounds: int,
+           chunks: int, fetched: int, started: float) -> ChecksumResult:
+    """A table's result from its row differences (either mode's): misplaced rows and
+    schema differences added, with their fix statements."""
     for node, statements in _moves(target, target_info, misplaced).items():
         fix.setdefault(node, []).extend(statements)
     examples = diff.examples + tuple(f"row {row!r} on segment {node}, which its distribution key does not name"
@@ -256,8 +265,7 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
     if alter:  # DDL: on the coordinator, which dispatches it to the segments
         rendered = _rendered(target, [(COORDINATOR, statement) for statement in alter])
         fix.setdefault(COORDINATOR, []).extend(rendered[COORDINATOR])
-    return ChecksumResult(info.name, diff, rounds, len(chunks), len(src) + len(tgt), time.monotonic() - started, fix,
-                          tuple(schema))
+    return ChecksumResult(info.name, diff, rounds, chunks, fetched, time.monotonic() - started, fix, tuple(schema))
 
 
 def _misplaced(target: Snapshots, info: Table) -> list[tuple[int, tuple[str | None, ...], str]]:

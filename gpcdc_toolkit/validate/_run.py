@@ -12,8 +12,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-from collections.abc import Sequence
-from contextlib import ExitStack
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,6 @@ from typing import Any
 from ..cluster import Cluster, TableRef
 from ..config import Config
 from ..connect import open_cluster
-from ..errors import ConfigError
 from ._checksum import ChecksumResult, compare_checksums
 from ._snapshots import Snapshots
 from ._syncpoint import SyncPoint, take_syncpoint
@@ -77,32 +76,49 @@ def source_tables(source: Cluster) -> list[tuple[str, str]]:
 
 
 def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpoint: bool = True,
-             source: Cluster | None = None, target: Cluster | None = None) -> Validation:
+             source: Cluster | None = None, target: Cluster | None = None, spark: Any = None) -> Validation:
     """Compare ``tables`` (default: every distributed table of the source), at a new sync
-    point (which needs the replayer running), or as both clusters are now."""
+    point (which needs the replayer running), or as both clusters are now; by
+    ``validate.mode`` (the Spark mode on ``spark``, or a session of its own)."""
     settings = config.validate
-    if settings.mode != "checksum":
-        raise ConfigError(f"validate.mode {settings.mode!r} is not available in this version",
-                          fix="use validate.mode = 'checksum'")
     source = source or open_cluster(config, "source")
     target = target or open_cluster(config, "target")
     started = time.monotonic()
     names = list(tables) if tables is not None else source_tables(source)
     infos = [source.table(t) for t in names]  # an unknown name fails here, before any cut
     with ExitStack() as stack:
+        if settings.mode == "spark" and spark is None:
+            spark = stack.enter_context(_spark_session(config))
         point: SyncPoint | None = None
         if syncpoint:
             point = stack.enter_context(take_syncpoint(source, target, lock_timeout=settings.lock_timeout))
             sides: tuple[Snapshots, Snapshots] = (point.source, point.wait_for_replay(settings.replay_timeout))
         else:
             sides = (stack.enter_context(Snapshots(source)), stack.enter_context(Snapshots(target)))
-        results = tuple(compare_checksums(sides[0], sides[1], info.parts, fetch_rows=settings.fetch_rows,
-                                          placement=settings.check_placement)
-                        for info in infos)
+        if settings.mode == "spark":
+            from ._spark import compare_spark
+
+            results = tuple(compare_spark(spark, sides[0], sides[1], info, target.table(info.parts),
+                                          placement=settings.check_placement) for info in infos)
+        else:
+            results = tuple(compare_checksums(sides[0], sides[1], info.parts, fetch_rows=settings.fetch_rows,
+                                              placement=settings.check_placement) for info in infos)
         summary = point.summary() if point is not None else None
     run = Validation(results, summary, settings.mode, time.monotonic() - started, _run_dir(config))
     _write(run, target)
     return run
+
+
+@contextmanager
+def _spark_session(config: Config) -> Iterator[Any]:
+    from ..ingest.spark import spark_session
+
+    spark = spark_session(config, "gpcdc-validate", kafka_connector=False,
+                          jvm_log=Path(config.work_dir) / "logs" / "gpcdc-validate.log")
+    try:
+        yield spark
+    finally:
+        spark.stop()
 
 
 def _run_dir(config: Config) -> Path:

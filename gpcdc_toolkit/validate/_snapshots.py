@@ -20,7 +20,7 @@ from ..errors import GpcdcError
 from ..protocol import parse_lsn
 
 # Values are compared by their text: print them alike whatever each server's defaults.
-_SESSION = ("SET TimeZone = 'UTC'; SET DateStyle = 'ISO, YMD'; SET IntervalStyle = 'postgres'; "
+SESSION = ("SET TimeZone = 'UTC'; SET DateStyle = 'ISO, YMD'; SET IntervalStyle = 'postgres'; "
             "SET extra_float_digits = 1; SET bytea_output = 'hex'")
 
 
@@ -34,7 +34,7 @@ class Snapshots:
         try:
             for node in cluster.segments:
                 conn = self._connections[node.content] = cluster.connect_node(node)
-                conn.execute(_SESSION)
+                conn.execute(SESSION)
         except BaseException:
             self.close()
             raise

@@ -1,0 +1,199 @@
+"""The Spark mode: both sides of a table read into Spark and diffed there, for whole
+tables and large mismatches.
+
+Each side is read by a Python data source over psycopg (``format("gpcdc_table")``),
+one Spark partition per segment, each importing the segment's snapshot exported by a
+:class:`Snapshots` (a sync point's), so Spark's executors read exactly what the
+checksum mode would. Why not the PostgreSQL JDBC driver: a sandbox's or a cluster's
+segments are separate servers, each read at its own exported snapshot, which must be
+imported as a transaction's first statement; and values read as PostgreSQL's own
+text (the checksum mode's exactness: NULL versus '', floats as printed) need no type
+mapping. Rows are diffed by primary key in a full outer join (a table without one as a
+multiset of rows); the differing rows, and the target's rows on a segment their key
+does not name, are then collected and turned into the same differences and fix
+statements as the checksum mode's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+from ..cluster import Table
+from ..cluster._routing import segment_for
+from ._checksum import ChecksumResult, _as_multiset, _by_key, _check_shapes, _row, finish
+from ._snapshots import SESSION, Snapshots
+
+NAME = "gpcdc_table"
+ROW_TEXT = "_row"  # the row's text (ROW(...)::text), read for tables without a key
+SEGMENT = "_segment"
+
+
+@dataclass(frozen=True)
+class SegmentSnapshot(InputPartition):
+    content: int
+    dsn: str
+    snapshot: str
+
+
+class TableSource(DataSource):
+    """Options: ``slices`` (JSON list of [content, dsn, snapshot]), ``query`` (selects
+    every column as text, then the row's text), ``schema`` (a DDL string)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> str:
+        return str(self.options["schema"])
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return _Reader(dict(self.options))
+
+
+class _Reader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.slices = [SegmentSnapshot(c, d, s) for c, d, s in json.loads(options["slices"])]
+        self.query = options["query"]
+
+    def partitions(self) -> list[InputPartition]:
+        return list(self.slices)
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        import psycopg
+        from psycopg import sql
+
+        assert isinstance(partition, SegmentSnapshot)
+        with psycopg.connect(partition.dsn, autocommit=True) as conn:
+            conn.execute(SESSION)
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(partition.snapshot)))
+            with conn.cursor(name="gpcdc_table") as rows:
+                rows.itersize = 10_000
+                rows.execute(self.query.encode())  # composed and quoted by read_side, from the catalog
+                for row in rows:
+                    yield (partition.content, *row)
+
+
+def register(spark: Any) -> None:
+    spark.dataSource.register(TableSource)
+
+
+def _names(info: Table) -> list[str]:
+    """Positional column names in Spark: any name a table has stays out of Spark's parser."""
+    return [f"c{i}" for i in range(len(info.columns))]
+
+
+def read_side(spark: Any, side: Snapshots, info: Table) -> DataFrame:
+    """One side of a table in Spark: ``_segment``, ``c0``.. (each column as text), ``_row``."""
+    if not side.names:
+        side.pin()
+    conn = side.connections()[0]
+    from psycopg import sql
+
+    query = sql.SQL("SELECT {}, {} FROM {}").format(
+        sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.columns),
+        _row(info), info.identifier).as_string(conn)
+    slices = [[node.content, side.cluster.dsn(node), side.names[node.content]] for node in side.cluster.segments]
+    schema = ", ".join([f"{SEGMENT} int", *(f"{c} string" for c in _names(info)), f"{ROW_TEXT} string"])
+    frame: DataFrame = (spark.read.format(NAME).option("slices", json.dumps(slices)).option("query", query)
+                        .option("schema", schema).load())
+    return frame
+
+
+def spark_diff(source: DataFrame, target: DataFrame, info: Table) -> DataFrame:
+    """Row by row: the key (``c<i>`` of the key columns), ``status`` (equal, missing,
+    extra, changed) and ``changed`` (the names of the columns that differ). A table
+    without a key is compared as a multiset: one row per distinct row, with how many
+    copies each side has (``source_copies``, ``target_copies``)."""
+    names = _names(info)
+    if not info.primary_key:
+        # Per distinct row: its copies, and (target) a segment holding it and its text, for the fix.
+        counted = [df.groupBy(*names).agg(F.count(F.lit(1)).alias(copies), F.min(SEGMENT).alias("segment"),
+                                          F.min(ROW_TEXT).alias("row"))
+                   for df, copies in ((source, "source_copies"), (target, "target_copies"))]
+        both = counted[0].alias("s").join(counted[1].alias("t"), [F.col(f"s.{c}").eqNullSafe(F.col(f"t.{c}"))
+                                                                 for c in names], "full_outer")
+        s_copies, t_copies = F.coalesce(F.col("s.source_copies"), F.lit(0)), F.coalesce(F.col("t.target_copies"), F.lit(0))
+        return both.select(*(F.coalesce(F.col(f"s.{c}"), F.col(f"t.{c}")).alias(c) for c in names),
+                           s_copies.alias("source_copies"), t_copies.alias("target_copies"),
+                           F.col("t.segment").alias("t_segment"), F.col("t.row").alias("t_row"),
+                           F.when(s_copies == t_copies, "equal").when(s_copies > t_copies, "missing")
+                           .otherwise("extra").alias("status"))
+    key = [names[info.columns.index(c)] for c in info.primary_key]
+    s, t = source.withColumn("_here", F.lit(True)).alias("s"), target.withColumn("_here", F.lit(True)).alias("t")
+    both = s.join(t, [F.col(f"s.{c}") == F.col(f"t.{c}") for c in key], "full_outer")
+    changed = F.array_compact(F.array(*(F.when(~F.col(f"s.{c}").eqNullSafe(F.col(f"t.{c}")), F.lit(column))
+                                        for c, column in zip(names, info.columns) if c not in key)))
+    status = (F.when(F.col("t._here").isNull(), "missing").when(F.col("s._here").isNull(), "extra")
+              .when(F.size(changed) > 0, "changed").otherwise("equal"))
+    return both.select(*(F.coalesce(F.col(f"s.{c}"), F.col(f"t.{c}")).alias(c) for c in key),
+                       status.alias("status"), F.when(status == "changed", changed).alias("changed"),
+                       *(F.col(f"{side}.{c}").alias(f"{side}_{c}") for side in "st" for c in [SEGMENT, *names]),
+                       F.col(f"s.{ROW_TEXT}").alias("s_row"), F.col(f"t.{ROW_TEXT}").alias("t_row"))
+
+
+def compare_spark(spark: Any, source: Snapshots, target: Snapshots, info: Table, target_info: Table, *,
+                  placement: bool = True) -> ChecksumResult:
+    """One table compared in Spark; the result has the checksum mode's form (its
+    ``chunks`` and ``rounds`` are 0: nothing is bisected)."""
+    started = time.monotonic()
+    _check_shapes(info, target_info)
+    register(spark)
+    names = _names(info)
+    src_df, tgt_df = read_side(spark, source, info), read_side(spark, target, target_info)
+    diff_df = spark_diff(src_df, tgt_df, info).cache()
+    try:
+        totals = (src_df.count(), tgt_df.count())
+        src: list[tuple[int, tuple[str | None, ...], str]] = []
+        tgt: list[tuple[int, tuple[str | None, ...], str]] = []
+        if info.primary_key:
+            for r in diff_df.where("status <> 'equal'").collect():
+                if r["status"] != "extra":
+                    src.append((r["s_" + SEGMENT], tuple(r["s_" + c] for c in names), r["s_row"]))
+                if r["status"] != "missing":
+                    tgt.append((r["t_" + SEGMENT], tuple(r["t_" + c] for c in names), r["t_row"]))
+            diff, fix = _by_key(info, target, src, tgt)
+        else:
+            diff, fix = _multiset_from(diff_df, info, target, src, tgt)
+        misplaced = _misplaced(tgt_df, target_info, target) if placement else []
+        fetched = len(src) + len(tgt)
+    finally:
+        diff_df.unpersist()
+    return finish(info, target, target_info, diff, fix, misplaced, totals, rounds=0, chunks=0, fetched=fetched,
+                  started=started)
+
+
+def _multiset_from(diff_df: DataFrame, info: Table, target: Snapshots, src: list[Any],
+                   tgt: list[Any]) -> tuple[Any, dict[int, list[str]]]:
+    """A keyless table's differing rows, each as many times as its copies on each side."""
+    names = _names(info)
+    for r in diff_df.where("status <> 'equal'").collect():
+        row = tuple(r[c] for c in names)
+        src += [(-1, row, r["t_row"])] * r["source_copies"]
+        tgt += [(r["t_segment"], row, r["t_row"])] * r["target_copies"]
+    return _as_multiset(info, target, src, tgt)
+
+
+def _misplaced(tgt_df: DataFrame, info: Table, target: Snapshots) -> list[tuple[int, tuple[str | None, ...], str]]:
+    """Target rows on a segment their distribution key does not name (routed in Spark)."""
+    from pyspark.sql.types import IntegerType
+
+    names = _names(info)
+    key = [names[info.columns.index(c)] for c in info.distribution_key]
+    segments = target.cluster.segment_count
+
+    def route(*values: str | None) -> int:
+        return segment_for(values, segments)
+
+    routed = F.udf(route, IntegerType())
+
+    wrong = tgt_df.where(routed(*(F.col(c) for c in key)) != F.col(SEGMENT)).collect()
+    return [(r[SEGMENT], tuple(r[c] for c in names), r[ROW_TEXT]) for r in wrong]
