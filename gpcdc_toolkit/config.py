@@ -143,6 +143,11 @@ class ValidateSettings:
                                     "many rows, which are then fetched and diffed", minimum=1)
     check_placement: bool = setting(True, "checksum mode: also read every target row's distribution key, to find "
                                           "rows on a segment their key does not name (a pass over the key columns)")
+    expectations: bool = setting(True, "also run great-expectations suites on the target tables (each read into "
+                                       "Spark): key unique and not null, row count as the source's, and the "
+                                       "target suites of validate.expectations_dir")
+    expectations_dir: str | None = setting(None, "directory of the expectation suites (default: the expectations/ "
+                                                 "directory of the toolkit's checkout)")
     replay_timeout: float = setting(120.0, "seconds to wait for the replayer to reach a new sync point", minimum=0.1)
     lock_timeout: float = setting(10.0, "seconds a sync point waits for the commit lock (for running commit "
                                         "phases to end) before giving up", minimum=0.01)

@@ -80,7 +80,9 @@ def test_sync_points_while_writers_run_then_divergences_found_exactly_and_fixed(
                             target=target, spark=spark)
         assert by_spark.mode == "spark"
         for run in (first, second, by_spark):
-            assert run.equal, run.lines()
+            assert run.equal and run.verified, run.lines()
+            # Per table: its row count as the source's, its key unique and not null.
+            assert len(run.expectations) == 6 and all(o.success for o in run.expectations), run.expectations
             assert [r.table for r in run.results] == ['public."sp hot"', 'public."sp Static"']
             assert run.syncpoint["stall_ms"] > 0 and run.syncpoint["replay_hold_ms"] is not None
             assert {r.diff.expected for r in run.results if r.table.endswith('"sp hot"')} == {24}
@@ -97,11 +99,22 @@ def test_sync_points_while_writers_run_then_divergences_found_exactly_and_fixed(
             conn.execute('UPDATE "sp Static" SET "select" = %s WHERE id = 4', [""])  # NULL on the source
         with target.connect_node(on[6]) as conn:
             conn.execute('UPDATE "sp Static" SET x = x + 1e-12 WHERE id = 6')
+        suites = work_dir / f"suites-{config.kafka.topic_prefix}"
+        suites.mkdir()
+        (suites / "static.json").write_text(json.dumps({
+            "name": "static select", "meta": {"gpcdc": {"frame": "target", "table": 'public."sp Static"'}},
+            "expectations": [{"type": "expect_column_values_to_be_in_set",
+                              "kwargs": {"column": "select", "value_set": ["a'b"]}}]}))
         cli = gpcdc(work_dir, "--source-sandbox", "source", "--target-sandbox", target_box.name,
                     "--kafka-bootstrap-servers", config.kafka.bootstrap_servers,
-                    "--kafka-topic-prefix", config.kafka.topic_prefix, "validate", "--tables", '"sp Static"')
+                    "--kafka-topic-prefix", config.kafka.topic_prefix, "validate", "--tables", '"sp Static"',
+                    "--validate-expectations-dir", str(suites))
         assert cli.returncode == 1, cli.stderr
         assert 'public."sp Static": 299 rows where 300 were expected; 1 missing, 2 changed' in cli.stdout, cli.stdout
+        assert not cli.stderr  # nothing but the summary, on stdout
+        assert "great-expectations: 4 expectations on the target, 2 failed" in cli.stdout, cli.stdout
+        assert "expect_table_row_count_to_equal(): observed 299" in cli.stdout
+        assert "static select: expect_column_values_to_be_in_set(select): 101 of 299 values unexpected" in cli.stdout
         fix = next(line for line in cli.stdout.splitlines() if line.startswith("results in ")).split(" ", 2)[2]
         script = (work_dir / fix / "fix.sql").read_text()
         assert script.count("INSERT INTO") == 1 and script.count("UPDATE") == 2

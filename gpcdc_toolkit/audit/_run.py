@@ -25,13 +25,14 @@ from typing import Any
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
+from .._expect import load_suites
 from .._runtime import read_json, write_json
 from ..config import Config
 from ..connect import kafka_client_settings
 from ..errors import ConfigError
 from ..protocol import Topics
 from ._archive import Offsets, read_archive
-from ._expectations import load_suites, validate
+from ._expectations import validate
 from ._findings import Thresholds, at_or_above, summarize
 from ._rules import RULES, Stream, prepare, watermark_delay
 

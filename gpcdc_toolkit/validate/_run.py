@@ -3,12 +3,14 @@ as both are now; results and fix statements written under ``work_dir``.
 
 A run's directory, ``<work_dir>/validate/<prefix>/runs/<UTC time>/``, holds
 ``results.parquet`` and ``results.json`` (one row per table: rows on each side, chunks,
-rows fetched, rows missing, extra, changed, misplaced, seconds), ``summary.json`` (the
-sync point, its stall, the verdict) and, when something differs, ``fix.sql``.
+rows fetched, rows missing, extra, changed, misplaced, seconds), ``expectations.json``
+(each great-expectations outcome on the target's tables), ``summary.json`` (the sync
+point, its stall, the verdict) and, when something differs, ``fix.sql``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import time
@@ -18,10 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._expect import Outcome, load_suites
 from ..cluster import Cluster, TableRef
 from ..config import Config
 from ..connect import open_cluster
 from ._checksum import ChecksumResult, compare_checksums
+from ._expectations import check_target
 from ._snapshots import Snapshots
 from ._syncpoint import SyncPoint, take_syncpoint
 
@@ -36,10 +40,21 @@ class Validation:
     mode: str
     seconds: float
     output: Path
+    expectations: tuple[Outcome, ...] = ()  # of the target's suites (none when validate.expectations is off)
 
     @property
     def equal(self) -> bool:
+        """Every table's rows and definition equal to the source's."""
         return all(r.equal for r in self.results)
+
+    @property
+    def failed_expectations(self) -> list[Outcome]:
+        return [o for o in self.expectations if not o.success and o.severity != "info"]
+
+    @property
+    def verified(self) -> bool:
+        """Equal, and every expectation met (but those of severity info)."""
+        return self.equal and not self.failed_expectations
 
     def rows(self) -> list[dict[str, Any]]:
         """One record per table, with the fields of RESULT_COLUMNS."""
@@ -62,6 +77,10 @@ class Validation:
         for r in self.results:
             first, *schema = r.lines()
             out += [first + (f"; {r.chunks} chunks, {r.fetched} rows fetched" if not r.diff.equal else ""), *schema]
+        if self.expectations:
+            out.append(f"great-expectations: {len(self.expectations)} expectations on the target, "
+                       f"{len(self.failed_expectations)} failed")
+            out += [f"  {o.suite}: {o.expectation}: {o.evidence}" for o in self.failed_expectations]
         verdict = ("target equals source" if self.equal else
                    f"{sum(not r.equal for r in self.results)} tables differ; fix statements in {self.output / 'fix.sql'}")
         return [*out, verdict]
@@ -86,8 +105,10 @@ def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpo
     started = time.monotonic()
     names = list(tables) if tables is not None else source_tables(source)
     infos = [source.table(t) for t in names]  # an unknown name fails here, before any cut
+    suites = load_suites(Path(settings.expectations_dir) if settings.expectations_dir else None) \
+        if settings.expectations else []
     with ExitStack() as stack:
-        if settings.mode == "spark" and spark is None:
+        if (settings.mode == "spark" or settings.expectations) and spark is None:
             spark = stack.enter_context(_spark_session(config))
         point: SyncPoint | None = None
         if syncpoint:
@@ -103,16 +124,27 @@ def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpo
         else:
             results = tuple(compare_checksums(sides[0], sides[1], info.parts, fetch_rows=settings.fetch_rows,
                                               placement=settings.check_placement) for info in infos)
+        outcomes: list[Outcome] = []
+        if settings.expectations:
+            counted = [(target.table(info.parts), result.diff.expected) for info, result in zip(infos, results)]
+            outcomes = check_target(spark, sides[1], counted, suites)
         summary = point.summary() if point is not None else None
-    run = Validation(results, summary, settings.mode, time.monotonic() - started, _run_dir(config))
+    run = Validation(results, summary, settings.mode, time.monotonic() - started, _run_dir(config), tuple(outcomes))
     _write(run, target)
     return run
 
 
 @contextmanager
 def _spark_session(config: Config) -> Iterator[Any]:
+    """The active Spark session (a notebook's: left running), or one of its own, stopped after."""
+    from pyspark.sql import SparkSession
+
     from ..ingest.spark import spark_session
 
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        yield active
+        return
     spark = spark_session(config, "gpcdc-validate", kafka_connector=False,
                           jvm_log=Path(config.work_dir) / "logs" / "gpcdc-validate.log")
     try:
@@ -134,8 +166,11 @@ def _write(run: Validation, target: Cluster) -> None:
     rows = run.rows()
     pq.write_table(pa.Table.from_pylist(rows), run.output / "results.parquet")
     (run.output / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (run.output / "expectations.json").write_text(json.dumps([dataclasses.asdict(o) for o in run.expectations],
+                                                             indent=1) + "\n")
     (run.output / "summary.json").write_text(json.dumps(
-        {"equal": run.equal, "mode": run.mode, "seconds": round(run.seconds, 3), "tables": len(rows),
+        {"verified": run.verified, "equal": run.equal, "failed_expectations": len(run.failed_expectations),
+         "mode": run.mode, "seconds": round(run.seconds, 3), "tables": len(rows),
          "differing": [r["table"] for r in rows if not r["equal"]], "syncpoint": run.syncpoint}, indent=1) + "\n")
     if not run.equal:
         lines: list[str] = []
