@@ -173,7 +173,7 @@ def writers(source: Cluster, stop: threading.Event, latencies: list[float], thre
 
 
 def p(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=1000)[int(q * 1000) - 1] if len(values) > 1 else values[0]
+    return statistics.quantiles(values, n=1000, method="inclusive")[int(q * 1000) - 1] if len(values) > 1 else values[0]
 
 
 def syncpoints(source: Cluster, count: int) -> None:

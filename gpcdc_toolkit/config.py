@@ -148,6 +148,9 @@ class ValidateSettings:
                                        "target suites of validate.expectations_dir")
     expectations_dir: str | None = setting(None, "directory of the expectation suites (default: the expectations/ "
                                                  "directory of the toolkit's checkout)")
+    # Rows that differ always fail a validation; this is for the expectations' outcomes.
+    fail_on: str = setting("warning", "the least severity of a failed expectation that makes `gpcdc validate` exit 1",
+                           choices=("error", "warning", "info"))
     replay_timeout: float = setting(120.0, "seconds to wait for the replayer to reach a new sync point", minimum=0.1)
     lock_timeout: float = setting(10.0, "seconds a sync point waits for the commit lock (for running commit "
                                         "phases to end) before giving up", minimum=0.01)

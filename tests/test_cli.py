@@ -51,8 +51,9 @@ def test_demo_runs_end_to_end(work_dir):
     done = gpcdc(work_dir, "demo", "--duration", "2", "--segments", "2")
     assert done.returncode == 0, done.stderr
     assert "0 differ" in done.stdout and "dtx/s" in done.stdout and ", 0 problems" in done.stdout
-    assert "check target wl_accounts:" in done.stdout and "equal to the source" in done.stdout
-    assert "DIFFERENT" not in done.stdout
+    assert "validate: 2 tables compared at sync point " in done.stdout
+    assert "validate: public.wl_accounts: " in done.stdout and "validate: target equals source" in done.stdout
+    assert "great-expectations: " in done.stdout and " failed" in done.stdout and ", 0 failed" in done.stdout
     assert "audit: " in done.stdout and "of both topics" in done.stdout
     for name in ("source", "target"):
         assert not list((work_dir / "sandboxes" / name).glob("*/postmaster.pid")), f"demo left {name} running"

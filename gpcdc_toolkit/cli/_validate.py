@@ -25,6 +25,8 @@ class Validate(Command):
                           help="read both sides as they are, one after the other: exact only when neither changes")
         parser.add_argument("--mode", dest="setting:validate.mode", choices=("checksum", "spark"),
                             default=argparse.SUPPRESS, help="same as --validate-mode")
+        parser.add_argument("--fail-on", dest="setting:validate.fail_on", choices=("error", "warning", "info"),
+                            default=argparse.SUPPRESS, help="same as --validate-fail-on")
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
         # Exit 2 whatever stopped the validation: 1 is kept for "it ran, and found differences"

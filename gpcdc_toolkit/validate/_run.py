@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .._expect import Outcome, load_suites
+from ..audit._findings import SEVERITIES
 from ..cluster import Cluster, TableRef
 from ..config import Config
 from ..connect import open_cluster
@@ -41,6 +42,7 @@ class Validation:
     seconds: float
     output: Path
     expectations: tuple[Outcome, ...] = ()  # of the target's suites (none when validate.expectations is off)
+    fail_on: str = "warning"  # the least severity of a failed expectation that fails the validation
 
     @property
     def equal(self) -> bool:
@@ -49,11 +51,13 @@ class Validation:
 
     @property
     def failed_expectations(self) -> list[Outcome]:
-        return [o for o in self.expectations if not o.success and o.severity != "info"]
+        """Those not met, of severity ``fail_on`` or worse."""
+        worst = SEVERITIES.index(self.fail_on)
+        return [o for o in self.expectations if not o.success and SEVERITIES.index(o.severity) <= worst]
 
     @property
     def verified(self) -> bool:
-        """Equal, and every expectation met (but those of severity info)."""
+        """Equal, and every expectation of severity ``fail_on`` or worse met."""
         return self.equal and not self.failed_expectations
 
     def rows(self) -> list[dict[str, Any]]:
@@ -129,7 +133,8 @@ def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpo
             counted = [(target.table(info.parts), result.diff.expected) for info, result in zip(infos, results)]
             outcomes = check_target(spark, sides[1], counted, suites)
         summary = point.summary() if point is not None else None
-    run = Validation(results, summary, settings.mode, time.monotonic() - started, _run_dir(config), tuple(outcomes))
+    run = Validation(results, summary, settings.mode, time.monotonic() - started, _run_dir(config), tuple(outcomes),
+                     settings.fail_on)
     _write(run, target)
     return run
 

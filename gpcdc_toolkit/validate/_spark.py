@@ -154,8 +154,10 @@ def compare_spark(spark: Any, source: Snapshots, target: Snapshots, info: Table,
     started = time.monotonic()
     _check_shapes(info, target_info)
     names = _names(info)
-    src_df, tgt_df = read_side(spark, source, info), read_side(spark, target, target_info)
-    diff_df = spark_diff(src_df, tgt_df, info).cache()
+    # Each side is read from the databases once, then kept (memory, then disk) for the
+    # counts, the diff and the placement check.
+    src_df, tgt_df = read_side(spark, source, info).persist(), read_side(spark, target, target_info).persist()
+    diff_df = spark_diff(src_df, tgt_df, info)
     try:
         totals = (src_df.count(), tgt_df.count())
         src: list[tuple[int, tuple[str | None, ...], str]] = []
@@ -172,7 +174,8 @@ def compare_spark(spark: Any, source: Snapshots, target: Snapshots, info: Table,
         misplaced = _misplaced(tgt_df, target_info, target) if placement else []
         fetched = len(src) + len(tgt)
     finally:
-        diff_df.unpersist()
+        src_df.unpersist()
+        tgt_df.unpersist()
     return finish(info, target, target_info, diff, fix, misplaced, totals, rounds=0, chunks=0, fetched=fetched,
                   started=started)
 
