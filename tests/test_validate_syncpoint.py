@@ -3,7 +3,9 @@ following the stream, and writers that keep committing one- and two-phase
 transactions on the same keys while the sync points are cut."""
 
 import json
+import os
 import random
+import subprocess
 import sys
 import threading
 import traceback
@@ -12,6 +14,7 @@ from gpcdc_toolkit.bootstrap import bootstrap
 from gpcdc_toolkit.cluster import Session, segment_for
 from gpcdc_toolkit.replay import Replayer
 from gpcdc_toolkit.validate import take_syncpoint, validate
+from gpcdc_toolkit.validate._syncpoint import held_file
 
 from .test_cli import gpcdc
 
@@ -40,6 +43,39 @@ def _writer(source, seed, stop, counts):
                 for key in sorted(rng.sample(range(24), rng.choice((1, 1, 2, 3)))):
                     tx.update(HOT, {"id": key}, {"n": rng.randint(0, 10**9), "note": f"w{seed}"})
             counts[seed] += 1
+
+
+def _flags(config, target_box):
+    return ["--source-sandbox", "source", "--target-sandbox", target_box.name,
+            "--kafka-bootstrap-servers", config.kafka.bootstrap_servers, "--kafka-topic-prefix", config.kafka.topic_prefix]
+
+
+def _validate_at_a_held_syncpoint(config, work_dir, target_box, source, target, spark):
+    """`gpcdc syncpoint --hold` in a process of its own; a validation reads at its sync
+    point; once it is stopped, the sync point can no longer be read."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPCDC_")}
+    holder = subprocess.Popen([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(work_dir),
+                               *_flags(config, target_box), "syncpoint", "--hold", "300"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                              stdin=subprocess.DEVNULL)
+    try:
+        taken, readable = holder.stdout.readline(), holder.stdout.readline()  # each printed when done
+        assert taken.startswith("sync point ") and "readable for 300 s" in readable, (taken, readable)
+        gxid = int(taken.split()[2].rstrip(":"))
+        path = held_file(work_dir, config.kafka.topic_prefix, gxid)
+        assert path.is_file()
+        run = validate(config, tables=[HOT, STATIC], syncpoint=gxid, source=source, target=target, spark=spark)
+        assert run.syncpoint["syncpoint"] == gxid
+    finally:
+        holder.terminate()  # by its process id
+        holder.wait(60)
+    assert holder.returncode == 0, holder.stderr.read()
+    assert not path.exists()
+    gone = gpcdc(work_dir, *_flags(config, target_box), "validate", "--at-syncpoint", str(gxid))
+    assert gone.returncode == 2
+    (line,) = gone.stderr.splitlines()
+    assert f"sync point {gxid} is not held" in line and "gpcdc syncpoint --hold" in line
+    return run
 
 
 def _stacks(threads):
@@ -76,10 +112,11 @@ def test_sync_points_while_writers_run_then_divergences_found_exactly_and_fixed(
     try:
         first = validate(config, tables=[HOT, STATIC], source=source, target=target)
         second = validate(config, tables=[HOT, STATIC], source=source, target=target)
+        held = _validate_at_a_held_syncpoint(config, work_dir, target_box, source, target, spark)
         by_spark = validate(config.with_settings({"validate.mode": "spark"}), tables=[HOT, STATIC], source=source,
                             target=target, spark=spark)
         assert by_spark.mode == "spark"
-        for run in (first, second, by_spark):
+        for run in (first, second, held, by_spark):
             assert run.equal and run.verified, run.lines()
             # Per table: its row count as the source's, its key unique and not null.
             assert len(run.expectations) == 6 and all(o.success for o in run.expectations), run.expectations
@@ -105,9 +142,7 @@ def test_sync_points_while_writers_run_then_divergences_found_exactly_and_fixed(
             "name": "static select", "meta": {"gpcdc": {"frame": "target", "table": 'public."sp Static"'}},
             "expectations": [{"type": "expect_column_values_to_be_in_set",
                               "kwargs": {"column": "select", "value_set": ["a'b"]}}]}))
-        cli = gpcdc(work_dir, "--source-sandbox", "source", "--target-sandbox", target_box.name,
-                    "--kafka-bootstrap-servers", config.kafka.bootstrap_servers,
-                    "--kafka-topic-prefix", config.kafka.topic_prefix, "validate", "--tables", '"sp Static"',
+        cli = gpcdc(work_dir, *_flags(config, target_box), "validate", "--tables", '"sp Static"',
                     "--validate-expectations-dir", str(suites))
         assert cli.returncode == 1, cli.stderr
         assert 'public."sp Static": 299 rows where 300 were expected; 1 missing, 2 changed' in cli.stdout, cli.stdout
@@ -139,10 +174,7 @@ def test_sync_points_while_writers_run_then_divergences_found_exactly_and_fixed(
 def test_without_a_replayer_a_sync_point_gives_up_in_one_line_and_leaves_no_lock(source, replay_target, work_dir):
     target_box, config, pipeline, group = replay_target
     _tables(source)
-    flags = ["--source-sandbox", "source", "--target-sandbox", target_box.name,
-             "--kafka-bootstrap-servers", config.kafka.bootstrap_servers,
-             "--kafka-topic-prefix", config.kafka.topic_prefix]
-    run = gpcdc(work_dir, *flags, "validate", "--validate-replay-timeout", "0.5")
+    run = gpcdc(work_dir, *_flags(config, target_box), "validate", "--validate-replay-timeout", "0.5")
     assert run.returncode == 2
     (line,) = run.stderr.splitlines()
     assert line.startswith("gpcdc: validate could not run: the replayer did not reach sync point ")

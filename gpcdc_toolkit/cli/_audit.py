@@ -5,10 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from ..config import Config
 from ..errors import ConfigError
@@ -27,18 +24,6 @@ def _time_ms(text: str) -> int:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.UTC)
     return int(moment.timestamp() * 1000)
-
-
-@contextmanager
-def _spark(config: Config, name: str) -> Iterator[Any]:
-    """A Spark session whose JVM writes to ``<work_dir>/logs/<name>.log``, stopped after."""
-    from ..ingest.spark import spark_session
-
-    spark = spark_session(config, name, kafka_connector=False, jvm_log=Path(config.work_dir) / "logs" / f"{name}.log")
-    try:
-        yield spark
-    finally:
-        spark.stop()
 
 
 class Audit(Command):
@@ -60,7 +45,9 @@ class Audit(Command):
     def run(self, args: argparse.Namespace, config: Config) -> int:
         # Exit 2 whatever stopped the audit: 1 is kept for "it ran, and found something".
         try:
-            with _spark(config, "gpcdc-audit") as spark:
+            from ..ingest.spark import command_session
+
+            with command_session(config, "gpcdc-audit") as spark:
                 from ..audit import run_audit, summary_table
 
                 result = run_audit(spark, config, since_last=args.since_last, start_ms=args.start, end_ms=args.end,
@@ -86,7 +73,9 @@ class Archive(Command):
 
         if args.path.exists() and not args.path.is_dir():
             raise ConfigError(f"{args.path} is not a directory", fix="give the archive's directory to --to")
-        with _spark(config, "gpcdc-archive") as spark:
+        from ..ingest.spark import command_session
+
+        with command_session(config, "gpcdc-archive") as spark:
             run = write_archive(spark, config, args.path)
         say(f"archived {run.events} messages to {run.path}")
         return 0

@@ -8,7 +8,7 @@ from ._command import Command
 from ._pipeline import BootstrapCreate, BootstrapDrop, CaptureRun, CaptureStart, CaptureStop, Status
 from ._replay import Replay
 from ._servers import BrokerDown, BrokerStatus, BrokerUp, SandboxDown, SandboxStatus, SandboxUp
-from ._validate import Validate
+from ._validate import SyncPointCommand, Validate
 from ._workload import Demo, Workload
 
 GROUPS: dict[str, tuple[str, list[Command]]] = {
@@ -17,4 +17,4 @@ GROUPS: dict[str, tuple[str, list[Command]]] = {
     "bootstrap": ("replication slots at a distributed-transaction-consistent point", [BootstrapCreate(), BootstrapDrop()]),
     "capture": ("capture workers: every node into Kafka", [CaptureRun(), CaptureStart(), CaptureStop()]),
 }
-COMMANDS: list[Command] = [Workload(), Status(), Replay(), Audit(), Archive(), Validate(), Demo()]
+COMMANDS: list[Command] = [Workload(), Status(), Replay(), Audit(), Archive(), SyncPointCommand(), Validate(), Demo()]

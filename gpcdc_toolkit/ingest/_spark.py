@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,23 @@ def spark_session(config: Config, app_name: str = "gpcdc", *, kafka_connector: b
         os.close(output)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+@contextmanager
+def command_session(config: Config, name: str) -> Iterator[Any]:
+    """For a command: the active Spark session (a notebook's, left running), or a new one
+    whose JVM writes to ``<work_dir>/logs/<name>.log``, stopped after."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        yield active
+        return
+    spark = spark_session(config, name, kafka_connector=False, jvm_log=Path(config.work_dir) / "logs" / f"{name}.log")
+    try:
+        yield spark
+    finally:
+        spark.stop()
 
 
 def _session(config: Config, app_name: str, kafka_connector: bool) -> Any:

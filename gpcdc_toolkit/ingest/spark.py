@@ -2,6 +2,7 @@
 
 from ._spark import (
     IncrementalRead,
+    command_session,
     read_changes,
     read_coordinator,
     read_transactions,
@@ -14,6 +15,7 @@ from ._spark_kafka import connector_jars, parse_kafka_frame
 from ._spark_source import NAME, GpcdcDataSource, KafkaRange, SourceOptionError
 
 __all__ = [
-    "IncrementalRead", "read_changes", "read_coordinator", "read_transactions", "read_watermarks", "register", "spark_session",
+    "IncrementalRead", "command_session",
+    "read_changes", "read_coordinator", "read_transactions", "read_watermarks", "register", "spark_session",
     "stream_changes", "NAME", "GpcdcDataSource", "KafkaRange", "SourceOptionError", "connector_jars", "parse_kafka_frame",
 ]

@@ -14,8 +14,8 @@ import dataclasses
 import datetime as dt
 import json
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from ..connect import open_cluster
 from ._checksum import ChecksumResult, compare_checksums
 from ._expectations import check_target
 from ._snapshots import Snapshots
-from ._syncpoint import SyncPoint, take_syncpoint
+from ._syncpoint import SyncPoint, attach, held_file, take_syncpoint
 
 RESULT_COLUMNS = ("table", "equal", "source_rows", "target_rows", "missing", "extra", "changed", "misplaced",
                   "chunks", "rounds", "fetched", "seconds", "examples", "schema")
@@ -98,10 +98,11 @@ def source_tables(source: Cluster) -> list[tuple[str, str]]:
             "JOIN pg_namespace n ON n.oid = c.relnamespace ORDER BY 1, 2")]
 
 
-def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpoint: bool = True,
+def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpoint: bool | int = True,
              source: Cluster | None = None, target: Cluster | None = None, spark: Any = None) -> Validation:
-    """Compare ``tables`` (default: every distributed table of the source), at a new sync
-    point (which needs the replayer running), or as both clusters are now; by
+    """Compare ``tables`` (default: every distributed table of the source): ``syncpoint``
+    True, at a new sync point (the replayer must be running); a gxid, at that sync point
+    held by ``gpcdc syncpoint --hold``; False, as both clusters are now. By
     ``validate.mode`` (the Spark mode on ``spark``, or a session of its own)."""
     settings = config.validate
     source = source or open_cluster(config, "source")
@@ -113,11 +114,17 @@ def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpo
         if settings.expectations else []
     with ExitStack() as stack:
         if (settings.mode == "spark" or settings.expectations) and spark is None:
-            spark = stack.enter_context(_spark_session(config))
+            from ..ingest.spark import command_session
+
+            spark = stack.enter_context(command_session(config, "gpcdc-validate"))
         point: SyncPoint | None = None
-        if syncpoint:
+        if syncpoint is True:
             point = stack.enter_context(take_syncpoint(source, target, lock_timeout=settings.lock_timeout))
             sides: tuple[Snapshots, Snapshots] = (point.source, point.wait_for_replay(settings.replay_timeout))
+        elif syncpoint is not False:
+            point = stack.enter_context(attach(source, target, held_file(config.work_dir, config.kafka.topic_prefix,
+                                                                         syncpoint)))
+            sides = (point.source, point.wait_for_replay(0))
         else:
             sides = (stack.enter_context(Snapshots(source)), stack.enter_context(Snapshots(target)))
         if settings.mode == "spark":
@@ -137,25 +144,6 @@ def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpo
                      settings.fail_on)
     _write(run, target)
     return run
-
-
-@contextmanager
-def _spark_session(config: Config) -> Iterator[Any]:
-    """The active Spark session (a notebook's: left running), or one of its own, stopped after."""
-    from pyspark.sql import SparkSession
-
-    from ..ingest.spark import spark_session
-
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        yield active
-        return
-    spark = spark_session(config, "gpcdc-validate", kafka_connector=False,
-                          jvm_log=Path(config.work_dir) / "logs" / "gpcdc-validate.log")
-    try:
-        yield spark
-    finally:
-        spark.stop()
 
 
 def _run_dir(config: Config) -> Path:

@@ -23,9 +23,12 @@ target's snapshots while nothing is applied, and lets it go on.
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -107,6 +110,48 @@ class SyncPoint:
     def summary(self) -> dict[str, Any]:
         return {"syncpoint": self.gxid, "taken_at": self.taken_at, "stall_ms": self.stall_ms,
                 "replay_hold_ms": self.replay_hold_ms, "lsns": {str(n): lsn for n, lsn in sorted(self.lsns.items())}}
+
+
+def held_file(work_dir: Path, prefix: str, gxid: int) -> Path:
+    """Where a held sync point's snapshot names are published (see :func:`publish`)."""
+    return Path(work_dir) / "validate" / prefix / "syncpoints" / f"{gxid}.json"
+
+
+def publish(point: SyncPoint, path: Path) -> None:
+    """Write a sync point's exported snapshot names, so that other processes read both
+    sides at it (:func:`attach`) for as long as this process holds it open."""
+    if point.target is None:
+        raise SyncPointError(f"sync point {point.gxid} has not read the target yet")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {**point.summary(), "holder": os.getpid(),
+            "source": {str(c): n for c, n in point.source.names.items()},
+            "target": {str(c): n for c, n in point.target.names.items()}}
+    aside = path.with_suffix(".tmp")
+    aside.write_text(json.dumps(body, indent=1) + "\n")
+    aside.replace(path)
+
+
+def attach(source: Cluster, target: Cluster, path: Path) -> SyncPoint:
+    """Read both sides at a sync point another process holds (``gpcdc syncpoint --hold``)."""
+    gxid = path.stem
+    try:
+        body = json.loads(path.read_text())
+        os.kill(int(body["holder"]), 0)
+    except (OSError, ValueError, KeyError):
+        raise SyncPointError(f"sync point {gxid} is not held: no live `gpcdc syncpoint --hold` published {path}",
+                             fix="take one with `gpcdc syncpoint --hold SECONDS`, or validate with --new-syncpoint") from None
+    sides = []
+    try:
+        for cluster, names in ((source, body["source"]), (target, body["target"])):
+            side = Snapshots(cluster)
+            sides.append(side)
+            side.pin({int(c): n for c, n in names.items()})
+    except BaseException:
+        for side in sides:
+            side.close()
+        raise
+    return SyncPoint(int(body["syncpoint"]), {int(n): lsn for n, lsn in body["lsns"].items()}, body["stall_ms"],
+                     body["taken_at"], sides[0], target, sides[1], body["replay_hold_ms"])
 
 
 def take_syncpoint(source: Cluster, target: Cluster | None = None, *, lock_timeout: float = 10.0) -> SyncPoint:
