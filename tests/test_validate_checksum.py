@@ -193,3 +193,24 @@ def test_a_column_default_that_differs_is_a_difference_with_its_fix(clusters):
             with Session(cluster) as session:
                 session.ddl('ALTER TABLE "Order Items" ALTER COLUMN "select" DROP DEFAULT')
                 session.ddl('ALTER TABLE "Order Items" ALTER COLUMN "ratio" DROP DEFAULT')
+
+
+def test_differences_the_types_own_hashes_would_miss_are_found(clusters, compare):
+    """Values swapped between rows (a linear row hash sums them alike), an array's bounds
+    and a jsonb number's scale (their types' hashes ignore both)."""
+    source, target = clusters
+    with source.connect_node(source.segments[0]) as conn:
+        (a, b), = conn.execute('SELECT min(id), max(id) FROM "Order Items"').fetchall()
+    with Session(target) as session, session.transaction() as tx:
+        values = {k: tx.execute(segment_for([k], target.segment_count),
+                                'SELECT amount::text, tags::text, doc::text FROM "Order Items" WHERE id = %s', (k,))[0]
+                  for k in (a, b, 20, 21)}
+        assert values[a][0] != values[b][0]
+        tx.update(TABLE, {"id": a}, {"amount": values[b][0]})
+        tx.update(TABLE, {"id": b}, {"amount": values[a][0]})
+    on_segment(target, TABLE, 20, "UPDATE {} SET tags = ('[0:1]=' || tags::text)::int[] WHERE id = 20")
+    on_segment(target, TABLE, 21, """UPDATE {} SET doc = '{{"a": [1.0, 2], "b": null}}' WHERE id = 21""")
+    result = compare(source, target, TABLE)
+    assert (result.diff.changed, result.diff.missing, result.diff.extra) == (4, 0, 0), result.diff.examples
+    apply(target, result)
+    assert compare(source, target, TABLE).equal

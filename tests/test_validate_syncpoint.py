@@ -10,10 +10,13 @@ import sys
 import threading
 import traceback
 
+import psycopg
+import pytest
+
 from gpcdc_toolkit.bootstrap import bootstrap
-from gpcdc_toolkit.cluster import Session, segment_for
+from gpcdc_toolkit.cluster import Session, resolve_in_doubt, segment_for
 from gpcdc_toolkit.replay import Replayer
-from gpcdc_toolkit.validate import take_syncpoint, validate
+from gpcdc_toolkit.validate import SyncPointError, take_syncpoint, validate
 from gpcdc_toolkit.validate._syncpoint import held_file
 
 from .test_cli import gpcdc
@@ -187,3 +190,59 @@ def test_without_a_replayer_a_sync_point_gives_up_in_one_line_and_leaves_no_lock
         tx.update(HOT, {"id": 1}, {"n": 1})
     with take_syncpoint(source) as point:
         assert point.stall_ms > 0 and set(point.lsns) == {-1, *range(source.segment_count)}
+
+
+def test_a_held_sync_point_keeps_its_tables_from_being_truncated(source):
+    """A snapshot does not survive TRUNCATE: the tables read at a sync point are locked."""
+    _tables(source)
+    with take_syncpoint(source, tables=[source.table(STATIC)]) as point:
+        assert point.stall_ms > 0
+        node = source.segments[0]
+        with source.connect_node(node) as conn:
+            conn.execute("SET lock_timeout = '200ms'")
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                conn.execute('TRUNCATE "sp Static"')
+    with source.connect_node(source.segments[0]) as conn, conn.transaction():
+        conn.execute("SET LOCAL lock_timeout = '10s'")
+        conn.execute('LOCK TABLE "sp Static" IN ACCESS EXCLUSIVE MODE')  # granted once the sync point is closed
+
+
+def test_a_sync_point_that_fails_midway_leaves_nothing_prepared(source, monkeypatch):
+    from gpcdc_toolkit.protocol import _markers as markers
+    from gpcdc_toolkit.validate import _syncpoint
+
+    _tables(source)
+    real = markers.encode
+
+    def failing(marker):
+        if isinstance(marker, markers.CommitRecord):
+            raise RuntimeError("the coordinator went away")
+        return real(marker)
+
+    monkeypatch.setattr(_syncpoint.markers, "encode", failing)
+    with pytest.raises(RuntimeError, match="went away"):
+        take_syncpoint(source, tables=[source.table(STATIC)])
+    monkeypatch.undo()
+    assert not [p for p in source.prepared_transactions() if p[1].startswith("gpcdc_")]
+    with Session(source) as session, session.transaction() as tx:  # the commit lock is free
+        tx.update(HOT, {"id": 2}, {"n": 2})
+
+
+def test_no_sync_point_is_taken_while_a_committed_transaction_is_still_prepared(source):
+    _tables(source)
+    gxid = 2_000_000_000 + random.randrange(10**6)  # not running, and no other transaction's
+    with source.connect_node(source.segments[1]) as conn:
+        conn.execute("BEGIN")
+        conn.execute("SELECT pg_logical_emit_message(true, 'gpcdc.gxid', %s)", (str(gxid),))
+        conn.execute(f"PREPARE TRANSACTION 'gpcdc_{gxid}'")
+    with source.coordinator_connection() as conn:
+        conn.execute("INSERT INTO gp_dist.committed_gxids VALUES (%s)", (gxid,))
+    try:
+        with pytest.raises(SyncPointError, match=rf"distributed transactions \[{gxid}\] are committed but still "
+                                                 r"prepared on a segment \(in doubt\)"):
+            take_syncpoint(source, tables=[source.table(STATIC)])
+    finally:
+        committed, _ = resolve_in_doubt(source)
+    assert committed == [f"gpcdc_{gxid} on segment 1"]
+    with take_syncpoint(source, tables=[source.table(STATIC)]) as point:
+        assert point.gxid > 0

@@ -74,7 +74,8 @@ class SyncPointCommand(Command):
             raise ConfigError(f"--hold {args.hold:g} is negative", fix="give the seconds to hold, or 0")
         source = open_cluster(config, "source")
         target = open_cluster(config, "target") if args.hold else None
-        with take_syncpoint(source, target, lock_timeout=config.validate.lock_timeout) as point:
+        with take_syncpoint(source, target, pipeline=config.kafka.topic_prefix,
+                            lock_timeout=config.validate.lock_timeout) as point:
             say(f"sync point {point.gxid}: writers held {point.stall_ms} ms")
             if not args.hold:
                 return 0

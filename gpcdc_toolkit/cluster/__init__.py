@@ -2,11 +2,11 @@
 
 from ..protocol import COORDINATOR
 from ._cluster import Cluster, Node, Table, TableRef, connect_dsn, quoted
-from ._dtx import SYNCPOINT_LOCK, DistributedTransaction, Session, gid, gxid_of, resolve_in_doubt
+from ._dtx import COMMIT_LOCK, DistributedTransaction, Session, gid, gxid_of, resolve_in_doubt, syncpoint_lock
 from ._routing import jump_consistent_hash, key_hash, segment_for
 
 __all__ = [
     "COORDINATOR", "Cluster", "Node", "Table", "TableRef", "connect_dsn", "quoted",
-    "SYNCPOINT_LOCK", "DistributedTransaction", "Session", "gid", "gxid_of", "resolve_in_doubt",
+    "COMMIT_LOCK", "DistributedTransaction", "Session", "gid", "gxid_of", "resolve_in_doubt", "syncpoint_lock",
     "jump_consistent_hash", "key_hash", "segment_for",
 ]

@@ -15,6 +15,7 @@ distributed transaction, as Greenplum runs it:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections import defaultdict
@@ -35,9 +36,15 @@ log = logging.getLogger(__name__)
 
 _DDL_LOCK_WAIT = "500ms"
 
-# Advisory lock key 1 of a sync point on the target (key 2: its gxid): a validator holds
-# it from before the cut; the replayer, having applied the sync point, waits for it.
-SYNCPOINT_LOCK = 1196454768  # 'GPsp'
+COMMIT_LOCK = 1196450636  # 'GPcL', key 1 of the controller's commit lock (see controller.sql)
+
+
+def syncpoint_lock(pipeline: str) -> int:
+    """Key 1 of a pipeline's sync-point locks on its target (key 2: the sync point's
+    gxid): a validator holds one from before the cut; the replayer, having applied the
+    sync point, waits for it. Named by the pipeline, since two pipelines' gxids meet."""
+    digest = hashlib.blake2b(f"gpcdc.syncpoint {pipeline}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big") & 0x7FFFFFFF
 
 Statement = sql.SQL | sql.Composed  # what psycopg runs, built with psycopg.sql
 
@@ -458,9 +465,15 @@ def resolve_in_doubt(cluster: Cluster, *, timeout: float = 30.0) -> tuple[list[s
             orphans = {gxid for _node, gxid in prepared} - running
             committed = {r[0] for r in conn.execute(
                 "SELECT gxid FROM gp_dist.committed_gxids WHERE gxid = ANY(%s)", (sorted(orphans),))}
-        for node, gxid in prepared:
-            if gxid in orphans and _finish_prepared(cluster, node, gxid, commit=gxid in committed):
-                (done[0] if gxid in committed else done[1]).append(f"{gid(gxid)} on segment {node.content}")
+            # Finished under the commit lock, as a commit phase is: a consistent cut sees
+            # every part of a distributed transaction committed, or none.
+            conn.execute("SELECT pg_advisory_lock_shared(%s, 0)", (COMMIT_LOCK,))
+            try:
+                for node, gxid in prepared:
+                    if gxid in orphans and _finish_prepared(cluster, node, gxid, commit=gxid in committed):
+                        (done[0] if gxid in committed else done[1]).append(f"{gid(gxid)} on segment {node.content}")
+            finally:
+                conn.execute("SELECT pg_advisory_unlock_shared(%s, 0)", (COMMIT_LOCK,))
         live = {gxid for _node, gxid in prepared} & running
         watched = live if watched is None else watched & live
         if not watched:

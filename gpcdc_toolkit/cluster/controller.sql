@@ -8,8 +8,9 @@
 --   1196454484 ('GPrT'), gxid   held for the life of a running distributed transaction
 --   1196450636 ('GPcL'), 0      commit lock: shared across a commit phase (record to the
 --                               last segment commit), exclusive for a consistent cut
---   1196454768 ('GPsp'), gxid   on a target: held by a validator from before sync point
+--   a pipeline's key, gxid      on a target: held by a validator from before sync point
 --                               gxid's cut; the replayer waits for it having applied it
+--                               (key 1 from the pipeline's name: cluster.syncpoint_lock)
 
 CREATE SCHEMA gp_dist;
 

@@ -21,7 +21,7 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from ..bootstrap import InitialSnapshot, Pipeline
-from ..cluster import SYNCPOINT_LOCK, Cluster, resolve_in_doubt
+from ..cluster import Cluster, resolve_in_doubt, syncpoint_lock
 from ..config import Config, ReplaySettings
 from ..connect import kafka_client_settings, kafka_logger, open_cluster
 from ..errors import BrokerError, GpcdcError, StreamError
@@ -383,7 +383,7 @@ class _Run:
         validator holds its lock on the target (it reads the target here, then lets go)."""
         started = time.monotonic()
         with self.target.coordinator_connection() as conn:
-            conn.execute("SELECT pg_advisory_lock_shared(%s, %s)", (SYNCPOINT_LOCK, gxid))
+            conn.execute("SELECT pg_advisory_lock_shared(%s, %s)", (syncpoint_lock(self.topics.prefix), gxid))
         held_ms = (time.monotonic() - started) * 1000
         self.syncpoints.append((gxid, held_ms))
         log.info("passed sync point %d (held %.1f ms)", gxid, held_ms)

@@ -79,35 +79,45 @@ def _row(info: Table) -> sql.Composable:
     return sql.SQL("ROW({})::text").format(sql.SQL(", ").join(sql.Identifier(c) for c in info.columns))
 
 
-# Types whose own extended hash is equality as the row's text shows it: their values are
-# hashed as they are. Any other (floats, numeric, json, character(n), intervals, ...) is
-# hashed by its text, so that values that print differently never pass for equal.
-_HASHED_AS_IS = ("smallint", "integer", "bigint", "text", "boolean", "date", "uuid", "bytea", "jsonb",
-                 "timestamp without time zone", "timestamp with time zone", "character varying")
+# Types whose own extended hash is equality as their text shows it: hashed as they are.
+# Any other is hashed by its text, so that values that print differently never pass for
+# equal: floats and numerics (1.0 and 1.00), jsonb and arrays (whose hashes ignore
+# nesting and bounds), json, character(n), intervals... Text is hashed under "C", in
+# case a column's collation is nondeterministic.
+_HASHED_AS_IS = ("smallint", "integer", "bigint", "boolean", "date", "uuid", "bytea",
+                 "timestamp without time zone", "timestamp with time zone")
+_TEXT = ("text", "character varying")
 
 
-def _hashed_as_is(type_name: str) -> bool:
-    base = type_name.removesuffix("[]").split("(")[0]
-    return base in _HASHED_AS_IS
+def _column_for_hash(column: str, type_name: str) -> sql.Composable:
+    base = type_name.split("(")[0]
+    if base in _HASHED_AS_IS:
+        return sql.Identifier(column)
+    if base in _TEXT:
+        return sql.SQL('{} COLLATE "C"').format(sql.Identifier(column))
+    return sql.SQL("{}::text").format(sql.Identifier(column))
 
 
 def _row_hash(info: Table, by_record: bool) -> sql.Composable:
     """A row's 64-bit hash: of its columns by their types' hash functions where the
-    server has ``hash_record_extended`` (PostgreSQL 14+) on both sides, else of its text."""
+    server has ``hash_record_extended`` (PostgreSQL 14+) on both sides, else of its text.
+
+    ``hash_record_extended`` is linear (31 times the hash so far, plus the next
+    column's), so sums of it over rows would not see values swapped between rows: each
+    row's hash is hashed again before it is summed."""
     if not by_record:
         return sql.SQL("hashtextextended({}, 0)").format(_row(info))
-    columns = [sql.Identifier(c) if _hashed_as_is(t) else sql.SQL("{}::text").format(sql.Identifier(c))
-               for c, t in zip(info.columns, info.types)]
-    return sql.SQL("hash_record_extended(ROW({}), 0)").format(sql.SQL(", ").join(columns))
+    columns = sql.SQL(", ").join(_column_for_hash(c, t) for c, t in zip(info.columns, info.types))
+    return sql.SQL("hashint8extended(hash_record_extended(ROW({}), 0), 0)").format(columns)
 
 
 def _prefix(shift: int) -> sql.Composable:
-    """A chunk's prefix from the row hash ``h`` (bigint): unsigned, except at the last level."""
+    """A chunk's prefix from the row hash (bigint): unsigned, except at the last level."""
     if shift == 64:
         return sql.SQL("0")
     if shift == 0:
-        return sql.SQL("h")
-    return sql.SQL("((h >> {}) & {})").format(sql.Literal(shift), sql.Literal((1 << (64 - shift)) - 1))
+        return sql.SQL("gpcdc_row_hash")
+    return sql.SQL("((gpcdc_row_hash >> {}) & {})").format(sql.Literal(shift), sql.Literal((1 << (64 - shift)) - 1))
 
 
 def _signed(prefix: int, shift: int) -> int:
@@ -115,7 +125,7 @@ def _signed(prefix: int, shift: int) -> int:
 
 
 def _within(query: sql.Composed, chunks: Sequence[Chunk], params: list[Any]) -> sql.Composed:
-    """``query`` (over rows with hash ``h``) limited to the rows of ``chunks`` (one level)."""
+    """``query`` (over rows with their ``gpcdc_row_hash``) limited to the rows of ``chunks``."""
     if not chunks or chunks[0].level == 0:
         return query
     shift = chunks[0].shift
@@ -127,7 +137,7 @@ def _digests(side: Snapshots, info: Table, hashed: sql.Composable, level: int,
              parents: tuple[Chunk, ...]) -> list[Query]:
     shift = 64 - level * 16
     params: list[Any] = []
-    query = _within(sql.SQL("SELECT {} AS prefix, count(*), sum(h)::text FROM (SELECT {} AS h FROM {}) s").format(
+    query = _within(sql.SQL("SELECT {} AS prefix, count(*), sum(gpcdc_row_hash)::text FROM (SELECT {} AS gpcdc_row_hash FROM {}) s").format(
         _prefix(shift), hashed, info.identifier), parents, params)
     if level:
         query = sql.SQL("{} GROUP BY 1").format(query)
@@ -162,7 +172,7 @@ def _fetch(side: Snapshots, info: Table, hashed: sql.Composable,
     queries = []
     for shift in sorted({c.shift for c in chunks}):
         params: list[Any] = []
-        query = _within(sql.SQL("SELECT {}, {} FROM (SELECT *, {} AS h FROM {} t) s").format(
+        query = _within(sql.SQL("SELECT {}, {} FROM (SELECT *, {} AS gpcdc_row_hash FROM {} t) s").format(
             columns, _row(info), hashed, info.identifier), [c for c in chunks if c.shift == shift], params)
         queries += [(conn, query, params) for _node, conn in side.segments()]
     return queries

@@ -25,7 +25,7 @@ from ..audit._findings import SEVERITIES
 from ..cluster import Cluster, TableRef
 from ..config import Config
 from ..connect import open_cluster
-from ._checksum import ChecksumResult, compare_checksums
+from ._checksum import ChecksumResult, ValidationError, compare_checksums
 from ._expectations import check_target
 from ._snapshots import Snapshots
 from ._syncpoint import SyncPoint, attach, held_file, take_syncpoint
@@ -109,6 +109,9 @@ def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpo
     target = target or open_cluster(config, "target")
     started = time.monotonic()
     names = list(tables) if tables is not None else source_tables(source)
+    if not names:
+        raise ValidationError("there is no table to validate: the source has no distributed table",
+                              fix="create tables through the toolkit (DISTRIBUTED BY), or name them with --tables")
     infos = [source.table(t) for t in names]  # an unknown name fails here, before any cut
     suites = load_suites(Path(settings.expectations_dir) if settings.expectations_dir else None) \
         if settings.expectations else []
@@ -119,7 +122,8 @@ def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpo
             spark = stack.enter_context(command_session(config, "gpcdc-validate"))
         point: SyncPoint | None = None
         if syncpoint is True:
-            point = stack.enter_context(take_syncpoint(source, target, lock_timeout=settings.lock_timeout))
+            point = stack.enter_context(take_syncpoint(source, target, pipeline=config.kafka.topic_prefix,
+                                                       tables=infos, lock_timeout=settings.lock_timeout))
             sides: tuple[Snapshots, Snapshots] = (point.source, point.wait_for_replay(settings.replay_timeout))
         elif syncpoint is not False:
             point = stack.enter_context(attach(source, target, held_file(config.work_dir, config.kafka.topic_prefix,

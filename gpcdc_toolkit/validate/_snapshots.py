@@ -9,7 +9,7 @@ Spark mode's workers, a held sync point); exported names are what workers import
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -31,6 +31,7 @@ class Snapshots:
         self.cluster = cluster
         self.names: dict[int, str] = {}  # segment content -> exported snapshot name
         self._connections: dict[int, psycopg.Connection[Any]] = {}
+        self._begun = False
         try:
             for node in cluster.segments:
                 conn = self._connections[node.content] = cluster.connect_node(node)
@@ -39,12 +40,24 @@ class Snapshots:
             self.close()
             raise
 
+    def begin(self, tables: Sequence[sql.Composable] = ()) -> None:
+        """Open every segment's transaction and lock ``tables`` against TRUNCATE and
+        rewrites, which a snapshot taken earlier does not survive; the snapshot itself
+        starts at :meth:`pin`. Waits for DDL running on those tables to end."""
+        if self._begun:
+            return
+        for conn in self._connections.values():
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            if tables:
+                conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(sql.SQL(", ").join(tables)))
+        self._begun = True
+
     def pin(self, imported: Mapping[int, str] | None = None) -> dict[int, int]:
         """Start every segment's snapshot (or import the ones named) and export it;
         returns each segment's WAL position at that moment."""
+        self.begin()
         lsns = {}
         for content, conn in self._connections.items():
-            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             if imported is not None:
                 try:
                     conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(imported[content])))
