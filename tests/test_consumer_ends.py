@@ -1,6 +1,6 @@
 """Where a read ends: each partition's high watermark when it began (no servers)."""
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpcdc_toolkit.ingest import EndTracker
@@ -25,3 +25,44 @@ def test_an_end_of_partition_event_ends_a_partition():
     tracker = EndTracker({0: 10, 1: 10}, {0: 0, 1: 0})
     tracker.end_of_partition(1)
     assert tracker.ended == {1}
+
+
+class _SettlingBroker:
+    """A consumer whose broker answers NOT_LEADER a few times per partition, then the end."""
+
+    def __init__(self, refusals, error=None):
+        self.refusals = dict(refusals)
+        self.error = error
+        self.asked = 0
+
+    def get_watermark_offsets(self, partition, timeout):
+        from confluent_kafka import KafkaError, KafkaException
+
+        self.asked += 1
+        if self.refusals.get(partition.partition, 0):
+            self.refusals[partition.partition] -= 1
+            raise KafkaException(KafkaError(self.error or KafkaError.NOT_LEADER_FOR_PARTITION))
+        return 0, 100 + partition.partition
+
+
+@settings(max_examples=10, deadline=None)  # each refusal waits 0.1 s before asking again
+@given(st.dictionaries(st.integers(0, 3), st.integers(0, 2), min_size=1))
+def test_a_broker_whose_leadership_settles_is_asked_again(refusals):
+    from gpcdc_toolkit.ingest._consumer import high_watermarks
+
+    broker = _SettlingBroker(refusals)
+    assert high_watermarks(broker, "t", sorted(refusals), timeout=30) == {p: 100 + p for p in refusals}
+    assert broker.asked == len(refusals) + sum(refusals.values())
+
+
+def test_other_broker_errors_and_a_leadership_that_never_settles_are_one_line():
+    import pytest
+    from confluent_kafka import KafkaError
+
+    from gpcdc_toolkit.errors import BrokerError
+    from gpcdc_toolkit.ingest._consumer import high_watermarks
+
+    with pytest.raises(BrokerError, match="Kafka did not say where 't' ends within 30 s"):
+        high_watermarks(_SettlingBroker({0: 1}, KafkaError.TOPIC_AUTHORIZATION_FAILED), "t", [0], timeout=30)
+    with pytest.raises(BrokerError, match="within 0.3 s .*check the broker"):
+        high_watermarks(_SettlingBroker({0: 10**6}), "t", [0], timeout=0.3)

@@ -8,6 +8,7 @@ consumer is then at the high watermark of that moment, which is at or past the f
 
 from __future__ import annotations
 
+import time
 from collections.abc import Generator, Mapping
 from typing import Any
 
@@ -34,13 +35,28 @@ def partitions_of(consumer: Consumer, topic: str, timeout: float = 10.0) -> list
     return sorted(info.partitions)
 
 
+# Errors a broker gives while its partitions' leadership settles (after a restart, or
+# after it was paused long enough to be fenced): asked again, it answers.
+_SETTLING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+             KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT}
+
+
 def high_watermarks(consumer: Consumer, topic: str, partitions: list[int], timeout: float = 30.0) -> dict[int, int]:
     """Each partition's end now: the offset its next message will take."""
-    try:
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1] for p in partitions}
-    except KafkaException as e:
-        raise BrokerError(f"Kafka did not say where {topic!r} ends within {timeout:g} s ({e.args[0].str()})",
-                          fix="check the broker and kafka.bootstrap_servers") from None
+    deadline = time.monotonic() + timeout
+    ends: dict[int, int] = {}
+    for p in partitions:
+        while p not in ends:
+            try:
+                ends[p] = consumer.get_watermark_offsets(TopicPartition(topic, p),
+                                                         timeout=max(0.1, deadline - time.monotonic()))[1]
+            except KafkaException as e:
+                error = e.args[0]
+                if error.code() not in _SETTLING or time.monotonic() >= deadline:
+                    raise BrokerError(f"Kafka did not say where {topic!r} ends within {timeout:g} s ({error.str()})",
+                                      fix="check the broker and kafka.bootstrap_servers") from None
+                time.sleep(0.1)  # the leadership is settling: ask again
+    return ends
 
 
 class EndTracker:
