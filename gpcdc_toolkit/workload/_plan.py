@@ -14,6 +14,7 @@ follows from the set of committed transactions whatever order they committed in.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -64,7 +65,14 @@ class WorkloadSpec:
             raise ValueError("threads and rows_per_transaction must be at least 1")
         if self.duration is None and self.transactions is None:
             raise ValueError("give a duration or a number of transactions")
-        if self.rate is not None and self.rate <= 0:
+        if self.duration is not None and not 0 < self.duration < math.inf:
+            raise ValueError(f"duration must be a positive number of seconds, not {self.duration}")
+        if self.transactions is not None and self.transactions < 1:
+            raise ValueError(f"transactions must be at least 1, not {self.transactions}")
+        for name in ("hot_keys", "large_transaction_rows"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative, not {getattr(self, name)}")
+        if self.rate is not None and not 0 < self.rate < math.inf:
             raise ValueError(f"rate must be positive, not {self.rate}")
 
 
