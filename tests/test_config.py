@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpcdc_toolkit import ConfigError, load_config
-from gpcdc_toolkit.capture._processes import config_flags
+from gpcdc_toolkit.capture._processes import CaptureGroup, config_environment
 from gpcdc_toolkit.cli import build_parser
 from gpcdc_toolkit.config import SETTINGS, CaptureSettings
 
@@ -166,11 +166,9 @@ def _value_for(spec):
 
 @settings(max_examples=50, deadline=None)
 @given(st.fixed_dictionaries({name: _value_for(spec) for name, spec in SETTINGS.items()}))
-def test_a_child_process_resolves_the_same_configuration_from_the_flags_it_is_given(values):
+def test_a_child_process_resolves_the_same_configuration_from_the_environment_it_is_given(values):
     config = load_config(values, environ={})
-    args = build_parser().parse_args([*config_flags(config), "status"])
-    flags = {k.split(":", 1)[1]: v for k, v in vars(args).items() if k.startswith("setting:")}
-    again = load_config(flags, environ={})
+    again = load_config({}, environ=config_environment(config))
     assert again == dataclasses.replace(config, origins=again.origins)
 
 
@@ -178,8 +176,9 @@ def test_a_dsn_given_in_code_replaces_the_sandbox_and_children_read_the_same_fil
     path = write(tmp_path, '[kafka.client]\n"security.protocol" = "SSL"\n')
     config = load_config({}, config_file=path, environ={}).with_settings({"source.dsn": "host=db"})
     assert config.source.dsn == "host=db" and config.source.sandbox is None
-    flags = config_flags(config)
-    assert f"--config={path.absolute()}" in flags and not any(f.startswith("--source-sandbox") for f in flags)
+    environment = config_environment(config)
+    assert environment["GPCDC_CONFIG"] == str(path.absolute()) and "GPCDC_SOURCE_SANDBOX" not in environment
+    assert load_config({}, environ=environment).kafka.client == {"security.protocol": "SSL"}
     with pytest.raises(ConfigError, match="both a DSN and a sandbox"):
         config.with_settings({"target.dsn": "host=x", "target.sandbox": "y"})
 
@@ -193,3 +192,11 @@ def test_a_commands_settings_are_accepted_after_its_name_without_undoing_those_b
     assert config.capture.max_buffered == 5
     with pytest.raises(SystemExit):  # capture settings belong to capture commands
         build_parser().parse_args(["replay", "--capture-max-buffered", "5"])
+
+
+def test_a_capture_workers_command_line_holds_no_setting_and_no_password(tmp_path):
+    config = load_config({"work_dir": str(tmp_path), "source.dsn": "host=db user=u password=s3cret-Pw"}, environ={})
+    group = CaptureGroup(config)
+    argv = group.worker_argv(0)
+    assert argv[-4:] == ["capture", "run", "--node", "0"] and not any("s3cret" in a for a in argv)
+    assert config_environment(config)["GPCDC_SOURCE_DSN"] == "host=db user=u password=s3cret-Pw"

@@ -42,3 +42,4 @@ def test_bad_input():
         jump_consistent_hash(1, 0)
     with pytest.raises(TypeError, match="unsupported distribution-key type float"):
         segment_for([1.5], 3)
+

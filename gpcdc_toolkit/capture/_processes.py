@@ -20,23 +20,31 @@ from psycopg import conninfo
 
 from .._runtime import kill_pid, pid_alive, read_json, runs, stop_pids
 from ..bootstrap import Pipeline
-from ..config import SETTINGS, Config
+from ..config import ENV_PREFIX, SETTINGS, Config
 from ..connect import kafka_client_settings, open_cluster
 from ..errors import GpcdcError
 from ._worker import CaptureWorker, WorkerSettings
 
 
-def config_flags(config: Config) -> list[str]:
-    """Command-line flags that make a child process resolve the same configuration: the
-    same file (for what only a file holds, such as ``[kafka.client]``), every setting."""
-    out = [f"--config={config.file}"] if config.file is not None else []
+def config_environment(config: Config) -> dict[str, str]:
+    """Environment variables that make a child process resolve the same configuration:
+    the same file (for what only a file holds, such as ``[kafka.client]``), and every
+    setting. Not flags: a command line is visible to every local user, and a DSN may
+    hold a password."""
+    out = {ENV_PREFIX + "CONFIG": str(config.file)} if config.file is not None else {}
     for name, spec in SETTINGS.items():
         value = config.value(name)
         if spec.type is bool:
-            out.append(spec.flag if value else "--no-" + spec.flag[2:])
+            out[spec.env_var] = "true" if value else "false"
         elif value is not None:
-            out.append(f"{spec.flag}={value}")  # one word: a value may start with a dash
+            out[spec.env_var] = str(value)
     return out
+
+
+def child_environment(config: Config) -> dict[str, str]:
+    """This process's environment, its ``GPCDC_*`` variables replaced by ``config``'s."""
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+    return {**inherited, **config_environment(config)}
 
 
 class CaptureGroup:
@@ -66,8 +74,8 @@ class CaptureGroup:
             return None
 
     def worker_argv(self, content: int) -> list[str]:
-        return [sys.executable, "-m", "gpcdc_toolkit", *config_flags(self.config), "capture", "run",
-                "--node", str(content)]
+        """The worker's command line: its settings come in its environment."""
+        return [sys.executable, "-m", "gpcdc_toolkit", "capture", "run", "--node", str(content)]
 
     def start(self, timeout: float = 60.0) -> dict[int, int]:
         """Start a background worker for every node that has none, and return their pids
@@ -102,7 +110,8 @@ class CaptureGroup:
     def start_node(self, content: int, log_path: Path) -> int:
         with log_path.open("ab") as log:
             proc = subprocess.Popen(self.worker_argv(content), stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    env=child_environment(self.config))
         self.pid_file(content).write_text(str(proc.pid))
         return proc.pid
 

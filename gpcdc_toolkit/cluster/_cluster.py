@@ -8,6 +8,7 @@ that another MPP flavour can plug in by subclassing it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -250,9 +251,31 @@ def _first_line(error: Exception) -> str:
     return text.splitlines()[0].strip() if text else type(error).__name__
 
 
+_SECRETS = (re.compile(r"(password\s*=?\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE),
+            re.compile(r"(://[^:/@\s]*:)([^@\s]*)(@)"))
+
+
+def masked(text: str, dsn: str | None = None) -> str:
+    """A DSN, or a message quoting one (``dsn``), with its passwords replaced by ***."""
+    source = text if dsn is None else dsn
+    secrets = [m.group(2) for pattern in _SECRETS for m in pattern.finditer(source) if m.group(2)]
+    for pattern in _SECRETS:
+        text = pattern.sub(lambda m: m.group(1) + "***" + (m.group(3) if m.lastindex == 3 else ""), text)
+    for secret in secrets:  # quoted elsewhere, e.g. by libpq's complaint
+        text = text.replace(secret.strip("'"), "***")
+
+    def part_of_a_secret(token: re.Match[str]) -> str:  # libpq may quote a piece of one
+        piece = token.group(1)
+        shared = any(piece[i:i + 3] in secret for secret in secrets for i in range(max(1, len(piece) - 2)))
+        return '"***"' if piece and shared else token.group(0)
+
+    return re.sub(r'"([^"]*)"', part_of_a_secret, text) if secrets else text
+
+
 def _where(dsn: str) -> str:
     try:
         params = conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as e:
-        raise ClusterError(f"malformed DSN {dsn!r} ({e})", fix="use 'host=... port=... dbname=...' or a postgresql:// URL") from None
+        raise ClusterError(f"malformed DSN {masked(dsn)!r} ({masked(_first_line(e), dsn)})",
+                           fix="use 'host=... port=... dbname=...' or a postgresql:// URL") from None
     return f"{params.get('host', 'localhost')}:{params.get('port', '5432')}"
