@@ -313,7 +313,20 @@ def test_orphaned_prepared_transaction_is_reported(source, config):
                 bootstrap(source, pipeline, "snapshot")
         finally:
             conn.execute("ROLLBACK PREPARED 'gpcdc_999999'")
+    # A refusal leaves nothing behind, and the retry its message asks for succeeds.
     assert not any(slot_exists(source, node, pipeline.slot) for node in source.nodes)
+    assert not any(publication_exists(source, node, pipeline.publication) for node in source.nodes)
+    assert not pipeline.start_point_file.exists()
+    try:
+        bootstrap(source, pipeline, "snapshot")
+        assert all(slot_exists(source, node, pipeline.slot) for node in source.nodes)
+    finally:
+        drop_slots(source, pipeline.slot, publication=pipeline.publication)
+
+
+def publication_exists(cluster, node, name):
+    with cluster.connect_node(node) as conn:
+        return conn.execute("SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = %s)", (name,)).fetchone()[0]
 
 
 def slot_exists(cluster, node, slot):
@@ -330,6 +343,11 @@ def test_slot_creation_that_cannot_finish_names_what_blocks_it(source, config):
             bootstrap(source, pipeline, "snapshot", timeout=1)
         blocker.rollback()
     assert not any(slot_exists(source, node, pipeline.slot) for node in source.nodes)
+    assert not any(publication_exists(source, node, pipeline.publication) for node in source.nodes)
+    assert not pipeline.start_point_file.exists() and not pipeline.snapshot_dir.exists()
+    for timeout in (-1, 0, float("nan")):
+        with pytest.raises(BootstrapError, match="the timeout must be a positive number of seconds"):
+            bootstrap(source, pipeline, "snapshot", timeout=timeout)
 
 
 def test_capture_needs_a_start_point_and_a_broker(source, config, work_dir):

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import re
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -117,7 +119,7 @@ def _ensure_publications(cluster: Cluster, publication: str) -> None:
     """Segments publish every table; the coordinator nothing but its messages."""
     for node in cluster.nodes:
         with cluster.connect_node(node) as conn:
-            if conn.execute("SELECT FROM pg_publication WHERE pubname = %s", (publication,)).fetchone():
+            if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone():
                 continue
             scope = "" if node.content == COORDINATOR else " FOR ALL TABLES"
             conn.execute(f'CREATE PUBLICATION "{publication}"{scope}')
@@ -257,25 +259,34 @@ def bootstrap(
     """
     if method not in METHODS:
         raise BootstrapError(f"unknown bootstrap method {method!r}", fix=f"use one of {', '.join(METHODS)}")
+    if not 0 < timeout < math.inf:
+        raise BootstrapError(f"the timeout must be a positive number of seconds, not {timeout}",
+                             fix="give --timeout in seconds, e.g. 60")
     cluster.check_logical_decoding()
     existing = _existing_slots(cluster, pipeline.slot)
     if existing:
         return _reuse(cluster, pipeline, existing, on_reuse)
-    _ensure_publications(cluster, pipeline.publication)
-    orphans = _orphaned_prepared(cluster)
+    orphans = _orphaned_prepared(cluster)  # before anything is created: a refusal leaves nothing behind
     if orphans:
         raise BootstrapError(
             f"orphaned prepared transactions would hold slot creation back forever: {', '.join(orphans)}",
             fix="COMMIT PREPARED or ROLLBACK PREPARED each on its node (commit only when the coordinator's "
                 "commit record for its gxid exists), then run the bootstrap again",
         )
+    created_directory = not pipeline.directory.exists()
     pipeline.directory.mkdir(parents=True, exist_ok=True)
-    with _cleanup_on_failure(cluster, pipeline.slot, pipeline.publication) as slots:
-        if method == "peaceful":
-            start = _peaceful(cluster, pipeline, slots, timeout)
-        else:
-            start = _snapshot_filter(cluster, pipeline, slots, timeout, slots_created)
-        write_json(pipeline.start_point_file, start.to_json())
+    try:
+        with _cleanup_on_failure(cluster, pipeline.slot, pipeline.publication) as slots:
+            _ensure_publications(cluster, pipeline.publication)
+            if method == "peaceful":
+                start = _peaceful(cluster, pipeline, slots, timeout)
+            else:
+                start = _snapshot_filter(cluster, pipeline, slots, timeout, slots_created)
+            write_json(pipeline.start_point_file, start.to_json())
+    except BaseException:
+        if created_directory:  # a partial snapshot is worth nothing
+            shutil.rmtree(pipeline.directory, ignore_errors=True)
+        raise
     return start
 
 
