@@ -22,6 +22,7 @@ from typing import Any
 
 from .._expect import Outcome, load_suites
 from ..audit._findings import SEVERITIES
+from ..bootstrap import distributed_tables
 from ..cluster import Cluster, TableRef
 from ..config import Config
 from ..connect import open_cluster
@@ -90,14 +91,6 @@ class Validation:
         return [*out, verdict]
 
 
-def source_tables(source: Cluster) -> list[tuple[str, str]]:
-    """Every distributed table of the source, as (schema, name)."""
-    with source.coordinator_connection() as conn:
-        return [(s, n) for s, n in conn.execute(
-            "SELECT n.nspname, c.relname FROM gp_distribution_policy p JOIN pg_class c ON c.oid = p.localoid "
-            "JOIN pg_namespace n ON n.oid = c.relnamespace ORDER BY 1, 2")]
-
-
 def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpoint: bool | int = True,
              source: Cluster | None = None, target: Cluster | None = None, spark: Any = None) -> Validation:
     """Compare ``tables`` (default: every distributed table of the source): ``syncpoint``
@@ -108,11 +101,11 @@ def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpo
     source = source or open_cluster(config, "source")
     target = target or open_cluster(config, "target")
     started = time.monotonic()
-    names = list(tables) if tables is not None else source_tables(source)
-    if not names:
+    # An unknown name fails here, before any cut.
+    infos = [source.table(t) for t in tables] if tables is not None else distributed_tables(source)
+    if not infos:
         raise ValidationError("there is no table to validate: the source has no distributed table",
                               fix="create tables through the toolkit (DISTRIBUTED BY), or name them with --tables")
-    infos = [source.table(t) for t in names]  # an unknown name fails here, before any cut
     suites = load_suites(Path(settings.expectations_dir) if settings.expectations_dir else None) \
         if settings.expectations else []
     with ExitStack() as stack:

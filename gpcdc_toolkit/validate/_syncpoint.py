@@ -37,6 +37,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from ..bootstrap import distributed_tables
 from ..cluster import COMMIT_LOCK, Cluster, Session, Table, gid, gxid_of, syncpoint_lock
 from ..errors import GpcdcError
 from ..protocol import COORDINATOR, CommitRecord, GxidMarker, parse_lsn
@@ -68,10 +69,6 @@ class SyncPoint:
     _target_lock: psycopg.Connection[Any] | None = field(default=None, repr=False)
     _lock_key: int = 0  # key 1 of the target lock: the pipeline's
     _tables: tuple[sql.Composable, ...] = ()  # locked in the target's snapshots too
-
-    @property
-    def id(self) -> int:
-        return self.gxid
 
     def wait_for_replay(self, timeout: float) -> Snapshots:
         """Wait until the replayer has applied everything up to the sync point and
@@ -178,9 +175,7 @@ def take_syncpoint(source: Cluster, target: Cluster | None = None, *, pipeline: 
     the commit lock (a commit phase that does not end) or the target's (another
     validation holds this sync point)."""
     if tables is None:
-        from ._run import source_tables
-
-        tables = [source.table(t) for t in source_tables(source)]
+        tables = distributed_tables(source)
     locked = tuple(t.identifier for t in tables)
     key = syncpoint_lock(pipeline)
     with Session(source) as session, ExitStack() as undo:
