@@ -157,6 +157,13 @@ class ValidateSettings:
 
 
 @dataclass(frozen=True)
+class ReportSettings:
+    dir: Path = setting(Path("reports"), "directory of `gpcdc run`'s reports: one directory per run, and index.html")
+    kernel: str = setting("python3", "the Jupyter kernel that runs the notebooks")
+    timeout: float = setting(3600.0, "seconds a notebook cell may run before the run fails", minimum=1)
+
+
+@dataclass(frozen=True)
 class Config:
     work_dir: Path = setting(Path(".gpcdc"), "directory for sandboxes, the broker and state")
     source: ClusterRef = field(default_factory=SourceRef)
@@ -167,6 +174,7 @@ class Config:
     replay: ReplaySettings = field(default_factory=ReplaySettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
     validate: ValidateSettings = field(default_factory=ValidateSettings)
+    report: ReportSettings = field(default_factory=ReportSettings)
     origins: Mapping[str, str] = internal(default_factory=dict)  # setting -> where its value came from
     file: Path | None = internal(None)  # the configuration file read, if any (child processes read it too)
 
@@ -414,6 +422,7 @@ def load_config(
         replay=ReplaySettings(**sections["replay"]),
         audit=AuditSettings(**sections["audit"]),
         validate=ValidateSettings(**sections["validate"]),
+        report=ReportSettings(**sections["report"]),
         origins=origins,
         file=file.absolute() if file is not None else None,
     )

@@ -12,22 +12,24 @@ injection) are pure and imported with the package; the Spark parts load on first
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
-from ._findings import FINDING_COLUMNS, FINDINGS_DDL, SEVERITIES, Thresholds, at_or_above, summary_table
+from ._findings import ADVICE, FINDING_COLUMNS, FINDINGS_DDL, SEVERITIES, Thresholds, advice, at_or_above, summary_table
 
 __getattr__ = lazy_exports(__name__, {
     "_archive": ("ArchiveError", "ArchiveRun", "read_archive", "write_archive"),
     "_rules": ("RULES", "Stream", "prepare", "watermark_delay"),
-    "_run": ("AuditResult", "AuditState", "audit_events", "events_frame", "run_audit", "thresholds_of"),
+    "_run": ("AuditResult", "AuditState", "audit_events", "events_frame", "latest_findings", "run_audit",
+              "thresholds_of"),
 })
 
 if TYPE_CHECKING:
     from ._archive import ArchiveError, ArchiveRun, read_archive, write_archive
     from ._rules import RULES, Stream, prepare, watermark_delay
-    from ._run import AuditResult, AuditState, audit_events, events_frame, run_audit, thresholds_of
+    from ._run import AuditResult, AuditState, audit_events, events_frame, latest_findings, run_audit, thresholds_of
 
 __all__ = [
-    "FINDING_COLUMNS", "FINDINGS_DDL", "SEVERITIES", "Thresholds", "at_or_above", "summary_table",
+    "ADVICE", "advice", "FINDING_COLUMNS", "FINDINGS_DDL", "SEVERITIES", "Thresholds", "at_or_above", "summary_table",
     "ArchiveError", "ArchiveRun", "read_archive", "write_archive",
     "RULES", "Stream", "prepare", "watermark_delay",
-    "AuditResult", "AuditState", "audit_events", "events_frame", "run_audit", "thresholds_of",
+    "AuditResult", "AuditState", "audit_events", "events_frame", "latest_findings", "run_audit",
+    "thresholds_of",
 ]

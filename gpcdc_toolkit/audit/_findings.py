@@ -59,3 +59,48 @@ def summary_table(rows: list[tuple[str, str, int]]) -> str:
     lines = [f"{'rule':<{width}}  {'severity':<8}  {'count':>9}"]
     lines += [f"{rule:<{width}}  {severity:<8}  {count:>9}" for rule, severity, count in rows]
     return "\n".join(lines)
+
+
+# What to do about a finding of each rule: for reports, beside the evidence.
+ADVICE: dict[str, str] = {
+    "missing_part": "A segment's part is lost from the stream: do not replay past it. Check that segment's capture "
+                    "worker (gpcdc status) and its slot; re-bootstrap the pipeline if the WAL is gone.",
+    "late_part": "Nothing to do yet: the part may still come. If it is reported again in later runs, look at the "
+                 "segment's capture worker and its prepared transactions.",
+    "damaged_part": "Events of a part are lost or repeated: re-capture from the slot (reset the worker to the last "
+                    "acknowledged position) and check the topic's retention.",
+    "orphan_part": "The coordinator's commit record is lost: check the coordinator's capture worker and the dtx "
+                   "topic's retention; the replayer will not apply this transaction.",
+    "awaiting_record": "Nothing to do yet: the coordinator has not reported past this commit.",
+    "unlisted_part": "A part on a segment its commit record does not name: the source's markers disagree; report it "
+                     "with the evidence, and do not trust the replay of this transaction.",
+    "one_phase_contradiction": "A one-phase part has a commit record: the source's markers disagree; report it with "
+                               "the evidence.",
+    "lost_ddl_record": "DDL records are missing before a commit record: check the coordinator's capture and the dtx "
+                       "topic; the target's schema may be behind.",
+    "legacy_part": "The source runs without the toolkit's WAL markers: install them (see docs/protocol.md), or "
+                   "accept that completeness cannot be proven.",
+    "legacy_share": "See legacy_part.",
+    "legacy_record": "See legacy_part.",
+    "commit_lsn_backwards": "A partition holds commits out of order: check that one worker writes each node's "
+                            "partition (gpcdc status) and that nothing else produces to the topic.",
+    "resend_before_window": "Usually a resend: audit from the partition's start to be sure.",
+    "after_watermark": "A transaction came after a watermark that had passed it: a capture worker broke the "
+                       "resolved rule; report it with the evidence, and validate the target.",
+    "key_order": "Two transactions wrote a key in opposite orders on a segment and the coordinator: validate the "
+                 "target's table against the source.",
+    "ddl_barrier": "A transaction sits on the other side of its table's DDL: validate the target's table.",
+    "duplicate_events": "Normal after a capture restart: the replayer applies each transaction once.",
+    "conflicting_duplicate": "Two copies of one event differ: something else writes to the topic, or a message was "
+                             "damaged; do not replay past it until explained.",
+    "watermark_gap": "A node was silent for a while: look at its capture worker's log for that time.",
+    "silent_node": "A node is silent now: check its capture worker (gpcdc status) and restart it.",
+    "corrupt_message": "A message is not of the protocol: find its producer; the replayer stops at it.",
+}
+
+
+def advice(rule: str) -> str:
+    """What to do about a finding of ``rule`` (an expectation's failure, or a rule)."""
+    if rule.startswith("expect_"):
+        return "An invariant of the stream's expectation suite failed: read the evidence, then the suite in expectations/."
+    return ADVICE.get(rule, "")

@@ -213,6 +213,12 @@ def _write(config: Config, result: AuditResult) -> Path:
     return out
 
 
+def latest_findings(spark: Any, config: Config) -> DataFrame | None:
+    """The findings of the pipeline's latest audit run written, or None when none was."""
+    runs = sorted((Path(config.work_dir) / "audit" / config.kafka.topic_prefix / "runs").glob("*/findings.parquet"))
+    return spark.read.parquet(str(runs[-1])) if runs else None
+
+
 def _open_offsets(stream: Stream, findings: DataFrame) -> Iterable[Any]:
     """(topic, partition, offset) of what the next run must read again."""
     open_gxids = findings.where(col("rule").isin(*OPEN_RULES)).select("gxid").distinct()

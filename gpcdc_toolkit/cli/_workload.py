@@ -73,15 +73,27 @@ class Workload(Command):
 
 
 class Demo(Command):
-    name, help = "demo", "the main job on the embedded default: sandbox, broker, bootstrap, capture, replay, checks"
+    name = "demo"
+    help = ("the main job on the embedded default: sandboxes, broker, then bootstrap, capture, workload, replay, "
+            "audit, validation and exploration, each a notebook run into reports/")
+    sections = ("report",)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--segments", type=int, default=3)
+        d = WorkloadSpec(hot_keys=10)
+        parser.add_argument("--segments", type=int, default=3, help="source segments (the target gets one fewer)")
         parser.add_argument("--method", choices=METHODS, default="snapshot", help="bootstrap method")
-        parser.add_argument("--keep", action="store_true", help="leave the sandbox, broker and capture running")
-        _add_workload_arguments(parser)
-        parser.set_defaults(hot_keys=10, duration=5.0)
+        parser.add_argument("--keep", action="store_true", help="leave the sandboxes, the broker and capture running")
+        parser.add_argument("--threads", type=int, default=d.threads, help="workload threads")
+        parser.add_argument("--duration", type=float, default=d.duration, help="workload seconds (default: %(default)s)")
+        parser.add_argument("--hot-keys", type=int, default=d.hot_keys, help="shared accounts updated concurrently")
+        parser.add_argument("--seed", type=int, default=0)
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
-        options = DemoOptions(segments=args.segments, method=args.method, keep=args.keep, workload=_workload_spec(args))
-        return run_demo(config, options, say=say, progress=_progress_line)
+        if args.segments < 1:
+            raise ConfigError(f"--segments {args.segments}: a sandbox needs at least one segment", fix="give 1 or more")
+        try:
+            spec = WorkloadSpec(threads=args.threads, duration=args.duration, hot_keys=args.hot_keys, seed=args.seed)
+        except ValueError as e:
+            raise ConfigError(f"invalid workload: {e}") from None
+        return run_demo(config, DemoOptions(segments=args.segments, method=args.method, keep=args.keep, workload=spec),
+                        say=say)

@@ -230,6 +230,15 @@ class Cluster:
                 out[node.content] = conn.execute(query).fetchall()
         return out
 
+    def row_counts(self, table: TableRef) -> dict[int, int]:
+        """How many rows of a table each segment stores."""
+        query = sql.SQL("SELECT count(*) FROM {}").format(self.table(table).identifier)
+        out: dict[int, int] = {}
+        for node in self.segments:
+            with self.connect_node(node) as conn:
+                out[node.content] = int(conn.execute(query).fetchone()[0])  # type: ignore[index]
+        return out
+
     def prepared_transactions(self) -> list[tuple[Node, str, str]]:
         """Every prepared transaction on every node: (node, gid, database)."""
         found = []

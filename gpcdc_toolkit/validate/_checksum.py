@@ -31,7 +31,7 @@ from ..cluster import COORDINATOR, Cluster, TableRef
 from ..cluster._cluster import Table
 from ..cluster._routing import segment_for
 from ..errors import GpcdcError
-from ._chunks import MOD, Chunk, Digest, Reply, bisect, summed
+from ._chunks import MOD, Chunk, Digest, Reply, bisect, differing, summed
 from ._diff import EXAMPLES, TableDiff
 from ._snapshots import Snapshots
 
@@ -52,6 +52,7 @@ class ChecksumResult:
     seconds: float
     fix: dict[int, list[str]] = field(default_factory=dict)  # target node content -> statements
     schema: tuple[str, ...] = ()  # how the target's definition differs beyond its rows (column defaults)
+    levels: tuple[tuple[int, int, int], ...] = ()  # per bisection round: (level, chunks measured, chunks differing)
 
     @property
     def equal(self) -> bool:
@@ -234,6 +235,7 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
     steps = bisect(fetch_rows)
     request = next(steps)
     rounds, totals = 0, (0, 0)
+    levels: list[tuple[int, int, int]] = []
     try:
         while True:
             level, parents = request
@@ -245,6 +247,7 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
             if not rounds:  # the first round covers the whole table
                 totals = (sum(d.rows for d in reply[0].values()), sum(d.rows for d in reply[1].values()))
             rounds += 1
+            levels.append((level, len(set(reply[0]) | set(reply[1])), len(differing(*reply))))
             request = steps.send(reply)
     except StopIteration as done:
         chunks: list[Chunk] = done.value
@@ -257,8 +260,9 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
         tgt = _fetched(target, chunks, results[len(fetches[0]):])
     diff, fix = (_by_key if info.primary_key else _as_multiset)(info, target, src, tgt)
     misplaced = _misplaced(target, target_info) if placement else []
-    return finish(info, target, target_info, diff, fix, misplaced, totals, rounds=rounds, chunks=len(chunks),
-                  fetched=len(src) + len(tgt), started=started)
+    result = finish(info, target, target_info, diff, fix, misplaced, totals, rounds=rounds, chunks=len(chunks),
+                    fetched=len(src) + len(tgt), started=started)
+    return dataclasses.replace(result, levels=tuple(levels))
 
 
 def finish(info: Table, target: Snapshots, target_info: Table, diff: TableDiff, fix: dict[int, list[str]],

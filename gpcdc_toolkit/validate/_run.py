@@ -32,7 +32,7 @@ from ._snapshots import Snapshots
 from ._syncpoint import SyncPoint, attach, held_file, take_syncpoint
 
 RESULT_COLUMNS = ("table", "equal", "source_rows", "target_rows", "missing", "extra", "changed", "misplaced",
-                  "chunks", "rounds", "fetched", "seconds", "examples", "schema")
+                  "chunks", "rounds", "fetched", "seconds", "examples", "schema", "levels")
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,8 @@ class Validation:
         return [{"table": r.table, "equal": r.equal, "source_rows": r.diff.expected, "target_rows": r.diff.actual,
                  "missing": r.diff.missing, "extra": r.diff.extra, "changed": r.diff.changed,
                  "misplaced": r.diff.misplaced, "chunks": r.chunks, "rounds": r.rounds, "fetched": r.fetched,
-                 "seconds": round(r.seconds, 3), "examples": list(r.diff.examples), "schema": list(r.schema)}
+                 "seconds": round(r.seconds, 3), "examples": list(r.diff.examples), "schema": list(r.schema),
+                 "levels": [{"level": lv, "measured": m, "differing": d} for lv, m, d in r.levels]}
                 for r in self.results]
 
     def frame(self) -> Any:

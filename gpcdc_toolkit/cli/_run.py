@@ -1,0 +1,36 @@
+"""``gpcdc run``: a notebook as a scheduled job."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..config import Config
+from ._command import Command, say
+
+
+class Run(Command):
+    name = "run"
+    help = ("execute a notebook with papermill into reports/<job>-<time>/ (the executed notebook and a "
+            "self-contained HTML report) and update reports/index.html; exit 0 passed, 1 findings, 2 a cell failed")
+    sections = ("report",)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("notebook", metavar="NOTEBOOK",
+                            help="a notebook's name (bootstrap, capture, workload, replay, audit, validate, explore) "
+                                 "or path")
+        parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                            help="a parameter of the notebook's parameters cell (repeatable); no secrets: "
+                                 "parameters are stored in the executed notebook")
+        parser.add_argument("--fail-on", choices=("error", "warning", "info"),
+                            help="the least severity of a finding that fails the run (the notebook's fail_on)")
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        from ..report import run_notebook
+
+        parameters = dict(args.parameter)
+        if args.fail_on:
+            parameters["fail_on"] = args.fail_on
+        done = run_notebook(config, args.notebook, parameters)
+        say(done.line())
+        say(f"index: {done.directory.parent / 'index.html'}")
+        return done.exit_code

@@ -1,0 +1,40 @@
+"""The product's face: notebooks run by papermill into self-contained HTML reports.
+
+``run_notebook`` (``gpcdc run``) executes a notebook of ``notebooks/`` with checked
+parameters into ``reports/<job>-<time>/`` and updates ``reports/index.html``; a notebook
+opens with ``notebook_config`` and shows its ``headline`` (figures first, and whether the
+job passed, which sets the run's exit status). ``TransactionBrowser`` shows one
+distributed transaction whole; ``browse`` is its widget.
+
+``_params``, ``_headline`` and ``_index`` are pure; the rest load on first use.
+"""
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+from ._headline import MEDIA_TYPE, Headline, cell_error, headline, read_headline
+from ._index import index_html, read_runs, update_index
+from ._params import Parameter, check_parameters, convert, declared_parameters, refuse_secret, sql_names, syncpoint_choice
+
+__getattr__ = lazy_exports(__name__, {
+    "_browser": ("TransactionBrowser", "TransactionView", "browse"),
+    "_export": ("external_references", "for_report", "redact", "to_html"),
+    "_notebook": ("notebook_config",),
+    "_runner": ("EXIT", "NOTEBOOKS", "NotebookRun", "find_notebook", "run_notebook", "secrets_of"),
+})
+
+if TYPE_CHECKING:
+    from ._browser import TransactionBrowser, TransactionView, browse
+    from ._export import external_references, for_report, redact, to_html
+    from ._notebook import notebook_config
+    from ._runner import EXIT, NOTEBOOKS, NotebookRun, find_notebook, run_notebook, secrets_of
+
+__all__ = [
+    "MEDIA_TYPE", "Headline", "cell_error", "headline", "read_headline",
+    "index_html", "read_runs", "update_index",
+    "Parameter", "check_parameters", "convert", "declared_parameters", "refuse_secret", "sql_names", "syncpoint_choice",
+    "TransactionBrowser", "TransactionView", "browse",
+    "external_references", "for_report", "redact", "to_html",
+    "notebook_config",
+    "EXIT", "NOTEBOOKS", "NotebookRun", "find_notebook", "run_notebook", "secrets_of",
+]

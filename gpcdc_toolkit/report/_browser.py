@@ -1,0 +1,186 @@
+"""The transaction browser: one distributed transaction whole, as the stream holds it.
+
+:class:`TransactionBrowser` works on pandas frames (the columns of
+``gpcdc_toolkit.ingest``'s rows; findings in the audit's schema) and does no I/O, so
+that it is tested without servers; ``from_spark`` reads them from Spark DataFrames, and
+:func:`browse` is the widget over it: pick a gxid, a time window, a table or a finding's
+rule, and see the transaction's record, its parts per segment with offsets and commit
+times, its rows, where it sits in source order, and the findings that name it."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import Any
+
+PART_COLUMNS = ["segment", "xid", "one_phase", "commit_ts", "commit_lsn", "partition", "begin_offset",
+                "end_offset", "rows", "declared_rows"]
+ROW_COLUMNS = ["segment", "seq", "table", "op", "key", "before", "after", "partition", "offset"]
+
+
+@dataclass(frozen=True)
+class TransactionView:
+    gxid: int
+    record: dict[str, Any] | None  # the coordinator's commit record; None: one-phase, or not (yet) captured
+    position: int | None  # 1-based, in source order (the commit records' order); None without a record
+    of: int  # commit records in the window
+    previous: int | None  # the gxids committed just before and after, in source order
+    following: int | None
+    parts: Any  # pandas, PART_COLUMNS: one row per segment part
+    rows: Any  # pandas, ROW_COLUMNS
+    findings: Any  # pandas, the audit's findings that name this gxid
+
+    def lines(self) -> list[str]:
+        if self.record is None:
+            where = "no distributed commit record (a one-phase transaction, or its record is not in the window)"
+        else:
+            where = (f"commit record at offset {self.record['offset']} of partition {self.record['partition']}, "
+                     f"number {self.position} of {self.of} in source order, committed {self.record['commit_ts']}")
+        declared = sorted(int(s) for s in self.record["segments"]) \
+            if self.record is not None and self.record.get("segments") is not None else None
+        present = sorted(int(s) for s in self.parts["segment"])
+        missing = sorted(set(declared) - set(present)) if declared is not None else []
+        out = [f"gxid {self.gxid}: {where}",
+               f"parts on segments {present}" + (f" of {declared}" if declared is not None else "")
+               + (f"; MISSING on {missing}" if missing else "") + f"; {len(self.rows)} row events",
+               f"findings naming it: {len(self.findings)}"]
+        return out
+
+    def _repr_html_(self) -> str:
+        items = "".join(f"<li>{html.escape(line)}</li>" for line in self.lines())
+        tables = [("Parts per segment", self.parts), ("Rows", self.rows.head(200)), ("Findings", self.findings)]
+        body = "".join(f"<h4>{title}</h4>{frame.to_html(index=False)}" for title, frame in tables if len(frame))
+        return f"<div><ul>{items}</ul>{body}</div>"
+
+
+class TransactionBrowser:
+    """The transactions of a window of the stream.
+
+    ``changes``: the changes topic's messages (row, begin and end events matter);
+    ``records``: the coordinator's commit records; ``findings``: an audit's findings."""
+
+    def __init__(self, changes: Any, records: Any, findings: Any = None) -> None:
+        import pandas as pd
+
+        needed = ["kind", "gxid", "xid", "commit_ts", "commit_lsn", "one_phase", "event_count", "table_schema",
+                  "table_name", *ROW_COLUMNS]
+        changes = changes.reindex(columns=list(dict.fromkeys([*changes.columns, *needed])))
+        self.changes = changes[changes["kind"].isin(["row", "begin", "end"])].copy()
+        self.changes["table"] = self.changes["table_schema"].fillna("") + "." + self.changes["table_name"].fillna("")
+        commits = records[records["kind"] == "commit"]
+        self.records = commits.sort_values(["partition", "offset"]).drop_duplicates("gxid").reset_index(drop=True)
+        self.findings = findings if findings is not None else pd.DataFrame(columns=["rule", "severity", "gxid"])
+        self._order = {int(g): i for i, g in enumerate(self.records["gxid"])}
+
+    @classmethod
+    def from_spark(cls, changes: Any, transactions: Any, findings: Any = None) -> TransactionBrowser:
+        """From Spark DataFrames (read into the driver: give a window that fits)."""
+        events = changes.where(changes.kind.isin("row", "begin", "end"))
+        return cls(events.toPandas(), transactions.toPandas(), findings.toPandas() if findings is not None else None)
+
+    @property
+    def tables(self) -> list[str]:
+        rows = self.changes[self.changes["kind"] == "row"]
+        return sorted(rows["table"].dropna().unique().tolist())
+
+    @property
+    def rules(self) -> list[str]:
+        return sorted(self.findings["rule"].dropna().unique().tolist())
+
+    def gxids(self, *, start: Any = None, end: Any = None, table: str | None = None,
+              rule: str | None = None) -> list[int]:
+        """The gxids in the window (source commit time ``start`` <= t < ``end``), touching
+        ``table``, named by a finding of ``rule``: those with a record in source order,
+        then the others by commit time."""
+        import pandas as pd
+
+        parts = self.changes[self.changes["gxid"].notna()]
+        if start is not None:
+            parts = parts[parts["commit_ts"] >= pd.Timestamp(start)]
+        if end is not None:
+            parts = parts[parts["commit_ts"] < pd.Timestamp(end)]
+        if table:
+            parts = parts[parts["gxid"].isin(parts.loc[parts["table"] == table, "gxid"])]
+        chosen = {int(g) for g in parts["gxid"].unique()}
+        if start is None and end is None and not table:
+            chosen |= set(self._order)
+        if rule:
+            named = self.findings.loc[self.findings["rule"] == rule, "gxid"].dropna()
+            chosen &= {int(g) for g in named}
+        first_commit = {int(g): str(t) for g, t in parts.groupby("gxid")["commit_ts"].min().items() if pd.notna(t)}
+        return sorted(chosen, key=lambda g: (g not in self._order, self._order.get(g, 0), first_commit.get(g, ""), g))
+
+    def widest(self) -> int | None:
+        """The latest committed transaction among those with parts on the most segments."""
+        if not len(self.records):
+            return None
+        spans = self.records["segments"].map(lambda s: len(s) if s is not None else 0)
+        widest = self.records[spans == spans.max()]
+        return int(widest["gxid"].iloc[-1])
+
+    def view(self, gxid: int) -> TransactionView:
+        import pandas as pd
+
+        mine = self.changes[self.changes["gxid"] == gxid]
+        position = self._order.get(gxid)
+        record = self.records.iloc[position].to_dict() if position is not None else None
+        parts = []
+        for segment, events in mine.groupby("segment"):
+            begin, end = events[events["kind"] == "begin"], events[events["kind"] == "end"]
+            rows = events[events["kind"] == "row"]
+            first = begin.iloc[0] if len(begin) else events.iloc[0]
+            flags = events["one_phase"].dropna()
+            parts.append({"segment": int(segment), "xid": first["xid"],
+                          "one_phase": bool(flags.iloc[0]) if len(flags) else None,
+                          "commit_ts": first["commit_ts"], "commit_lsn": first["commit_lsn"],
+                          "partition": int(first["partition"]),
+                          "begin_offset": int(begin["offset"].min()) if len(begin) else None,
+                          "end_offset": int(end["offset"].max()) if len(end) else None, "rows": len(rows),
+                          "declared_rows": int(end["event_count"].iloc[0]) if len(end) and
+                          pd.notna(end["event_count"].iloc[0]) else None})
+        rows = mine[mine["kind"] == "row"].sort_values(["segment", "seq"])[ROW_COLUMNS].reset_index(drop=True)
+        rows = rows.astype({"segment": "Int64", "seq": "Int64", "partition": "Int64", "offset": "Int64"})
+        named = self.findings[self.findings["gxid"] == gxid].reset_index(drop=True)
+        gxids = self.records["gxid"]
+        return TransactionView(
+            gxid, record, None if position is None else position + 1, len(self.records),
+            int(gxids.iloc[position - 1]) if position else None,
+            int(gxids.iloc[position + 1]) if position is not None and position + 1 < len(gxids) else None,
+            pd.DataFrame(parts, columns=PART_COLUMNS), rows, named)
+
+
+def browse(browser: TransactionBrowser) -> Any:
+    """The widget: filters (time window, table, finding rule), a gxid list, and the view."""
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    start = widgets.Text(description="from", placeholder="2026-01-01 12:00 (UTC)")
+    end = widgets.Text(description="to", placeholder="(open)")
+    table = widgets.Dropdown(description="table", options=["(any)", *browser.tables])
+    rule = widgets.Dropdown(description="finding", options=["(any)", *browser.rules])
+    gxid = widgets.Dropdown(description="gxid", options=[])
+    shown = widgets.Output()
+
+    def refilter(_change: Any = None) -> None:
+        try:
+            found = browser.gxids(start=start.value or None, end=end.value or None,
+                                  table=None if table.value == "(any)" else table.value,
+                                  rule=None if rule.value == "(any)" else rule.value)
+        except ValueError as e:  # a time that does not parse
+            with shown:
+                shown.clear_output()
+                print(f"cannot filter: {e}")
+            return
+        gxid.options = found[:5000]
+
+    def show(_change: Any = None) -> None:
+        with shown:
+            shown.clear_output()
+            if gxid.value is not None:
+                display(browser.view(int(gxid.value)))
+
+    for control in (start, end, table, rule):
+        control.observe(refilter, names="value")
+    gxid.observe(show, names="value")
+    refilter()
+    return widgets.VBox([widgets.HBox([start, end]), widgets.HBox([table, rule]), gxid, shown])

@@ -1,0 +1,67 @@
+"""An executed notebook as one self-contained HTML file: nothing loaded from a network,
+code hidden behind a "show code" switch, errors shown, widgets left out (their views
+need a widget manager from a CDN; a report's interactivity is plotly's own)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+TEMPLATES = Path(__file__).parent / "templates"
+INTERACTIVE_TAG = "interactive"  # cells for a person at a notebook (widgets): not in reports
+_EXTERNAL = re.compile(r"""<(?:script|link|img|iframe)\b[^>]*?\b(?:src|href)\s*=\s*["']?((?:https?:)?//[^"'\s>]+)""",
+                       re.IGNORECASE)
+
+
+def for_report(notebook: Mapping[str, Any], secrets: Iterable[str] = ()) -> dict[str, Any]:
+    """The notebook as a report shows it: interactive cells and widget state dropped,
+    every secret replaced by ``***``."""
+    out: dict[str, Any] = copy.deepcopy(dict(notebook))
+    out["cells"] = [c for c in out.get("cells", []) if INTERACTIVE_TAG not in c.get("metadata", {}).get("tags", [])]
+    out.setdefault("metadata", {}).pop("widgets", None)
+    redacted: dict[str, Any] = redact(out, secrets)
+    return redacted
+
+
+def redact(value: Any, secrets: Iterable[str]) -> Any:
+    """``value`` (JSON) with every occurrence of each secret replaced by ``***``."""
+    found = sorted({s for s in secrets if s}, key=len, reverse=True)
+    if not found:
+        return value
+
+    pattern = re.compile("|".join(map(re.escape, found)))
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, str):
+            for _ in range(8):  # again while one is left: a replacement can complete another secret
+                v, replaced = pattern.subn("***", v)
+                if not replaced:
+                    break
+            return v
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        if isinstance(v, dict):
+            return {walk(k): walk(x) for k, x in v.items()}
+        return v
+
+    return walk(value)
+
+
+def external_references(page: str) -> list[str]:
+    """The addresses a page would load from a network (scripts, styles, images, frames)."""
+    return _EXTERNAL.findall(page)
+
+
+def to_html(notebook: Mapping[str, Any], title: str) -> str:
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(template_name="gpcdc", extra_template_basedirs=[str(TEMPLATES)])
+    node = nbformat.reads(json.dumps(notebook), as_version=4)  # as on disk: sources and outputs in lines, joined
+    node.metadata["title"] = title
+    body, _resources = exporter.from_notebook_node(node)
+    return str(body)

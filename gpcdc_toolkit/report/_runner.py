@@ -1,0 +1,157 @@
+"""``gpcdc run``: a notebook executed by papermill into ``reports/<job>-<time>/``, the
+executed notebook and its self-contained HTML report written even when a cell fails,
+and ``reports/index.html`` brought up to date.
+
+The kernel gets the configuration in its environment (as capture workers do), never as
+parameters: parameters are stored in the executed notebook, and a DSN may hold a
+password. Whatever secret the configuration holds is replaced by ``***`` in everything
+written, should a cell have printed it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._runtime import write_json
+from ..config import Config
+from ..errors import ConfigError
+from ._export import for_report, redact, to_html
+from ._headline import Headline, cell_error, read_headline
+from ._index import RUN_FILE, update_index
+from ._params import check_parameters, declared_parameters
+
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"  # the checkout's notebooks
+EXIT = {"ok": 0, "findings": 1, "failed": 2}
+# The kernel's own log says that its local TCP sockets are unencrypted, on every start.
+_KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
+
+
+@dataclass(frozen=True)
+class NotebookRun:
+    job: str
+    directory: Path
+    status: str  # ok, findings (the job found what fails it) or failed (a cell raised)
+    seconds: float
+    headline: Headline | None
+    error: str | None = None  # the first cell error, 'Name: message'
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT[self.status]
+
+    @property
+    def report(self) -> Path:
+        return self.directory / "report.html"
+
+    def line(self) -> str:
+        said = self.error or (self.headline.verdict if self.headline else "")
+        return f"{self.job}: {self.status} in {self.seconds:.1f} s{f' ({said})' if said else ''}; {self.report}"
+
+
+def find_notebook(name: str) -> Path:
+    """A notebook by path, or by name among the toolkit's notebooks."""
+    path = Path(name)
+    for candidate in (path, NOTEBOOKS / path, NOTEBOOKS / f"{name}.ipynb"):
+        if candidate.suffix == ".ipynb" and candidate.is_file():
+            return candidate
+    known = ", ".join(sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))) or "none found"
+    raise ConfigError(f"no notebook {name!r}", fix=f"give a path to an .ipynb file, or one of: {known}")
+
+
+def secrets_of(config: Config) -> list[str]:
+    """The secrets the configuration holds: DSN passwords, Kafka client passwords."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    found = [os.environ.get("PGPASSWORD", "")]
+    for ref in (config.source, config.target):
+        if ref.dsn:
+            try:
+                found.append(str(conninfo_to_dict(ref.dsn).get("password") or ""))
+            except Exception:  # noqa: BLE001 (a malformed DSN fails where it is used, with its own error)
+                pass
+    found += [v for k, v in config.kafka.client.items() if any(w in k for w in ("password", "secret", "token"))]
+    return [s for s in found if len(s) >= 3]  # shorter ones would redact innocent text everywhere
+
+
+def run_notebook(config: Config, notebook: str | Path, parameters: Mapping[str, Any] | None = None, *,
+                 reports: Path | None = None) -> NotebookRun:
+    """Execute ``notebook`` with ``parameters`` (checked against its ``parameters`` cell)."""
+    import papermill
+
+    # Parameters papermill's own parser cannot read (annotated `str | None`) were checked above.
+    logging.getLogger("papermill").setLevel(logging.ERROR)
+
+    source = find_notebook(str(notebook))
+    job = source.stem
+    stored = json.loads(source.read_text())
+    given = check_parameters(declared_parameters(stored), dict(parameters or {}), job)
+    reports = Path(reports or config.report.dir).absolute()
+    reports.mkdir(parents=True, exist_ok=True)
+    started = dt.datetime.now(dt.UTC)
+    directory = _new_directory(reports, f"{job}-{started:%Y%m%dT%H%M%SZ}")
+    record: dict[str, Any] = {"job": job, "notebook": str(source), "started": f"{started:%Y-%m-%d %H:%M:%S}",
+                              "status": "running", "parameters": given, "files": []}
+    write_json(directory / RUN_FILE, record)
+    update_index(reports)
+    output = directory / "notebook.ipynb"
+    began = time.monotonic()
+    failure: str | None = None
+    try:
+        with _kernel_environment(config):
+            papermill.execute_notebook(str(source), str(output), parameters=given, kernel_name=config.report.kernel,
+                                       progress_bar=False, log_output=False, execution_timeout=config.report.timeout,
+                                       cwd=os.getcwd(), extra_arguments=_KERNEL_ARGUMENTS)
+    except papermill.PapermillExecutionError:
+        pass  # the error is in the output notebook, read below
+    except Exception as e:  # noqa: BLE001 (the kernel died or could not start: a failed run, reported)
+        failure = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+    seconds = time.monotonic() - began
+    executed = json.loads(output.read_text()) if output.is_file() else stored
+    secrets = secrets_of(config)
+    executed = redact(executed, secrets)
+    output.write_text(json.dumps(executed, indent=1, ensure_ascii=False) + "\n")
+    shown = read_headline(executed)
+    error = failure or cell_error(executed)
+    status = "failed" if error else "ok" if shown is None or shown.passed else "findings"
+    (directory / "report.html").write_text(to_html(for_report(executed, secrets), f"gpcdc {job}, {record['started']} UTC"))
+    record.update(status=status, seconds=round(seconds, 2), error=error,
+                  figures=[[k, v] for k, v in shown.figures.items()] if shown else [], verdict=shown.verdict if shown else "",
+                  files=["notebook.ipynb", "report.html"])
+    write_json(directory / RUN_FILE, redact(record, secrets))
+    update_index(reports)
+    return NotebookRun(job, directory, status, seconds, shown, error)
+
+
+def _new_directory(reports: Path, name: str) -> Path:
+    for n in range(1000):
+        directory = reports / (name if n == 0 else f"{name}-{n}")
+        try:
+            directory.mkdir()
+            return directory
+        except FileExistsError:
+            continue
+    raise ConfigError(f"{reports} holds 1000 runs named {name}", fix="remove old runs")
+
+
+@contextmanager
+def _kernel_environment(config: Config) -> Iterator[None]:
+    """This process's environment while a kernel starts from it: the configuration's
+    settings in ``GPCDC_*`` variables, restored after."""
+    from ..capture import child_environment
+
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(child_environment(config))
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

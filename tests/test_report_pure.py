@@ -1,0 +1,266 @@
+"""The reports' pure parts (no servers): notebook parameters checked against the
+parameters cell, secrets refused and redacted, headlines read back from a notebook's
+outputs, the index page, and the transaction browser over frames."""
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpcdc_toolkit.audit import ADVICE, advice
+from gpcdc_toolkit.errors import ConfigError
+from gpcdc_toolkit.report import (
+    NOTEBOOKS,
+    Headline,
+    TransactionBrowser,
+    cell_error,
+    check_parameters,
+    declared_parameters,
+    external_references,
+    find_notebook,
+    for_report,
+    index_html,
+    read_headline,
+    redact,
+    sql_names,
+    syncpoint_choice,
+)
+
+ROOT = Path(__file__).parent.parent
+JOBS = ("bootstrap", "capture", "workload", "replay", "audit", "validate", "explore")
+
+
+def notebook_with(source, outputs=()):
+    return {"cells": [{"cell_type": "code", "metadata": {"tags": ["parameters"]}, "source": source, "outputs": []},
+                      {"cell_type": "code", "metadata": {}, "source": "", "outputs": list(outputs)}],
+            "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_every_notebook_declares_typed_parameters_and_shows_a_headline(job):
+    stored = json.loads(find_notebook(job).read_text())
+    declared = declared_parameters(stored)
+    assert declared and all(p.types for p in declared.values())
+    code = "".join("".join(c["source"]) for c in stored["cells"] if c["cell_type"] == "code")
+    assert f'headline("{job}"' in code and "notebook_config(" in code
+    # Stored as a scheduler runs them: no outputs, no widget state.
+    assert all(not c.get("outputs") for c in stored["cells"] if c["cell_type"] == "code")
+    assert "widgets" not in stored["metadata"]
+
+
+def test_parameters_are_converted_by_their_declared_type():
+    declared = declared_parameters(notebook_with(
+        'a: int | None = None  # count\nb = 1.5\nc = True\nd = "x"\ne: str | None = None\n'))
+    assert declared["a"].help == "count"
+    got = check_parameters(declared, {"a": "7", "b": "2", "c": "no", "d": "3", "e": "None"}, "nb")
+    assert got == {"a": 7, "b": 2.0, "c": False, "d": "3", "e": None}
+    assert check_parameters(declared, {"a": None, "b": 3, "c": True}, "nb") == {"a": None, "b": 3, "c": True}
+
+
+@pytest.mark.parametrize("given_, message", [
+    ({"nope": "1"}, "notebook nb has no parameter 'nope': its parameters: a, b"),
+    ({"a": "seven"}, "parameter a takes int or None, not 'seven'"),
+    ({"b": "yes"}, "parameter b takes float, not 'yes'"),
+    ({"b": True}, "parameter b takes float, not bool True"),
+    ({"a": 1.5}, "parameter a takes int or None, not float 1.5"),
+])
+def test_an_unknown_parameter_or_a_wrong_type_is_one_line_naming_the_fix(given_, message):
+    declared = declared_parameters(notebook_with("a: int | None = None\nb = 1.0\n"))
+    with pytest.raises(ConfigError) as e:
+        check_parameters(declared, given_, "nb")
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_a_notebook_without_a_parameters_cell_or_with_an_unknown_annotation_is_refused():
+    with pytest.raises(ConfigError, match="no cell tagged 'parameters'"):
+        declared_parameters({"cells": []})
+    with pytest.raises(ConfigError, match="annotates with list"):
+        declared_parameters(notebook_with("a: list = []\n"))
+
+
+def test_an_unknown_notebook_names_the_known_ones():
+    with pytest.raises(ConfigError) as e:
+        find_notebook("no-such-job")
+    assert all(job in str(e.value) for job in JOBS)
+    assert find_notebook("audit") == NOTEBOOKS / "audit.ipynb"
+
+
+password = st.text(st.characters(codec="ascii", categories=["L", "N"]), min_size=1, max_size=20)
+
+
+@given(password, st.sampled_from(["host=db password={} user=u", "postgresql://u:{}@db/x", "password = '{}'"]))
+def test_a_parameter_holding_a_password_is_refused(secret, form):
+    declared = declared_parameters(notebook_with("ground_truth: str | None = None\n"))
+    with pytest.raises(ConfigError, match="holds a password"):
+        check_parameters(declared, {"ground_truth": form.format(secret)}, "nb")
+
+
+def test_parameters_named_like_secrets_are_refused_and_innocent_ones_pass():
+    declared = declared_parameters(notebook_with('sasl_password = ""\npath = ""\n'))
+    with pytest.raises(ConfigError, match="sasl_password holds a password"):
+        check_parameters(declared, {"sasl_password": "x"}, "nb")
+    assert check_parameters(declared, {"path": "postgresql://db/x"}, "nb") == {"path": "postgresql://db/x"}
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=30),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner,
+                                                                                       max_size=4), max_leaves=20)
+
+
+def strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list):
+        for v in value:
+            yield from strings(v)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield k
+            yield from strings(v)
+
+
+@given(json_values, st.text(min_size=3, max_size=12).filter(lambda s: "*" not in s))
+def test_redaction_leaves_no_copy_of_a_secret(value, secret):
+    planted = {"a": [value, f"dsn password={secret} x"], f"k{secret}": secret}
+    assert not any(secret in text for text in strings(redact(planted, [secret])))
+
+
+def test_a_report_leaves_out_interactive_cells_and_widget_state():
+    notebook = {"cells": [{"cell_type": "code", "metadata": {"tags": ["interactive"]}, "source": "w", "outputs": []},
+                          {"cell_type": "markdown", "metadata": {}, "source": "kept"}],
+                "metadata": {"widgets": {"state": {}}}}
+    shown = for_report(notebook)
+    assert [c["source"] for c in shown["cells"]] == ["kept"] and "widgets" not in shown["metadata"]
+    assert "tags" in notebook["cells"][0]["metadata"]  # the original is untouched
+
+
+def test_external_references_are_what_a_page_would_load():
+    page = ('<script src="https://cdn.example/x.js"></script><link href="//cdn.example/y.css">'
+            '<a href="https://example.org">a link loads nothing</a><script>var s = "https://x";</script>')
+    assert external_references(page) == ["https://cdn.example/x.js", "//cdn.example/y.css"]
+
+
+@given(st.dictionaries(st.text(min_size=1, max_size=20), st.integers() | st.floats(allow_nan=False) | st.text(max_size=9),
+                       max_size=6), st.booleans(), st.text(max_size=40))
+def test_a_headline_reads_back_from_the_notebook_in_order(figures, passed, verdict):
+    bundle = Headline("audit", figures, passed, verdict).bundle()
+    output = {"output_type": "display_data", "data": json.loads(json.dumps(bundle)), "metadata": {}}
+    got = read_headline(notebook_with("", [output]))
+    assert got is not None and got.passed == passed and got.verdict == verdict
+    assert list(got.figures) == list(figures)
+
+
+def test_no_headline_and_the_first_cell_error():
+    error = {"output_type": "error", "ename": "ClusterError", "evalue": "no table x on the coordinator\nmore",
+             "traceback": []}
+    notebook = notebook_with("", [error])
+    assert read_headline(notebook) is None
+    assert cell_error(notebook) == "ClusterError: no table x on the coordinator"
+    assert cell_error(notebook_with("")) is None
+
+
+hostile = st.text(alphabet=st.sampled_from(list("<>&\"' ab/script=")), min_size=1, max_size=20)
+
+
+@given(st.lists(st.tuples(hostile, hostile, st.sampled_from(["ok", "findings", "failed", "running"])), max_size=5))
+def test_the_index_lists_every_run_newest_first_and_escapes_what_it_shows(runs):
+    records = [{"job": job, "started": f"2026-01-0{i + 1} 00:00:00", "status": status, "seconds": 1.5,
+                "figures": [[label, 3]], "verdict": label, "dir": f"{i}", "files": ["report.html"]}
+               for i, (job, label, status) in enumerate(runs)]
+    page = index_html(records)
+    assert "<script" not in page.lower()
+    assert f"{len(runs)} runs" in page
+    assert [int(d) for d in re.findall(r'href="(\d+)/report.html"', page)] == list(reversed(range(len(runs))))
+
+
+def test_the_index_tolerates_damaged_records():
+    page = index_html([{"figures": {"not": "pairs"}, "seconds": "x"}, {}])
+    assert "2 runs" in page
+
+
+@given(st.lists(st.text(st.characters(blacklist_categories=["Cs", "Cc"]), min_size=1, max_size=12), min_size=1,
+                max_size=4))
+def test_table_names_split_at_commas_outside_double_quotes(names):
+    quoted = ['"' + n.replace('"', '""') + '"' for n in names]
+    assert sql_names(" , ".join(quoted)) == quoted
+
+
+def test_table_names_and_sync_points_refused_in_one_line():
+    assert sql_names(None) is None and sql_names("a, s.b") == ["a", "s.b"]
+    for bad in ('"open', "a,,b", ""):
+        with pytest.raises(ConfigError):
+            sql_names(bad)
+    assert syncpoint_choice("new") is True and syncpoint_choice("None") is False and syncpoint_choice("42") == 42
+    with pytest.raises(ConfigError, match="neither 'new', 'none' nor"):
+        syncpoint_choice("-3")
+
+
+def test_every_documented_audit_rule_says_what_to_do():
+    documented = set(re.findall(r"^\| `([a-z_]+)` \| (?:error|warning|info) \|", (ROOT / "docs" / "audit.md").read_text(),
+                                re.MULTILINE))
+    assert documented and documented <= set(ADVICE)
+    assert all(advice(rule) for rule in documented) and "expectation suite" in advice("expect_column_x")
+
+
+def stream():
+    """Two distributed transactions (gxid 10 on segments 0 and 1, gxid 11 whose part on
+    segment 1 is missing) and a one-phase one (gxid 12), as the ingest frames hold them."""
+    ts = pd.Timestamp("2026-01-01 12:00:00")
+    changes = []
+
+    def part(gxid, segment, offset, rows, table="public.t", one_phase=False, at=ts):
+        schema, name = table.split(".")
+        changes.append({"kind": "begin", "gxid": gxid, "segment": segment, "xid": gxid * 10 + segment, "partition":
+                        segment, "offset": offset, "commit_ts": at, "commit_lsn": 100 + offset, "one_phase": one_phase})
+        for seq in range(1, rows + 1):
+            changes.append({"kind": "row", "gxid": gxid, "segment": segment, "seq": seq, "table_schema": schema,
+                            "table_name": name, "op": "c", "key": f'{{"id":{seq}}}', "partition": segment,
+                            "offset": offset + seq, "commit_ts": at, "one_phase": one_phase})
+        changes.append({"kind": "end", "gxid": gxid, "segment": segment, "partition": segment,
+                        "offset": offset + rows + 1, "commit_ts": at, "event_count": rows})
+
+    part(10, 0, 0, 2)
+    part(10, 1, 0, 1)
+    part(11, 0, 10, 1, table="sales.orders", at=ts + pd.Timedelta(seconds=5))
+    part(12, 1, 10, 3, one_phase=True, at=ts + pd.Timedelta(seconds=9))
+    records = pd.DataFrame([{"kind": "commit", "gxid": 10, "segments": [0, 1], "partition": 0, "offset": 0,
+                             "commit_ts": ts},
+                            {"kind": "pipeline", "gxid": None, "segments": None, "partition": 0, "offset": 1,
+                             "commit_ts": None},
+                            {"kind": "commit", "gxid": 11, "segments": [0, 1], "partition": 0, "offset": 2,
+                             "commit_ts": ts + pd.Timedelta(seconds=5)}])
+    findings = pd.DataFrame([{"rule": "missing_part", "severity": "error", "gxid": 11}])
+    return TransactionBrowser(pd.DataFrame(changes), records, findings)
+
+
+def test_the_browser_shows_a_transaction_whole_and_where_it_sits():
+    view = stream().view(10)
+    assert view.position == 1 and view.of == 2 and view.previous is None and view.following == 11
+    assert view.parts[["segment", "rows", "declared_rows", "begin_offset", "end_offset"]].values.tolist() == \
+        [[0, 2, 2, 0, 3], [1, 1, 1, 0, 2]]
+    assert len(view.rows) == 3 and view.findings.empty
+    assert "MISSING" not in " ".join(view.lines())
+
+
+def test_the_browser_names_a_missing_part_and_the_findings_about_it():
+    view = stream().view(11)
+    assert view.position == 2 and view.previous == 10
+    assert "MISSING on [1]" in " ".join(view.lines()) and view.findings["rule"].tolist() == ["missing_part"]
+    one_phase = stream().view(12)
+    assert one_phase.record is None and one_phase.position is None and one_phase.parts["one_phase"].tolist() == [True]
+    assert "<table" in one_phase._repr_html_()
+
+
+def test_the_browser_filters_by_time_table_and_finding():
+    browser = stream()
+    assert browser.gxids() == [10, 11, 12]
+    assert browser.gxids(start="2026-01-01 12:00:04") == [11, 12]
+    assert browser.gxids(end="2026-01-01 12:00:04") == [10]
+    assert browser.gxids(table="sales.orders") == [11]
+    assert browser.gxids(rule="missing_part") == [11]
+    assert browser.tables == ["public.t", "sales.orders"] and browser.rules == ["missing_part"]
+    assert browser.widest() == 11
