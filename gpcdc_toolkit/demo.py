@@ -44,7 +44,7 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
     target = Sandbox(config.target.sandbox or "target", config.work_dir)
     broker = EmbeddedBroker(config.work_dir)
     group = CaptureGroup(config)
-    truth = config.work_dir / "demo-ground-truth.jsonl"
+    truth = config.work_dir / "workload-ground-truth.jsonl"  # where the workload notebook appends and checks
     runs = []
 
     def job(notebook: str, **parameters: Any) -> bool:
@@ -74,7 +74,7 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
         truth.unlink(missing_ok=True)
         run_workload(cluster, dataclasses.replace(spec, duration=1.0, transactions=None), ground_truth=truth)
         workload = {"duration": spec.duration or 5.0, "threads": spec.threads, "hot_keys": spec.hot_keys,
-                    "seed": spec.seed, "ground_truth": str(truth)}
+                    "seed": spec.seed}
         passed = (job("bootstrap", method=options.method) and job("capture") and job("workload", **workload)
                   and job("replay") and job("audit")
                   and _while_writing(config, cluster, spec, lambda: job("validate"), say)

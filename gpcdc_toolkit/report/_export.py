@@ -56,6 +56,9 @@ def external_references(page: str) -> list[str]:
     return _EXTERNAL.findall(page)
 
 
+_EXTERNAL_SCRIPT = re.compile(r"""<script\b[^>]*?\bsrc\s*=\s*["']?(?:https?:)?//[^>]*>\s*</script>""", re.IGNORECASE)
+
+
 def to_html(notebook: Mapping[str, Any], title: str) -> str:
     import nbformat
     from nbconvert import HTMLExporter
@@ -64,4 +67,6 @@ def to_html(notebook: Mapping[str, Any], title: str) -> str:
     node = nbformat.reads(json.dumps(notebook), as_version=4)  # as on disk: sources and outputs in lines, joined
     node.metadata["title"] = title
     body, _resources = exporter.from_notebook_node(node)
-    return str(body)
+    # plotly's notebook renderer adds MathJax from a CDN to every figure, for LaTeX in
+    # labels: a report loads nothing from a network (labels are shown as written).
+    return _EXTERNAL_SCRIPT.sub("", str(body))

@@ -104,6 +104,7 @@ def run_notebook(config: Config, notebook: str | Path, parameters: Mapping[str, 
     output = directory / "notebook.ipynb"
     began = time.monotonic()
     failure: str | None = None
+    raise_after = False
     try:
         with _kernel_environment(config):
             papermill.execute_notebook(str(source), str(output), parameters=given, kernel_name=config.report.kernel,
@@ -111,6 +112,9 @@ def run_notebook(config: Config, notebook: str | Path, parameters: Mapping[str, 
                                        cwd=os.getcwd(), extra_arguments=_KERNEL_ARGUMENTS)
     except papermill.PapermillExecutionError:
         pass  # the error is in the output notebook, read below
+    except KeyboardInterrupt:
+        failure = "interrupted"  # written up below, then raised again
+        raise_after = True
     except Exception as e:  # noqa: BLE001 (the kernel died or could not start: a failed run, reported)
         failure = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
     seconds = time.monotonic() - began
@@ -127,6 +131,8 @@ def run_notebook(config: Config, notebook: str | Path, parameters: Mapping[str, 
                   files=["notebook.ipynb", "report.html"])
     write_json(directory / RUN_FILE, redact(record, secrets))
     update_index(reports)
+    if raise_after:
+        raise KeyboardInterrupt
     return NotebookRun(job, directory, status, seconds, shown, error)
 
 
@@ -147,9 +153,9 @@ def _kernel_environment(config: Config) -> Iterator[None]:
     settings in ``GPCDC_*`` variables, restored after."""
     from ..capture import child_environment
 
-    saved = dict(os.environ)
+    saved, wanted = dict(os.environ), child_environment(config)
     os.environ.clear()
-    os.environ.update(child_environment(config))
+    os.environ.update(wanted)
     try:
         yield
     finally:

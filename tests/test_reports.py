@@ -1,0 +1,193 @@
+"""The notebooks and their reports, against real servers: the demo runs every notebook
+with parameters into reports/; a person's browser, with no network, draws the charts
+and shows the headline figures; the notebooks as stored pass nbval; a failing notebook
+still gives its HTML and exit status 2; no secret reaches a report."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+from gpcdc_toolkit.bootstrap import Pipeline, drop_slots
+from gpcdc_toolkit.capture import CaptureGroup, child_environment
+from gpcdc_toolkit.config import load_config
+from gpcdc_toolkit.demo import DemoOptions, run_demo
+from gpcdc_toolkit.replay import Replayer
+from gpcdc_toolkit.report import NOTEBOOKS, external_references, read_runs, run_notebook
+from gpcdc_toolkit.sandbox import Sandbox
+from gpcdc_toolkit.workload import WorkloadSpec
+
+JOBS = ["bootstrap", "capture", "workload", "replay", "audit", "validate", "explore"]
+CHARTS = {"bootstrap": 1, "capture": 1, "workload": 1, "replay": 3, "audit": 3, "validate": 2, "explore": 2}
+GPCDC = str(Path(sys.executable).parent / "gpcdc")
+
+
+@pytest.fixture(scope="module")
+def demo(work_dir, broker, source):
+    """The demo, run on the session's source sandbox and broker, its own pipeline and
+    target, and left running for the tests below; all stopped afterwards."""
+    tag = uuid.uuid4().hex[:6]
+    config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
+                          "kafka.topic_prefix": f"demo{tag}", "source.sandbox": "source",
+                          "target.sandbox": f"target-{tag}", "report.dir": str(work_dir / f"reports-{tag}")},
+                         environ={})
+    said = []
+    try:
+        code = run_demo(config, DemoOptions(keep=True, workload=WorkloadSpec(threads=2, hot_keys=4, duration=2.0)),
+                        say=said.append)
+        yield config, code, said
+    finally:
+        CaptureGroup(config).stop()
+        pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+        drop_slots(source, pipeline.slot, publication=pipeline.publication)
+        Sandbox(config.target.sandbox, config.work_dir).down(remove=True)
+
+
+def runs_of(config):
+    return {run["job"]: run for run in read_runs(Path(config.report.dir))}
+
+
+def test_the_demo_runs_every_notebook_with_parameters_into_reports(demo):
+    config, code, said = demo
+    assert code == 0, "\n".join(said)
+    runs = runs_of(config)
+    assert sorted(runs) == sorted(JOBS) and {r["status"] for r in runs.values()} == {"ok"}
+    for run in runs.values():
+        directory = Path(config.report.dir) / run["dir"]
+        assert (directory / "notebook.ipynb").is_file() and (directory / "report.html").is_file()
+        assert run["figures"] and run["seconds"] > 0
+    executed = json.loads((Path(config.report.dir) / runs["workload"]["dir"] / "notebook.ipynb").read_text())
+    injected = [c for c in executed["cells"] if "injected-parameters" in c["metadata"].get("tags", [])]
+    assert "duration = 2.0" in "".join(injected[0]["source"])
+    assert said[-1] == f"reports: {Path(config.report.dir) / 'index.html'}"
+
+
+def browser_command(*arguments):
+    """Debian's chromium, headless, with no network: in a network namespace of its own
+    when this process may make one, and with every host name unresolvable anyway."""
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.fail("chromium is not installed: ./dev setup installs it (apt-get install chromium)")
+    command = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+               "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=15000", *arguments]
+    isolated = subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
+    return ["unshare", "-n", *command] if isolated else command
+
+
+def page_as_shown(path: Path, screenshot: Path) -> str:
+    done = subprocess.run(browser_command("--dump-dom", path.as_uri()), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    shot = subprocess.run(browser_command("--window-size=1280,2000", f"--screenshot={screenshot}", path.as_uri()),
+                          capture_output=True, text=True, timeout=120)
+    assert shot.returncode == 0 and screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", shot.stderr[-2000:]
+    return done.stdout
+
+
+def visible_text(dom: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", re.sub(r"<(script|style)\b.*?</\1>", " ", dom, flags=re.S)))
+
+
+def test_the_reports_draw_offline_with_their_headline_figures(demo, tmp_path):
+    from gpcdc_toolkit.report._headline import format_figure
+
+    config, _code, _said = demo
+    reports = Path(config.report.dir)
+    runs = runs_of(config)
+    index = visible_text(page_as_shown(reports / "index.html", tmp_path / "index.png"))
+    for job, run in runs.items():
+        assert job in index and all(format_figure(v) in index for _label, v in run["figures"])
+    for job, run in runs.items():
+        page = (reports / run["dir"] / "report.html").read_text()
+        assert external_references(page) == [], job
+        dom = page_as_shown(reports / run["dir"] / "report.html", tmp_path / f"{job}.png")
+        assert dom.count('class="main-svg"') >= CHARTS[job], f"{job}: the charts did not draw"
+        text = visible_text(dom)
+        assert all(f"{format_figure(v)} {label}" in text for label, v in run["figures"]), job
+        assert run["verdict"] in text
+
+
+def test_the_notebooks_as_stored_pass_nbval(demo):
+    config, _code, _said = demo
+    environment = {**child_environment(config), "PYTHONWARNINGS": "ignore"}
+    notebooks = [str(NOTEBOOKS / f"{job}.ipynb") for job in JOBS if job != "validate"]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "--rootdir",
+               str(NOTEBOOKS)]
+    done = subprocess.run([*command, *notebooks], env=environment, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:]
+    # As stored, validate cuts a new sync point, which a replayer following the pipeline must reach.
+    stop = threading.Event()
+
+    def follow():
+        with Replayer(config) as replayer:
+            replayer.run(follow=True, should_stop=stop.is_set)
+
+    follower = threading.Thread(target=follow)
+    follower.start()
+    try:
+        done = subprocess.run([*command, str(NOTEBOOKS / "validate.ipynb")], env=environment, capture_output=True,
+                              text=True, timeout=900)
+    finally:
+        stop.set()
+        follower.join()
+    assert done.returncode == 0, done.stdout[-4000:]
+
+
+def test_a_failing_notebook_still_gives_its_report_and_exit_status_2(demo):
+    config, _code, _said = demo
+    before = set(runs_of(config))
+    done = subprocess.run([GPCDC, "run", "validate", "-p", "tables", "public.no_such_table", "-p", "syncpoint", "none"],
+                          env=child_environment(config), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stdout + done.stderr
+    failed = [r for r in read_runs(Path(config.report.dir)) if r["status"] == "failed"]
+    assert len(failed) == 1 and before <= set(runs_of(config))
+    assert "no table" in failed[0]["error"] and "validate: failed" in done.stdout
+    report = (Path(config.report.dir) / failed[0]["dir"] / "report.html").read_text()
+    assert "ClusterError" in report and "no table" in report
+    index = (Path(config.report.dir) / "index.html").read_text()
+    assert 'class="status failed"' in index
+
+
+def test_no_secret_reaches_an_executed_notebook_its_report_or_the_index(tmp_path, environ_without_gpcdc):
+    secret = f"S3cret-{uuid.uuid4().hex[:8]}"
+    notebook = tmp_path / "leaky.ipynb"
+    notebook.write_text(json.dumps({
+        "cells": [{"cell_type": "code", "metadata": {"tags": ["parameters"]}, "source": "x = 1", "outputs": [],
+                   "execution_count": None, "id": "a"},
+                  {"cell_type": "code", "metadata": {}, "execution_count": None, "id": "b", "outputs": [],
+                   "source": "import os\nprint(os.environ['GPCDC_SOURCE_DSN'])\n"
+                             "from gpcdc_toolkit.report import headline\n"
+                             "headline('leaky', {os.environ['GPCDC_SOURCE_DSN']: 1}, verdict=os.environ['PGPASSWORD'])"}],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4, "nbformat_minor": 5}))
+    config = load_config({"work_dir": str(tmp_path), "source.dsn": f"host=db.invalid password={secret} user=u",
+                          "target.sandbox": "t", "report.dir": str(tmp_path / "reports")}, environ={})
+    os.environ["PGPASSWORD"] = secret + "-pg"
+    try:
+        done = run_notebook(config, notebook, {"x": "2"})
+    finally:
+        del os.environ["PGPASSWORD"]
+    assert done.status == "ok", done.error
+    written = [p for p in (tmp_path / "reports").rglob("*") if p.is_file()]
+    assert len(written) >= 4  # the notebook, its report, run.json, the index
+    for path in written:
+        assert secret not in path.read_text(), path
+    assert "password=***" in (done.directory / "notebook.ipynb").read_text()
+
+
+def test_bad_parameters_are_refused_in_one_line_before_any_run(tmp_path, environ_without_gpcdc):
+    environment = {**os.environ, "GPCDC_WORK_DIR": str(tmp_path), "GPCDC_REPORT_DIR": str(tmp_path / "r"),
+                   "GPCDC_SOURCE_SANDBOX": "s", "GPCDC_TARGET_SANDBOX": "t"}
+    for arguments, said in [(["audit", "-p", "since_lats", "true"], "notebook audit has no parameter 'since_lats'"),
+                            (["replay", "-p", "batch", "many"], "parameter batch takes int, not 'many'"),
+                            (["workload", "-p", "ground_truth", "postgresql://u:pw@h/db"], "holds a password"),
+                            (["nosuch"], "no notebook 'nosuch'")]:
+        done = subprocess.run([GPCDC, "run", *arguments], env=environment, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and said in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert not (tmp_path / "r").exists()
