@@ -216,3 +216,38 @@ def test_a_part_damaged_inside_stops_the_replay_before_it(source, captured_pipel
     assert f"sequence numbers {middle} are absent" in line and "\n" not in line
     applied = {row[1] for row in table_rows(target_cluster, APPLIED)}
     assert victim not in applied and applied
+
+
+POISON = [b"\xff\xfe not json", b"null", b"[]", b'{"status": "END", "commit_lsn": 1}',
+          b'{"op": "x", "source": {"segment": 0, "commit_lsn": 1, "seq": 1}}', b'{"type": "commit", "gxid": "7"}',
+          b'{"segment": 99999999999999999999, "resolved": 1}', b"{" * 1_000_000]
+
+
+def test_poison_in_every_partition_is_set_aside_with_its_offset_and_nothing_is_lost(source, captured_pipeline):
+    target, config, pipeline, group = captured_pipeline
+    kafka = kafka_client_settings(config)
+    topics = Topics(config.kafka.topic_prefix)
+    partitions = [(topics.changes, p) for p in range(source.segment_count)] + [(topics.dtx, 0)]
+    injected = set()
+
+    def delivered(error, message):
+        assert error is None, error
+        injected.add((message.topic(), message.partition(), message.offset()))
+
+    producer = Producer({**kafka, "message.max.bytes": 2_000_000})
+    run_workload(source, WorkloadSpec(threads=2, transactions=60, hot_keys=3, seed=8))
+    for i, (topic, partition) in enumerate(partitions):
+        for value in (POISON[2 * i % len(POISON)], POISON[(2 * i + 1) % len(POISON)]):
+            producer.produce(topic, value, partition=partition, on_delivery=delivered)
+    run_workload(source, WorkloadSpec(threads=2, transactions=60, hot_keys=3, seed=9))
+    assert producer.flush(30) == 0 and len(injected) == 2 * len(partitions)
+    wait_until_acknowledged(source, pipeline.slot)
+    with Replayer(config) as replayer:
+        done = replayer.run()
+    assert done.set_aside == len(injected) and "malformed messages set aside" in done.line()
+    quarantined = [orjson.loads(line) for line in (pipeline.directory / "quarantine.jsonl").read_bytes().splitlines()]
+    assert {(q["topic"], q["partition"], q["offset"]) for q in quarantined} == injected
+    assert all(q["reason"] for q in quarantined) and max(q["bytes"] for q in quarantined) == 1_000_000
+    target_cluster = target.cluster()
+    for table in (ACCOUNTS, EVENTS):
+        assert table_rows(target_cluster, table) == table_rows(source, table)

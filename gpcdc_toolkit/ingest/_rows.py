@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from ..protocol import kind_of
+from ..protocol import kind_of, problem_of
 
 # (name, Spark SQL type). Stable: columns are only ever added at the end.
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -75,8 +75,9 @@ def to_row(topic: str, partition: int, offset: int, timestamp_ms: int | None,
     head = (topic, partition, offset, timestamp_ms)
     try:
         v = orjson.loads(value) if value is not None else None
-        if not isinstance(v, dict):
-            raise ValueError("not a JSON object")
+        problem = problem_of(v)
+        if problem is not None:
+            raise ValueError(problem)
         kind = kind_of(v)
         if kind == "row":
             s = v["source"]

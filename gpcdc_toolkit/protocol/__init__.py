@@ -18,6 +18,7 @@ from ._events import (
     Watermark,
     is_pipeline_marker,
     kind_of,
+    problem_of,
 )
 from ._markers import CommitRecord, DdlRecord, GxidMarker, MarkerError, OnePhaseMarker
 from ._pgoutput import UNCHANGED_TOAST, PgoutputError, convert, parse
@@ -27,7 +28,7 @@ from ._topics import Dispatcher, Topics
 __all__ = [
     "COORDINATOR", "PROTOCOL_VERSION", "UNCHANGED", "Outbound", "ProtocolError", "TransactionAssembler",
     "pipeline_marker", "KINDS", "CoordinatorRecord", "Kind", "PipelineMarker", "RowEvent", "Source",
-    "TransactionEvent", "Watermark", "is_pipeline_marker", "kind_of",
+    "TransactionEvent", "Watermark", "is_pipeline_marker", "kind_of", "problem_of",
     "CreateTable", "DdlError", "parse_create_table",
     "CommitRecord", "DdlRecord", "GxidMarker", "MarkerError", "OnePhaseMarker",
     "UNCHANGED_TOAST", "PgoutputError", "convert", "parse",

@@ -116,3 +116,68 @@ def kind_of(value: Mapping[str, Any]) -> Kind | None:
     if kind in ("commit", "ddl", "pipeline"):
         return kind  # type: ignore[no-any-return]
     return None
+
+
+# Per kind: the fields readers cannot do without, and the type every known field must
+# have when present. A message with a kind's markers that breaks these is malformed
+# (another writer's, or damaged); a reader needing more fields says so itself.
+_INT, _OPT_INT, _STR, _OPT_BOOL, _OPT_LIST = (int,), (int, type(None)), (str,), (bool, type(None)), (list, type(None))
+_REQUIRED: dict[str, tuple[str, ...]] = {
+    "row": ("op", "source"), "begin": ("segment", "commit_lsn"),
+    "end": ("segment", "commit_lsn", "gxid", "one_phase", "commit_ts_ms"), "resolved": (),
+    "commit": ("gxid", "segments", "commit_ts_ms", "commit_lsn"), "ddl": ("gxid", "statement"), "pipeline": (),
+}
+_SOURCE_REQUIRED = ("segment", "commit_lsn", "seq")
+_TYPES: dict[str, tuple[type, ...]] = {
+    "op": _STR, "source": (dict,), "before": (dict, type(None)), "after": (dict, type(None)), "unchanged": (list,),
+    "segment": _INT, "gxid": _OPT_INT, "xid": _OPT_INT, "commit_lsn": _INT, "commit_ts_ms": _INT, "one_phase": _OPT_BOOL,
+    "event_count": _OPT_INT, "end_lsn": _OPT_INT, "resolved": _OPT_INT, "resolved_ts_ms": _OPT_INT,
+    "prepared": _OPT_LIST, "prepared_ts_ms": _OPT_INT, "segments": _OPT_LIST, "ddl_count": _OPT_INT,
+    "syncpoint": (dict, type(None)), "statement": _STR, "pipeline": _STR,
+}
+_SOURCE_TYPES: dict[str, tuple[type, ...]] = {
+    "segment": _INT, "gxid": _OPT_INT, "txId": _OPT_INT, "commit_lsn": _INT, "ts_ms": _OPT_INT, "schema": _STR,
+    "table": _STR, "seq": _INT, "one_phase": _OPT_BOOL,
+}
+_ITEMS = {"segments": int, "prepared": int, "unchanged": str}
+# Readers keep these in 32-bit columns, every other integer in 64-bit ones.
+_INT32 = frozenset({"segment", "seq", "event_count", "ddl_count", "segments"})
+
+
+def _out_of_range(name: str, value: Any) -> bool:
+    bits = 31 if name in _INT32 else 63
+    values = value if isinstance(value, list) else [value]
+    return any(isinstance(v, int) and not -(1 << bits) <= v < (1 << bits) for v in values)
+
+
+def problem_of(value: Any) -> str | None:
+    """What makes a decoded message unreadable as the protocol's, or None when it is one
+    of its kinds, with the fields readers cannot do without, every known field of its type."""
+    if not isinstance(value, dict):
+        return f"a JSON {type(value).__name__}, not an object"
+    kind = kind_of(value)
+    if kind is None:
+        return "no kind of the protocol (no op, status, type or resolved field)"
+    checks = [(f"a {kind} message", value, _REQUIRED[kind], _TYPES)]
+    if kind == "row" and isinstance(value.get("source"), dict):
+        checks.append(("a row event's source", value["source"], _SOURCE_REQUIRED, _SOURCE_TYPES))
+    for what, holder, required, types in checks:
+        for name in required:
+            if name not in holder:
+                return f"{what} without {name}"
+        for name, allowed in types.items():
+            field = holder.get(name)
+            # bool is an int to Python, never to the protocol.
+            if name in holder and (not isinstance(field, allowed) or (isinstance(field, bool) and bool not in allowed)):
+                return f"{what} whose {name} is {type(field).__name__} {str(field)[:40]!r}"
+            if name in holder and _out_of_range(name, field):
+                return f"{what} whose {name} {str(field)[:40]} is out of range"
+    if kind == "row" and value["op"] not in ("c", "u", "d", "t"):
+        return f"a row event with op {str(value['op'])[:10]!r}"
+    for name, wanted in _ITEMS.items():
+        items = value.get(name)
+        if isinstance(items, list) and not all(isinstance(i, wanted) and not isinstance(i, bool) for i in items):
+            return f"a {kind} message whose {name} holds something other than {wanted.__name__}s"
+        if isinstance(items, list) and _out_of_range(name, items):
+            return f"a {kind} message whose {name} holds a number out of range"
+    return None

@@ -14,7 +14,7 @@ from ._compact import TableChanges, compact
 from ._ddl_policy import CheckedDdl, DdlRefused, check_ddl
 from ._legacy import SegmentOrder
 from ._order import Missing, Part, Reassembler, ReassemblyError, Record, Whole, resume_point
-from ._source import Framer, LegacyStreamError, Spill, Watermark
+from ._source import Framer, LegacyStreamError, MalformedMessageError, Spill, Watermark
 
 __getattr__ = lazy_exports(__name__, {
     "_apply": ("APPLIED", "STATE", "Applier", "ApplyError", "ApplyStats", "Checkpoint", "DdlRefusedError",
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "TableChanges", "compact", "CheckedDdl", "DdlRefused", "check_ddl",
     "SegmentOrder", "Missing", "Part", "ReassemblyError", "Reassembler", "Record", "Whole", "resume_point",
-    "Framer", "LegacyStreamError", "Spill", "StreamError", "Watermark",
+    "Framer", "LegacyStreamError", "MalformedMessageError", "Spill", "StreamError", "Watermark",
     "APPLIED", "STATE", "Applier", "ApplyError", "ApplyStats", "Checkpoint", "DdlRefusedError", "ReplayState",
     "create_statement", "load_rows", "prepare_target", "ProgressBar", "StatusLine",
     "MissingPartError", "Progress", "Replayer", "ReplaySettings",

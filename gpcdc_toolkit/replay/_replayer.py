@@ -10,6 +10,7 @@ meets may have been applied, so it asks the target which, and passes over those.
 
 from __future__ import annotations
 
+import base64
 import logging
 import tempfile
 import time
@@ -31,7 +32,7 @@ from ._apply import Applier, Checkpoint, DdlRefusedError, commit_ts_ms
 from ._legacy import SegmentOrder
 from ._load import load_rows, prepare_target
 from ._order import Missing, Part, Reassembler, Record, Whole, resume_point
-from ._source import Framer, Watermark
+from ._source import Framer, MalformedMessageError, Watermark
 from ._spill import SqliteSpill
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class Progress:
     lag_ms: int  # now minus the source commit time of the oldest transaction not yet applied
     elapsed_s: float
     caught_up: bool  # every partition read to where it ended when the run began
+    set_aside: int = 0  # malformed messages quarantined in this run
 
     @property
     def rate(self) -> float:
@@ -88,7 +90,8 @@ class Progress:
     def line(self) -> str:
         return (f"applied {self.transactions} transactions ({self.ddl} DDL, {self.rows} rows), "
                 f"{self.rate:,.0f} tx/s, {self.rows_per_s:,.0f} rows/s, {self.pending} pending, "
-                f"lag {self.lag_ms / 1000:.1f} s")
+                f"lag {self.lag_ms / 1000:.1f} s"
+                + (f"; {self.set_aside} malformed messages set aside (quarantine.jsonl)" if self.set_aside else ""))
 
 
 class Replayer:
@@ -193,6 +196,7 @@ class _Run:
         self.target = replayer.target
         self.topics = replayer.topics
         self.quarantine = replayer.pipeline.directory / "quarantine.jsonl"
+        self.set_aside = 0  # malformed messages quarantined
         self.consumer = Consumer({**replayer.kafka, "group.id": f"gpcdc-replay-{self.topics.prefix}",
                                   "enable.auto.commit": False, "enable.partition.eof": True,
                                   "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100,
@@ -297,13 +301,12 @@ class _Run:
                 raise StreamError(f"{self._name(partition)} starts at offset {offset}, not at offset {self.next[partition]} where this "
                                   "replay resumes: events were deleted (retention) or the topic was recreated",
                                   fix="bootstrap the pipeline again and replay into a fresh target")
+        self.next[partition] = offset + 1
+        malformed: str | None = None
         try:
             value = orjson.loads(message.value() or b"")
         except orjson.JSONDecodeError as e:
-            raise StreamError(f"message at offset {offset} of {message.topic()} partition {message.partition()} "
-                              f"is not JSON ({e})", fix="the topic holds something capture did not write; check "
-                              "kafka.topic_prefix") from None
-        self.next[partition] = offset + 1
+            value, malformed = None, f"not JSON ({e})"
         if partition in self.unmarked:
             if not is_pipeline_marker(value, self.identity or None):
                 owner = value.get("pipeline") if is_pipeline_marker(value) else None
@@ -314,7 +317,13 @@ class _Run:
                     fix="bootstrap the pipeline again and replay into a fresh target")
             self.unmarked.discard(partition)
             return
-        framed = self.framer.feed(partition, offset, value)
+        try:
+            framed = self.framer.feed(partition, offset, value) if malformed is None else None
+        except MalformedMessageError as e:
+            malformed = e.reason
+        if malformed is not None:
+            self._set_aside(message, malformed)
+            return
         if framed is not None:
             if self.reassembler is not None:
                 self._add(framed)
@@ -388,6 +397,20 @@ class _Run:
         self.syncpoints.append((gxid, held_ms))
         log.info("passed sync point %d (held %.1f ms)", gxid, held_ms)
 
+    def _set_aside(self, message: Message, reason: str) -> None:
+        """A malformed message into the quarantine file, with where it is and (the first
+        64 KiB of) what it holds; the topic keeps it whole at that offset."""
+        value = message.value() or b""
+        log.warning("set aside the malformed message at offset %d of %s partition %d: %s (see %s)",
+                    message.offset(), message.topic(), message.partition(), reason, self.quarantine)
+        self.set_aside += 1
+        self.quarantine.parent.mkdir(parents=True, exist_ok=True)
+        with self.quarantine.open("ab") as f:
+            f.write(orjson.dumps({"topic": message.topic(), "partition": message.partition(), "offset": message.offset(),
+                                  "reason": reason, "bytes": len(value),
+                                  "value_base64": base64.b64encode(value[:65536]).decode(),
+                                  "quarantined_ms": int(time.time() * 1000)}) + b"\n")
+
     def _quarantine(self, refused: DdlRefusedError) -> None:
         """Keep the refused record where an operator finds it, one JSON line each."""
         self.quarantine.parent.mkdir(parents=True, exist_ok=True)
@@ -434,4 +457,5 @@ class _Run:
         if self.reassembler is not None and (oldest := self.reassembler.oldest_waiting_ts_ms()) is not None:
             waiting.append(oldest)
         lag = max(0, int(time.time() * 1000) - min(waiting)) if waiting else 0
-        return Progress(transactions, rows, ddl, pending, lag, time.monotonic() - self.started, self.caught_up)
+        return Progress(transactions, rows, ddl, pending, lag, time.monotonic() - self.started, self.caught_up,
+                        self.set_aside)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import StreamError
-from ..protocol import COORDINATOR, PROTOCOL_VERSION, kind_of
+from ..protocol import COORDINATOR, PROTOCOL_VERSION, kind_of, problem_of
 from ._order import Part, Record
 
 _LEGACY_FIX = ("nothing was applied past this point; replay it segment by segment with --replay-legacy-per-segment "
@@ -23,6 +23,17 @@ _LEGACY_FIX = ("nothing was applied past this point; replay it segment by segmen
 class LegacyStreamError(StreamError):
     """The stream was written with legacy markers: no gxid on segment parts, or no
     participant list on commit records."""
+
+
+class MalformedMessageError(StreamError):
+    """A message that is not one of the protocol's (another writer's, or damaged): the
+    replayer sets it aside and reads on, since a protocol event it might have been
+    leaves a gap that the parts' sequence numbers and counts show."""
+
+    def __init__(self, partition: int, offset: int, reason: str) -> None:
+        self.partition, self.offset, self.reason = partition, offset, reason
+        super().__init__(f"the message at offset {offset} of partition {partition} is not a protocol message: {reason}",
+                         fix="find what else writes to the pipeline's topics")
 
 
 @dataclass(frozen=True)
@@ -139,7 +150,11 @@ class Framer:
         self._open: dict[tuple[int, int], _Open] = {}  # (segment, commit_lsn) -> rows so far
         self._ddl: dict[int, tuple[int, list[str]]] = {}  # gxid -> (first offset, statements)
 
-    def feed(self, partition: int, offset: int, value: Mapping[str, Any]) -> Part | Record | Watermark | None:
+    def feed(self, partition: int, offset: int, value: Any) -> Part | Record | Watermark | None:
+        """Frame one decoded message; MalformedMessageError when it is not the protocol's."""
+        problem = problem_of(value)
+        if problem is not None:
+            raise MalformedMessageError(partition, offset, problem)
         framed = self._coordinator(offset, value) if partition == COORDINATOR else self._segment(partition, offset, value)
         if not isinstance(framed, (Part, Record)):
             return framed
