@@ -74,10 +74,11 @@ def to_row(topic: str, partition: int, offset: int, timestamp_ms: int | None,
     """One Kafka message as a tuple in :data:`COLUMNS` order (timestamps in epoch ms)."""
     head = (topic, partition, offset, timestamp_ms)
     try:
-        v = orjson.loads(value) if value is not None else None
-        problem = problem_of(v)
+        decoded = orjson.loads(value) if value is not None else None
+        problem = problem_of(decoded)
         if problem is not None:
             raise ValueError(problem)
+        v: dict[str, Any] = decoded
         kind = kind_of(v)
         if kind == "row":
             s = v["source"]
