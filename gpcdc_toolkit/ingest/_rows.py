@@ -76,9 +76,9 @@ def to_row(topic: str, partition: int, offset: int, timestamp_ms: int | None,
     try:
         decoded = orjson.loads(value) if value is not None else None
         problem = problem_of(decoded)
-        if problem is not None:
+        if problem is not None or not isinstance(decoded, dict):
             raise ValueError(problem)
-        v: dict[str, Any] = decoded
+        v = decoded
         kind = kind_of(v)
         if kind == "row":
             s = v["source"]
