@@ -25,9 +25,11 @@ from gpcdc_toolkit.report import (
     for_report,
     index_html,
     read_headline,
+    read_runs,
     redact,
     sql_names,
     syncpoint_choice,
+    update_index,
 )
 
 ROOT = Path(__file__).parent.parent
@@ -99,11 +101,36 @@ def test_a_parameter_holding_a_password_is_refused(secret, form):
         check_parameters(declared, {"ground_truth": form.format(secret)}, "nb")
 
 
+@pytest.mark.parametrize("dsn", ["postgresql://u@h/db?password=hunter22", "postgres://:hunter22@h/db",
+                                 "postgresql://u@h/db?sslmode=require&password=hunter22", "host=h PASSWORD=x"])
+def test_every_dsn_form_with_a_password_is_refused(dsn):
+    with pytest.raises(ConfigError, match="holds a password"):
+        check_parameters(declared_parameters(notebook_with('path = ""\n')), {"path": dsn}, "nb")
+
+
 def test_parameters_named_like_secrets_are_refused_and_innocent_ones_pass():
-    declared = declared_parameters(notebook_with('sasl_password = ""\npath = ""\n'))
+    declared = declared_parameters(notebook_with('sasl_password = ""\npath = ""\nmax_passes = 1\n'
+                                                 'tokens_per_batch = 1\nbypass_cache = False\n'))
     with pytest.raises(ConfigError, match="sasl_password holds a password"):
         check_parameters(declared, {"sasl_password": "x"}, "nb")
-    assert check_parameters(declared, {"path": "postgresql://db/x"}, "nb") == {"path": "postgresql://db/x"}
+    innocent = {"path": "postgresql://db/x", "max_passes": 2, "tokens_per_batch": 3, "bypass_cache": True}
+    assert check_parameters(declared, innocent, "nb") == innocent
+
+
+@pytest.mark.parametrize("cell, said", [
+    ("timeout = 60 * 5\n", "parameter timeout's default '60 * 5' is not a literal"),
+    ("%load_ext foo\nx = 1\n", "the parameters cell is not Python"),
+    ("items = [1]\n", "a parameter's default [1] is a list"),
+])
+def test_a_parameters_cell_the_runner_cannot_read_is_a_one_line_error(cell, said):
+    with pytest.raises(ConfigError) as e:
+        declared_parameters(notebook_with(cell))
+    assert str(e.value).startswith(said) and "\n" not in str(e.value)
+
+
+def test_a_help_comment_is_what_follows_the_value():
+    declared = declared_parameters(notebook_with("x = '#foo'  # the help\ny: int | None = None\n"))
+    assert declared["x"].default == "#foo" and declared["x"].help == "the help" and declared["y"].help == ""
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=30),
@@ -129,12 +156,14 @@ def test_redaction_leaves_no_copy_of_a_secret(value, secret):
     assert not any(secret in text for text in strings(redact(planted, [secret])))
 
 
-def test_a_report_leaves_out_interactive_cells_and_widget_state():
+def test_a_report_leaves_out_interactive_cells_and_widget_state_but_not_an_error():
+    error = {"output_type": "error", "ename": "RuntimeError", "evalue": "in the widget", "traceback": []}
     notebook = {"cells": [{"cell_type": "code", "metadata": {"tags": ["interactive"]}, "source": "w", "outputs": []},
-                          {"cell_type": "markdown", "metadata": {}, "source": "kept"}],
+                          {"cell_type": "markdown", "metadata": {}, "source": "kept"},
+                          {"cell_type": "code", "metadata": {"tags": ["interactive"]}, "source": "f", "outputs": [error]}],
                 "metadata": {"widgets": {"state": {}}}}
     shown = for_report(notebook)
-    assert [c["source"] for c in shown["cells"]] == ["kept"] and "widgets" not in shown["metadata"]
+    assert [c["source"] for c in shown["cells"]] == ["kept", "f"] and "widgets" not in shown["metadata"]
     assert "tags" in notebook["cells"][0]["metadata"]  # the original is untouched
 
 
@@ -177,9 +206,18 @@ def test_the_index_lists_every_run_newest_first_and_escapes_what_it_shows(runs):
     assert [int(d) for d in re.findall(r'href="(\d+)/report.html"', page)] == list(reversed(range(len(runs))))
 
 
-def test_the_index_tolerates_damaged_records():
+def test_the_index_tolerates_damaged_records(tmp_path):
     page = index_html([{"figures": {"not": "pairs"}, "seconds": "x"}, {}])
     assert "2 runs" in page
+    for name, text in [("a", '{"job": "a", "files": null}'), ("b", '{"files": 5}'), ("c", "[" * 100_000),
+                       ("d", "not json"), ("e", '{"job": "e", "status": "running", "pid": 999999999}')]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(text)
+    update_index(tmp_path)
+    runs = {r["dir"]: r for r in read_runs(tmp_path)}
+    assert sorted(runs) == ["a", "b", "e"] and runs["a"]["files"] == []
+    assert runs["e"]["status"] == "failed" and "killed" in runs["e"]["error"]
+    assert (tmp_path / "index.html").is_file()
 
 
 @given(st.lists(st.text(st.characters(blacklist_categories=["Cs", "Cc"]), min_size=1, max_size=12), min_size=1,

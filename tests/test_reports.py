@@ -12,6 +12,7 @@ import sys
 import threading
 import uuid
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -155,20 +156,23 @@ def test_a_failing_notebook_still_gives_its_report_and_exit_status_2(demo):
 
 
 def test_no_secret_reaches_an_executed_notebook_its_report_or_the_index(tmp_path, environ_without_gpcdc):
-    secret = f"S3cret-{uuid.uuid4().hex[:8]}"
+    secret = f"S3c@r&t-{uuid.uuid4().hex[:8]}"
+    cells = ["import os, sys\nimport pandas as pd\ndsn, pw = os.environ['GPCDC_SOURCE_DSN'], os.environ['PGPASSWORD']",
+             "print(dsn)\nprint(pw[:4], end='')\nsys.stdout.flush()\nprint(pw[4:])",
+             "pd.DataFrame({'password': [pw], 'dsn': [dsn]})",
+             "from gpcdc_toolkit.report import headline, notebook_config\nnotebook_config()",
+             "headline('leaky', {dsn: 1}, verdict=pw)"]
     notebook = tmp_path / "leaky.ipynb"
     notebook.write_text(json.dumps({
         "cells": [{"cell_type": "code", "metadata": {"tags": ["parameters"]}, "source": "x = 1", "outputs": [],
-                   "execution_count": None, "id": "a"},
-                  {"cell_type": "code", "metadata": {}, "execution_count": None, "id": "b", "outputs": [],
-                   "source": "import os\nprint(os.environ['GPCDC_SOURCE_DSN'])\n"
-                             "from gpcdc_toolkit.report import headline\n"
-                             "headline('leaky', {os.environ['GPCDC_SOURCE_DSN']: 1}, verdict=os.environ['PGPASSWORD'])"}],
+                   "execution_count": None, "id": "p"}]
+                 + [{"cell_type": "code", "metadata": {}, "execution_count": None, "id": f"c{i}", "outputs": [],
+                     "source": source} for i, source in enumerate(cells)],
         "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
         "nbformat": 4, "nbformat_minor": 5}))
-    config = load_config({"work_dir": str(tmp_path), "source.dsn": f"host=db.invalid password={secret} user=u",
+    config = load_config({"work_dir": str(tmp_path), "source.dsn": f"postgresql://u:{quote(secret, safe='')}@db.invalid/x",
                           "target.sandbox": "t", "report.dir": str(tmp_path / "reports")}, environ={})
-    os.environ["PGPASSWORD"] = secret + "-pg"
+    os.environ["PGPASSWORD"] = secret
     try:
         done = run_notebook(config, notebook, {"x": "2"})
     finally:
@@ -177,8 +181,10 @@ def test_no_secret_reaches_an_executed_notebook_its_report_or_the_index(tmp_path
     written = [p for p in (tmp_path / "reports").rglob("*") if p.is_file()]
     assert len(written) >= 4  # the notebook, its report, run.json, the index
     for path in written:
-        assert secret not in path.read_text(), path
-    assert "password=***" in (done.directory / "notebook.ipynb").read_text()
+        text = path.read_text()
+        for form in (secret, quote(secret, safe=""), secret.replace("&", "&amp;"), secret[4:]):
+            assert form not in text, (path, form)
+    assert "u:***@db.invalid" in (done.directory / "notebook.ipynb").read_text()
 
 
 def test_bad_parameters_are_refused_in_one_line_before_any_run(tmp_path, environ_without_gpcdc):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 
 from ..config import Config
 from ._command import Command, say
@@ -27,6 +28,10 @@ class Run(Command):
     def run(self, args: argparse.Namespace, config: Config) -> int:
         from ..report import run_notebook
 
+        def interrupted(_signum: int, _frame: object) -> None:
+            raise KeyboardInterrupt  # the run is recorded as interrupted, then the command ends (130)
+
+        signal.signal(signal.SIGTERM, interrupted)  # as a scheduler stops a job
         parameters = dict(args.parameter)
         if args.fail_on:
             parameters["fail_on"] = args.fail_on

@@ -18,20 +18,25 @@ _EXTERNAL = re.compile(r"""<(?:script|link|img|iframe)\b[^>]*?\b(?:src|href)\s*=
 
 
 def for_report(notebook: Mapping[str, Any], secrets: Iterable[str] = ()) -> dict[str, Any]:
-    """The notebook as a report shows it: interactive cells and widget state dropped,
-    every secret replaced by ``***``."""
+    """The notebook as a report shows it: interactive cells (unless one failed) and
+    widget state dropped, every secret replaced by ``***``."""
     out: dict[str, Any] = copy.deepcopy(dict(notebook))
-    out["cells"] = [c for c in out.get("cells", []) if INTERACTIVE_TAG not in c.get("metadata", {}).get("tags", [])]
+    out["cells"] = [c for c in out.get("cells", []) if INTERACTIVE_TAG not in c.get("metadata", {}).get("tags", [])
+                    or any(o.get("output_type") == "error" for o in c.get("outputs", []))]
     out.setdefault("metadata", {}).pop("widgets", None)
     redacted: dict[str, Any] = redact(out, secrets)
     return redacted
 
 
 def redact(value: Any, secrets: Iterable[str]) -> Any:
-    """``value`` (JSON) with every occurrence of each secret replaced by ``***``."""
+    """``value`` (JSON) with every occurrence of each secret replaced by ``***``; in a
+    notebook, a cell's consecutive outputs to one stream are joined first, so that a
+    secret printed in pieces is found whole."""
     found = sorted({s for s in secrets if s}, key=len, reverse=True)
     if not found:
         return value
+    if isinstance(value, dict) and isinstance(value.get("cells"), list):
+        value = {**value, "cells": [_joined_streams(c) if isinstance(c, dict) else c for c in value["cells"]]}
 
     pattern = re.compile("|".join(map(re.escape, found)))
 
@@ -49,6 +54,22 @@ def redact(value: Any, secrets: Iterable[str]) -> Any:
         return v
 
     return walk(value)
+
+
+def _joined_streams(cell: dict[str, Any]) -> dict[str, Any]:
+    outputs: list[Any] = []
+    for output in cell.get("outputs") or []:
+        last = outputs[-1] if outputs else None
+        if (isinstance(output, dict) and output.get("output_type") == "stream" and isinstance(last, dict)
+                and last.get("output_type") == "stream" and last.get("name") == output.get("name")):
+            outputs[-1] = {**last, "text": _text(last.get("text")) + _text(output.get("text"))}
+        else:
+            outputs.append(output)
+    return {**cell, "outputs": outputs} if "outputs" in cell else cell
+
+
+def _text(text: Any) -> str:
+    return "".join(text) if isinstance(text, list) else str(text or "")
 
 
 def external_references(page: str) -> list[str]:

@@ -11,7 +11,9 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+from .._runtime import pid_alive
 from ._headline import format_figure
 
 RUN_FILE = "run.json"
@@ -51,7 +53,7 @@ def _row(run: Mapping[str, Any]) -> str:
                       for k, v in _pairs(run.get("figures")))
     said = run.get("verdict") or run.get("error") or ""
     verdict = f'<div class="verdict">{html.escape(str(said))}</div>' if said else ""
-    links = " ".join(f'<a href="{html.escape(directory)}/{name}">{label}</a>'
+    links = " ".join(f'<a href="{html.escape(quote(directory))}/{name}">{label}</a>'
                      for name, label in (("report.html", "report"), ("notebook.ipynb", "notebook"))
                      if name in run.get("files", []))
     seconds = run.get("seconds")
@@ -71,10 +73,16 @@ def read_runs(reports: Path) -> list[dict[str, Any]]:
     for path in sorted(reports.glob(f"*/{RUN_FILE}")):
         try:
             run = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # a run being written, or damaged: it shows again once whole
-        if isinstance(run, dict):
-            runs.append({**run, "dir": path.parent.name})
+        except (OSError, ValueError, RecursionError):
+            continue  # damaged: left out
+        if not isinstance(run, dict):
+            continue
+        run = {**run, "dir": path.parent.name,
+               "files": [f for f in run.get("files") or [] if isinstance(f, str)] if isinstance(run.get("files"), list)
+               else []}
+        if run.get("status") == "running" and not pid_alive(run.get("pid") if isinstance(run.get("pid"), int) else None):
+            run.update(status="failed", error="the run ended without finishing (its process was killed)")
+        runs.append(run)
     return runs
 
 

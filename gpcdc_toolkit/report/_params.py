@@ -16,8 +16,8 @@ from ..errors import ConfigError
 _TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 # Settings that hold secrets, by name, and secrets inside a DSN (key=value or URL form).
-_SECRET_NAME = re.compile(r"pass(word)?|secret|token|sasl|credential", re.IGNORECASE)
-_DSN_PASSWORD = re.compile(r"(?:^|\s)password\s*=|://[^/@\s:]+:[^/@\s]+@", re.IGNORECASE)
+_SECRET_NAME = re.compile(r"(^|_)(password|passwd|pwd|secret|token|sasl|credentials?)(_|$)", re.IGNORECASE)
+_DSN_PASSWORD = re.compile(r"(?:^|[\s?&;])password\s*=|://[^/@\s:]*:[^/@\s]+@", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -42,19 +42,34 @@ def declared_parameters(notebook: Mapping[str, Any]) -> dict[str, Parameter]:
         raise ConfigError("the notebook has no cell tagged 'parameters'",
                           fix="tag the cell that assigns its parameters with 'parameters'")
     source = "".join(cells[0]["source"])
-    comments = {i + 1: line.partition("#")[2].strip() for i, line in enumerate(source.splitlines())}
+    try:
+        body = ast.parse(source).body
+    except SyntaxError as e:
+        raise ConfigError(f"the parameters cell is not Python (line {e.lineno}: {e.msg})",
+                          fix="write its parameters as plain assignments: name = literal") from None
     out: dict[str, Parameter] = {}
-    for node in ast.parse(source).body:
+    for node in body:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
             name, value, annotation = node.target.id, node.value, node.annotation
         elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             name, value, annotation = node.targets[0].id, node.value, None
         else:
             continue
-        default = ast.literal_eval(value)
+        try:
+            default = ast.literal_eval(value)
+        except ValueError:
+            raise ConfigError(f"parameter {name}'s default {ast.unparse(value)!r} is not a literal",
+                              fix=f"give {name} a plain value (a number, a string, True, False or None)") from None
         types, optional = _annotated(annotation) if annotation is not None else _of(default)
-        out[name] = Parameter(name, types, optional or default is None, default, comments.get(node.lineno, ""))
+        out[name] = Parameter(name, types, optional or default is None, default, _comment(source, node))
     return out
+
+
+def _comment(source: str, node: ast.stmt) -> str:
+    """The comment after an assignment, on its last line."""
+    line = source.splitlines()[(node.end_lineno or node.lineno) - 1]
+    rest = line.encode()[node.end_col_offset or 0:].decode(errors="replace")
+    return rest.strip().removeprefix("#").strip()
 
 
 def _annotated(annotation: ast.expr) -> tuple[tuple[type, ...], bool]:
@@ -69,8 +84,9 @@ def _annotated(annotation: ast.expr) -> tuple[tuple[type, ...], bool]:
 def _of(default: Any) -> tuple[tuple[type, ...], bool]:
     if default is None:
         return (str,), True
-    if isinstance(default, float):
-        return (float,), False
+    if type(default) not in _TYPES.values():
+        raise ConfigError(f"a parameter's default {default!r} is a {type(default).__name__}",
+                          fix=f"give parameters a value of type {', '.join(_TYPES)}, or None")
     return (type(default),), False
 
 

@@ -10,12 +10,12 @@ written, should a cell have printed it."""
 from __future__ import annotations
 
 import datetime as dt
+import html
 import json
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,8 +77,17 @@ def secrets_of(config: Config) -> list[str]:
                 found.append(str(conninfo_to_dict(ref.dsn).get("password") or ""))
             except Exception:  # noqa: BLE001 (a malformed DSN fails where it is used, with its own error)
                 pass
-    found += [v for k, v in config.kafka.client.items() if any(w in k for w in ("password", "secret", "token"))]
-    return [s for s in found if len(s) >= 3]  # shorter ones would redact innocent text everywhere
+    found += [v for k, v in config.kafka.client.items() if k.startswith("sasl.") or k.endswith(
+        (".password", ".secret", ".token", ".key", ".config"))]
+    # As printed, encoded or escaped too. Shorter ones would redact innocent text everywhere.
+    return sorted({form for secret in found if len(secret) >= 3 for form in _spellings(secret)})
+
+
+def _spellings(secret: str) -> set[str]:
+    from urllib.parse import quote, quote_plus
+
+    return {secret, quote(secret, safe=""), quote_plus(secret), html.escape(secret), html.escape(secret, quote=False),
+            json.dumps(secret)[1:-1], secret.replace("\\", "\\\\").replace("'", "\\'")}
 
 
 def run_notebook(config: Config, notebook: str | Path, parameters: Mapping[str, Any] | None = None, *,
@@ -91,14 +100,17 @@ def run_notebook(config: Config, notebook: str | Path, parameters: Mapping[str, 
 
     source = find_notebook(str(notebook))
     job = source.stem
-    stored = json.loads(source.read_text())
+    try:
+        stored = json.loads(source.read_text())
+    except (OSError, ValueError, RecursionError) as e:
+        raise ConfigError(f"cannot read notebook {source}: {e}", fix="give a notebook saved by Jupyter") from None
     given = check_parameters(declared_parameters(stored), dict(parameters or {}), job)
     reports = Path(reports or config.report.dir).absolute()
     reports.mkdir(parents=True, exist_ok=True)
     started = dt.datetime.now(dt.UTC)
     directory = _new_directory(reports, f"{job}-{started:%Y%m%dT%H%M%SZ}")
     record: dict[str, Any] = {"job": job, "notebook": str(source), "started": f"{started:%Y-%m-%d %H:%M:%S}",
-                              "status": "running", "parameters": given, "files": []}
+                              "status": "running", "pid": os.getpid(), "parameters": given, "files": []}
     write_json(directory / RUN_FILE, record)
     update_index(reports)
     output = directory / "notebook.ipynb"
@@ -106,10 +118,12 @@ def run_notebook(config: Config, notebook: str | Path, parameters: Mapping[str, 
     failure: str | None = None
     raise_after = False
     try:
-        with _kernel_environment(config):
-            papermill.execute_notebook(str(source), str(output), parameters=given, kernel_name=config.report.kernel,
-                                       progress_bar=False, log_output=False, execution_timeout=config.report.timeout,
-                                       cwd=os.getcwd(), extra_arguments=_KERNEL_ARGUMENTS)
+        # Saved once, at the end (whether a cell failed or not), and redacted at once: a
+        # save after every cell would leave a run killed midway with whatever it printed.
+        papermill.execute_notebook(str(source), str(output), parameters=given, kernel_name=config.report.kernel,
+                                   progress_bar=False, log_output=False, execution_timeout=config.report.timeout,
+                                   cwd=os.getcwd(), extra_arguments=_KERNEL_ARGUMENTS,
+                                   request_save_on_cell_execute=False, kernel_manager_class=_kernel_manager(config))
     except papermill.PapermillExecutionError:
         pass  # the error is in the output notebook, read below
     except KeyboardInterrupt:
@@ -147,17 +161,18 @@ def _new_directory(reports: Path, name: str) -> Path:
     raise ConfigError(f"{reports} holds 1000 runs named {name}", fix="remove old runs")
 
 
-@contextmanager
-def _kernel_environment(config: Config) -> Iterator[None]:
-    """This process's environment while a kernel starts from it: the configuration's
-    settings in ``GPCDC_*`` variables, restored after."""
+def _kernel_manager(config: Config) -> type:
+    """A kernel manager whose kernels start with this process's environment, its
+    ``GPCDC_*`` variables replaced by the configuration's (this process's own environment
+    left alone: other threads may be reading it)."""
+    from jupyter_client.manager import AsyncKernelManager
+
     from ..capture import child_environment
 
-    saved, wanted = dict(os.environ), child_environment(config)
-    os.environ.clear()
-    os.environ.update(wanted)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    environment = child_environment(config)
+
+    class Manager(AsyncKernelManager):
+        async def start_kernel(self, **kw: Any) -> None:  # type: ignore[override]  # async, as AsyncKernelManager's
+            await super().start_kernel(**{**kw, "env": environment})
+
+    return Manager
