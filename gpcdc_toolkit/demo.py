@@ -62,9 +62,9 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
         say(f"target sandbox {target.name!r}: coordinator + {max(1, options.segments - 1)} segments ({target.dsn})")
         if not config.kafka.bootstrap_servers:
             broker.up()
-        servers = kafka_client_settings(config)["bootstrap.servers"]
-        check_reachable(servers)
-        say(f"Kafka: {servers}")
+        kafka = kafka_client_settings(config)
+        check_reachable(kafka)
+        say(f"Kafka: {kafka['bootstrap.servers']}")
         cluster = sandbox.cluster()
         cluster.check_logical_decoding()
         # A fresh start, so that the checks compare like with like: transactions before

@@ -137,18 +137,13 @@ def test_streaming_available_now_processes_everything_once_across_runs(spark, to
 
 
 def run_explore_notebook(config, tmp_path, row_events):
-    import papermill
+    from gpcdc_toolkit.report import run_notebook
 
-    from .test_notebooks import NOTEBOOKS, cell_errors
-
-    out = tmp_path / "explore.ipynb"
-    papermill.execute_notebook(
-        str(NOTEBOOKS / "explore_changes.ipynb"), str(out), kernel_name="python3", progress_bar=False,
-        parameters={"work_dir": str(config.work_dir), "kafka_bootstrap_servers": config.kafka.bootstrap_servers,
-                    "topic_prefix": config.kafka.topic_prefix, "spark_master": "local[1]"})
-    assert cell_errors(out) == []
-    text = out.read_text()
-    assert "Row events per second, by segment" in text and "distributed commit records" in text
+    done = run_notebook(config.with_settings({"report.dir": str(tmp_path / "reports")}), "explore")
+    assert done.status == "ok", done.error
+    assert done.headline.figures["row events"] == row_events
+    text = done.report.read_text()
+    assert "Row events per second, by segment" in text and "One distributed transaction, whole" in text
 
 
 def test_capture_output_reads_as_captured(spark, source, broker, work_dir, tmp_path):

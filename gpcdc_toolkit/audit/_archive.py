@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .._runtime import read_json, write_json
+from ..broker import check_reachable
 from ..config import Config
 from ..connect import kafka_client_settings
 from ..errors import ConfigError
@@ -59,6 +60,7 @@ def write_archive(spark: Any, config: Config, path: Path) -> ArchiveRun:
     path.mkdir(parents=True, exist_ok=True)
     topics = Topics(config.kafka.topic_prefix)
     kafka = kafka_client_settings(config)
+    check_reachable(kafka)  # one line now, rather than the client's retries
     start = _position(path)
     end = {topic: end_offsets(kafka, topic) for topic in (topics.changes, topics.dtx)}
     for topic, parts in start.items():

@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 
 from .._expect import load_suites
 from .._runtime import read_json, write_json
+from ..broker import check_reachable
 from ..config import Config
 from ..connect import kafka_client_settings
 from ..errors import ConfigError
@@ -132,6 +133,7 @@ def _read_kafka(spark: Any, config: Config, start: Offsets | None, start_ms: int
 
     topics = Topics(config.kafka.topic_prefix)
     kafka = kafka_client_settings(config)
+    check_reachable(kafka)  # one line now, rather than the client's retries
     end = {topic: end_offsets(kafka, topic) for topic in (topics.changes, topics.dtx)}
     frames = []
     for topic, reader in ((topics.changes, read_changes), (topics.dtx, read_coordinator)):

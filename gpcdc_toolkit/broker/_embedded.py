@@ -20,6 +20,7 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,18 +41,19 @@ def kafka_classpath() -> str:
     return os.pathsep.join(str(jar) for jar in resolve(f"kafka-{KAFKA_VERSION}", ARTIFACTS))
 
 
-def check_reachable(bootstrap_servers: str, timeout: float = 5.0) -> None:
-    """Raise BrokerError unless a Kafka broker answers a metadata request."""
+def check_reachable(kafka: str | Mapping[str, str], timeout: float = 5.0) -> None:
+    """Raise BrokerError unless a Kafka broker answers a metadata request (``kafka``: the
+    bootstrap servers, or librdkafka settings with them and any security settings)."""
     from confluent_kafka.admin import AdminClient
 
+    settings = {"bootstrap.servers": kafka} if isinstance(kafka, str) else dict(kafka)
     # log_level 0: the refused connections are reported once, below, not per retry
-    client = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0,
-                          "socket.connection.setup.timeout.ms": int(timeout * 1000)})
+    client = AdminClient({**settings, "log_level": 0, "socket.connection.setup.timeout.ms": int(timeout * 1000)})
     try:
         client.list_topics(timeout=timeout)
     except Exception as e:  # confluent_kafka raises KafkaException with a KafkaError inside
         raise BrokerError(
-            f"no Kafka broker answers at {bootstrap_servers} within {timeout:g} s ({e})",
+            f"no Kafka broker answers at {settings.get('bootstrap.servers')} within {timeout:g} s ({e})",
             fix="start it (`gpcdc broker up` for the embedded one) or correct kafka.bootstrap_servers",
         ) from None
 

@@ -174,7 +174,7 @@ class CaptureWorker:
     def _session(self, stop: threading.Event) -> None:
         from ..broker import check_reachable
 
-        check_reachable(self.settings.kafka["bootstrap.servers"])
+        check_reachable(self.settings.kafka)
         ensure_topics(self.settings.kafka, self.topics, self.dispatcher.partitions)
         self._delivery_error = None
         producer = Producer(producer_config(self.settings, self._on_delivery_error))

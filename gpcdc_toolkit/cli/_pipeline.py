@@ -80,7 +80,7 @@ class CaptureRun(Command):
             run_worker(config, args.node)
             return 0
         group = CaptureGroup(config)
-        check_reachable(kafka_client_settings(config)["bootstrap.servers"])
+        check_reachable(kafka_client_settings(config))
         procs = [subprocess.Popen(group.worker_argv(node.content)) for node in group.pipeline.start_point().nodes]
         say(f"capturing {len(procs)} nodes; Ctrl-C stops")
         try:
@@ -97,7 +97,7 @@ class CaptureStart(Command):
     sections = ("capture",)
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
-        check_reachable(kafka_client_settings(config)["bootstrap.servers"])
+        check_reachable(kafka_client_settings(config))
         group = CaptureGroup(config)
         started = group.start()
         say(f"started {len(started)} capture workers" + (f": pids {sorted(started.values())}" if started else ""))

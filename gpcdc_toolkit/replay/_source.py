@@ -15,6 +15,8 @@ from ..errors import StreamError
 from ..protocol import COORDINATOR, PROTOCOL_VERSION, kind_of, problem_of
 from ._order import Part, Record
 
+ROW_OPS = ("c", "u", "d", "t")
+
 _LEGACY_FIX = ("nothing was applied past this point; replay it segment by segment with --replay-legacy-per-segment "
                "(exact once every segment is replayed, but parts of distributed transactions can show until then), "
                "or capture from a cluster that writes the gxid markers")
@@ -153,6 +155,8 @@ class Framer:
     def feed(self, partition: int, offset: int, value: Any) -> Part | Record | Watermark | None:
         """Frame one decoded message; MalformedMessageError when it is not the protocol's."""
         problem = problem_of(value)
+        if problem is None and kind_of(value) == "row" and value["op"] not in ROW_OPS:
+            problem = f"a row event with op {str(value['op'])[:10]!r}"  # well formed, but nothing to apply
         if problem is not None:
             raise MalformedMessageError(partition, offset, problem)
         framed = self._coordinator(offset, value) if partition == COORDINATOR else self._segment(partition, offset, value)
