@@ -1,4 +1,4 @@
-"""Passwords stay out of what others can read: error messages and process lists (no servers)."""
+"""Passwords stay out of what others can read: error messages, process lists, the files a pipeline writes."""
 
 import re
 
@@ -23,3 +23,44 @@ def test_a_malformed_dsn_is_quoted_without_its_password(password, form):
     for quoted in re.findall(r'"([^"]*)"', said):  # what libpq quotes from the DSN
         assert not any(password[i:i + 3] in quoted for i in range(len(password) - 2)), said
     assert "\n" not in str(refused.value)
+
+
+def test_no_secret_in_process_lists_or_files_of_a_running_pipeline(source, source_sandbox, broker, work_dir):
+    """A source DSN with a password (the sandbox trusts local connections, so any
+    password connects): capture runs and reports; the password is in no process's
+    command line and in no file the pipeline writes."""
+    import uuid
+    from pathlib import Path
+
+    from gpcdc_toolkit.bootstrap import Pipeline, bootstrap, drop_slots
+    from gpcdc_toolkit.capture import CaptureGroup, capture_status, wait_until_acknowledged
+    from gpcdc_toolkit.config import load_config
+    from gpcdc_toolkit.workload import WorkloadSpec, run_workload
+
+    secret = f"Pw-{uuid.uuid4().hex}"
+    config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
+                          "kafka.topic_prefix": f"s{uuid.uuid4().hex[:8]}",
+                          "source.dsn": f"{source_sandbox.dsn} password={secret}"}, environ={})
+    pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+    group = CaptureGroup(config)
+    try:
+        bootstrap(source, pipeline, "snapshot")
+        group.start()
+        run_workload(source, WorkloadSpec(threads=1, transactions=20))
+        wait_until_acknowledged(source, pipeline.slot)
+        assert all(s.alive for s in capture_status(source, group))
+        command_lines = [command_line(p) for p in Path("/proc").glob("[0-9]*/cmdline")]
+        assert command_lines and not any(secret.encode() in line for line in command_lines)
+        written = [p for p in pipeline.directory.rglob("*") if p.is_file()]
+        written += [p for p in (work_dir / "logs").rglob("*") if p.is_file()] if (work_dir / "logs").exists() else []
+        assert written and not any(secret.encode() in p.read_bytes() for p in written)
+    finally:
+        group.stop()
+        drop_slots(source, pipeline.slot, publication=pipeline.publication)
+
+
+def command_line(path):
+    try:
+        return path.read_bytes()
+    except OSError:  # the process ended meanwhile
+        return b""
