@@ -120,8 +120,9 @@ def test_replayer_and_capture_killed_at_random_moments_apply_everything_once(sou
     for table in (ACCOUNTS, EVENTS):
         assert table_rows(target_cluster, table) == table_rows(source, table), f"{table} differs"
     # Every committed transaction of the stream is recorded once (the key forbids twice).
+    # (Resends are likely after these kills, not certain: a worker killed when Kafka had
+    # acknowledged all it sent resends nothing. Either way each is applied once.)
     captured = read_captured(config)
-    assert captured.duplicates > 0  # capture did resend, and the replay recognised it
     committed = {end["gxid"] for end in captured.ends.values()} | set(captured.records)
     applied = [row[1] for row in table_rows(target_cluster, APPLIED)]
     assert sorted(applied) == sorted(committed)

@@ -33,7 +33,7 @@ vertical-align:top} th{background:#f6f8fa}
 
 def index_html(runs: Iterable[Mapping[str, Any]]) -> str:
     """The index page of ``runs`` (each a run.json record, with ``dir`` its directory's name)."""
-    ordered = sorted(runs, key=lambda r: str(r.get("started", "")), reverse=True)
+    ordered = sorted(runs, key=_started, reverse=True)
     counts: dict[str, int] = {}
     for run in ordered:
         counts[str(run.get("status"))] = counts.get(str(run.get("status")), 0) + 1
@@ -44,6 +44,11 @@ def index_html(runs: Iterable[Mapping[str, Any]]) -> str:
             f'<p class="sub">{len(ordered)} runs: {html.escape(tally)}</p>\n'
             "<table><thead><tr><th>job</th><th>started (UTC)</th><th>status</th><th>duration</th>"
             f"<th>headline</th><th>files</th></tr></thead><tbody>\n{rows}\n</tbody></table></body></html>\n")
+
+
+def _started(run: Mapping[str, Any]) -> tuple[str, float]:
+    at = run.get("started_at")
+    return str(run.get("started", "")), at if isinstance(at, int | float) else 0.0
 
 
 def _row(run: Mapping[str, Any]) -> str:

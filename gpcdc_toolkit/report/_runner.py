@@ -110,7 +110,7 @@ def run_notebook(config: Config, notebook: str | Path, parameters: Mapping[str, 
     started = dt.datetime.now(dt.UTC)
     directory = _new_directory(reports, f"{job}-{started:%Y%m%dT%H%M%SZ}")
     record: dict[str, Any] = {"job": job, "notebook": str(source), "started": f"{started:%Y-%m-%d %H:%M:%S}",
-                              "status": "running", "pid": os.getpid(), "parameters": given, "files": []}
+                              "started_at": started.timestamp(), "status": "running", "pid": os.getpid(), "parameters": given, "files": []}
     write_json(directory / RUN_FILE, record)
     update_index(reports)
     output = directory / "notebook.ipynb"
