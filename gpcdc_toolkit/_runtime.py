@@ -101,5 +101,11 @@ def read_json(path: Path) -> dict[str, Any]:
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write atomically, so a crash never leaves half a state file."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file beside the state
+        if isinstance(e, OSError) and e.filename is None:  # a failed write names no file: say which
+            raise OSError(e.errno, e.strerror, str(tmp)) from None
+        raise

@@ -57,3 +57,21 @@ def test_a_malformed_stream(work_dir, broker, garbage):
         assert_one_line(done)
     finally:
         target.down(remove=True)
+
+
+def test_a_full_disk_leaves_the_state_file_whole_and_says_so_in_one_line(tmp_path):
+    import errno
+
+    from gpcdc_toolkit._runtime import read_json, write_json
+    from gpcdc_toolkit.cli import _describe
+
+    state = tmp_path / "state.json"
+    write_json(state, {"offset": 1})
+    (tmp_path / "state.json.tmp").symlink_to("/dev/full")  # every write there: no space left
+    with pytest.raises(OSError) as full:
+        write_json(state, {"offset": 2})
+    assert full.value.errno == errno.ENOSPC
+    assert read_json(state) == {"offset": 1} and not (tmp_path / "state.json.tmp").exists()
+    said = _describe(full.value)
+    assert said.startswith(f"cannot use {tmp_path / 'state.json.tmp'}: No space left on device: free space")
+    assert "\n" not in said

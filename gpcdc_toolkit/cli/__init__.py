@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -69,6 +70,12 @@ def _describe(error: Exception) -> str:
     from psycopg import Error as PostgresError
 
     first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    if isinstance(error, OSError) and error.filename is not None:
+        fix = {errno.ENOSPC: "free space there, or point --work-dir elsewhere",
+               errno.EDQUOT: "free space there, or point --work-dir elsewhere",
+               errno.EACCES: "make it writable for this user, or point --work-dir elsewhere",
+               errno.EROFS: "point --work-dir at a writable filesystem"}.get(error.errno or 0, "check the path")
+        return f"cannot use {error.filename}: {error.strerror}: {fix}"
     if isinstance(error, KafkaException):
         return f"Kafka: {error.args[0].str() if error.args and hasattr(error.args[0], 'str') else first}"
     if isinstance(error, PostgresError):
