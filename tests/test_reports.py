@@ -1,7 +1,8 @@
-"""The notebooks and their reports, against real servers: the demo runs every notebook
-with parameters into reports/; a person's browser, with no network, draws the charts
-and shows the headline figures; the notebooks as stored pass nbval; a failing notebook
-still gives its HTML and exit status 2; no secret reaches a report."""
+"""The notebooks and their reports, against real servers: the demo, as the README runs
+it, runs every notebook with parameters into reports/ and leaves nothing running; a
+person's browser, with no network, draws the charts and shows the headline figures;
+the notebooks as stored pass nbval; a failing notebook still gives its HTML and exit
+status 2; no secret reaches a report."""
 
 import json
 import os
@@ -17,13 +18,15 @@ from urllib.parse import quote
 import pytest
 
 from gpcdc_toolkit.bootstrap import Pipeline, drop_slots
+from gpcdc_toolkit.broker import EmbeddedBroker
 from gpcdc_toolkit.capture import CaptureGroup, child_environment
 from gpcdc_toolkit.config import load_config
-from gpcdc_toolkit.demo import DemoOptions, run_demo
 from gpcdc_toolkit.replay import Replayer
 from gpcdc_toolkit.report import NOTEBOOKS, external_references, read_runs, run_notebook
 from gpcdc_toolkit.sandbox import Sandbox
-from gpcdc_toolkit.workload import WorkloadSpec
+from gpcdc_toolkit.workload import reset_tables
+
+from .test_cli import gpcdc
 
 JOBS = ["bootstrap", "capture", "workload", "replay", "audit", "validate", "explore"]
 CHARTS = {"bootstrap": 1, "capture": 1, "workload": 1, "replay": 3, "audit": 3, "validate": 2, "explore": 2}
@@ -31,43 +34,33 @@ GPCDC = str(Path(sys.executable).parent / "gpcdc")
 
 
 @pytest.fixture(scope="module")
-def demo(work_dir, broker, source):
-    """The demo, run on the session's source sandbox and broker, its own pipeline and
-    target, and left running for the tests below; all stopped afterwards."""
-    tag = uuid.uuid4().hex[:6]
-    config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
-                          "kafka.topic_prefix": f"demo{tag}", "source.sandbox": "source",
-                          "target.sandbox": f"target-{tag}", "report.dir": str(work_dir / f"reports-{tag}")},
-                         environ={})
-    said = []
-    try:
-        code = run_demo(config, DemoOptions(keep=True, workload=WorkloadSpec(threads=2, hot_keys=4, duration=2.0)),
-                        say=said.append)
-        yield config, code, said
-    finally:
-        CaptureGroup(config).stop()
-        pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
-        drop_slots(source, pipeline.slot, publication=pipeline.publication)
-        Sandbox(config.target.sandbox, config.work_dir).down(remove=True)
+def demo(work_dir):
+    """`gpcdc demo` as the README runs it, with sandboxes and a broker of its own:
+    (its work directory, its reports directory, what it said)."""
+    root = work_dir / "demo"
+    reports = root / "reports"
+    done = gpcdc(root, "--report-dir", str(reports), "demo", "--duration", "2", "--segments", "2", timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return root, reports, done.stdout
 
 
-def runs_of(config):
-    return {run["job"]: run for run in read_runs(Path(config.report.dir))}
-
-
-def test_the_demo_runs_every_notebook_with_parameters_into_reports(demo):
-    config, code, said = demo
-    assert code == 0, "\n".join(said)
-    runs = runs_of(config)
+def test_the_demo_runs_every_notebook_with_parameters_and_leaves_nothing_running(demo):
+    root, reports, said = demo
+    for job in JOBS:
+        assert f"\n{job}: ok in " in said, said
+    assert "7 of 7 runs passed" in said and said.endswith(f"reports: {reports / 'index.html'}\n")
+    runs = {run["job"]: run for run in read_runs(reports)}
     assert sorted(runs) == sorted(JOBS) and {r["status"] for r in runs.values()} == {"ok"}
     for run in runs.values():
-        directory = Path(config.report.dir) / run["dir"]
-        assert (directory / "notebook.ipynb").is_file() and (directory / "report.html").is_file()
+        assert (reports / run["dir"] / "notebook.ipynb").is_file() and (reports / run["dir"] / "report.html").is_file()
         assert run["figures"] and run["seconds"] > 0
-    executed = json.loads((Path(config.report.dir) / runs["workload"]["dir"] / "notebook.ipynb").read_text())
+    executed = json.loads((reports / runs["workload"]["dir"] / "notebook.ipynb").read_text())
     injected = [c for c in executed["cells"] if "injected-parameters" in c["metadata"].get("tags", [])]
     assert "duration = 2.0" in "".join(injected[0]["source"])
-    assert said[-1] == f"reports: {Path(config.report.dir) / 'index.html'}"
+    for name in ("source", "target"):
+        assert not list((root / "sandboxes" / name).glob("*/postmaster.pid")), f"the demo left {name} running"
+    assert EmbeddedBroker(root).pid is None, "the demo left the broker running"
+    assert CaptureGroup(load_config({"work_dir": str(root), "source.sandbox": "source"}, environ={})).pid(-1) is None
 
 
 def browser_command(*arguments):
@@ -98,9 +91,8 @@ def visible_text(dom: str) -> str:
 def test_the_reports_draw_offline_with_their_headline_figures(demo, tmp_path):
     from gpcdc_toolkit.report._headline import format_figure
 
-    config, _code, _said = demo
-    reports = Path(config.report.dir)
-    runs = runs_of(config)
+    _root, reports, _said = demo
+    runs = {run["job"]: run for run in read_runs(reports)}
     index = visible_text(page_as_shown(reports / "index.html", tmp_path / "index.png"))
     for job, run in runs.items():
         assert job in index and all(format_figure(v) in index for _label, v in run["figures"])
@@ -114,12 +106,33 @@ def test_the_reports_draw_offline_with_their_headline_figures(demo, tmp_path):
         assert run["verdict"] in text
 
 
-def test_the_notebooks_as_stored_pass_nbval(demo):
-    config, _code, _said = demo
+@pytest.fixture
+def fresh_pipeline(source, broker, work_dir):
+    """The configuration of a pipeline not yet bootstrapped, of the source with its
+    workload tables emptied, and a target of its own; everything stopped after."""
+    tag = uuid.uuid4().hex[:6]
+    target = Sandbox(f"target-{tag}", work_dir).up(segments=2)
+    config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
+                          "kafka.topic_prefix": f"nb{tag}", "source.sandbox": "source", "target.sandbox": target.name,
+                          "report.dir": str(work_dir / f"reports-{tag}")}, environ={})
+    # The workload notebook checks the tables against its ground-truth log: both start empty.
+    (work_dir / "workload-ground-truth.jsonl").unlink(missing_ok=True)
+    reset_tables(source)
+    try:
+        yield config
+    finally:
+        CaptureGroup(config).stop()
+        pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+        drop_slots(source, pipeline.slot, publication=pipeline.publication)
+        target.down(remove=True)
+
+
+def test_the_notebooks_as_stored_pass_nbval(fresh_pipeline):
+    config = fresh_pipeline
     environment = {**child_environment(config), "PYTHONWARNINGS": "ignore"}
-    notebooks = [str(NOTEBOOKS / f"{job}.ipynb") for job in JOBS if job != "validate"]
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "--rootdir",
                str(NOTEBOOKS)]
+    notebooks = [str(NOTEBOOKS / f"{job}.ipynb") for job in JOBS if job != "validate"]
     done = subprocess.run([*command, *notebooks], env=environment, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:]
     # As stored, validate cuts a new sync point, which a replayer following the pipeline must reach.
@@ -140,19 +153,18 @@ def test_the_notebooks_as_stored_pass_nbval(demo):
     assert done.returncode == 0, done.stdout[-4000:]
 
 
-def test_a_failing_notebook_still_gives_its_report_and_exit_status_2(demo):
-    config, _code, _said = demo
-    before = set(runs_of(config))
+def test_a_failing_notebook_still_gives_its_report_and_exit_status_2(source, work_dir, environ_without_gpcdc):
+    reports = work_dir / f"reports-{uuid.uuid4().hex[:6]}"
+    config = load_config({"work_dir": str(work_dir), "source.sandbox": "source", "target.sandbox": "source",
+                          "report.dir": str(reports)}, environ={})
     done = subprocess.run([GPCDC, "run", "validate", "-p", "tables", "public.no_such_table", "-p", "syncpoint", "none"],
                           env=child_environment(config), capture_output=True, text=True, timeout=600)
     assert done.returncode == 2, done.stdout + done.stderr
-    failed = [r for r in read_runs(Path(config.report.dir)) if r["status"] == "failed"]
-    assert len(failed) == 1 and before <= set(runs_of(config))
-    assert "no table" in failed[0]["error"] and "validate: failed" in done.stdout
-    report = (Path(config.report.dir) / failed[0]["dir"] / "report.html").read_text()
+    (failed,) = read_runs(reports)
+    assert failed["status"] == "failed" and "no table" in failed["error"] and "validate: failed" in done.stdout
+    report = (reports / failed["dir"] / "report.html").read_text()
     assert "ClusterError" in report and "no table" in report
-    index = (Path(config.report.dir) / "index.html").read_text()
-    assert 'class="status failed"' in index
+    assert 'class="status failed"' in (reports / "index.html").read_text()
 
 
 def test_no_secret_reaches_an_executed_notebook_its_report_or_the_index(tmp_path, environ_without_gpcdc):

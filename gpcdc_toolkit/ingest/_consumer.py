@@ -37,8 +37,10 @@ def partitions_of(consumer: Consumer, topic: str, timeout: float = 10.0) -> list
 
 # Errors a broker gives while its partitions' leadership settles (after a restart, or
 # after it was paused long enough to be fenced): asked again, it answers.
+# While a broker starts (again), its metadata can lack a partition for a moment, which
+# the client reports as an unknown partition: asked again, it is there.
 _SETTLING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-             KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT}
+             KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT, KafkaError._UNKNOWN_PARTITION}
 
 
 def high_watermarks(consumer: Consumer, topic: str, partitions: list[int], timeout: float = 30.0) -> dict[int, int]:
@@ -53,7 +55,8 @@ def high_watermarks(consumer: Consumer, topic: str, partitions: list[int], timeo
             except KafkaException as e:
                 error = e.args[0]
                 if error.code() not in _SETTLING or time.monotonic() >= deadline:
-                    raise BrokerError(f"Kafka did not say where {topic!r} ends within {timeout:g} s ({error.str()})",
+                    waited = f" within {timeout:g} s" if error.code() in _SETTLING else ""
+                    raise BrokerError(f"Kafka did not say where {topic!r} partition {p} ends{waited} ({error.str()})",
                                       fix="check the broker and kafka.bootstrap_servers") from None
                 time.sleep(0.1)  # the leadership is settling: ask again
     return ends
