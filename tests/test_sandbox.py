@@ -114,3 +114,10 @@ def test_misconfigured_nodes_are_named_with_the_fix(work_dir):
             cluster.check_logical_decoding()
     finally:
         sandbox.down(remove=True)
+
+
+def test_a_restart_mode_other_than_fast_or_immediate_is_refused(tmp_path):
+    from gpcdc_toolkit.errors import SandboxError
+
+    with pytest.raises(SandboxError, match="unknown stop mode 'smart': use fast or immediate"):
+        Sandbox("x", tmp_path).restart(0, "smart")

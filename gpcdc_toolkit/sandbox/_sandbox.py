@@ -298,8 +298,19 @@ class Sandbox:
         with (datadir / "postgresql.conf").open("a") as conf:
             conf.write("\n# gpcdc sandbox\n" + "".join(f"{k} = {v}\n" for k, v in settings.items()))
 
+    def restart(self, content: int, mode: str = "fast") -> None:
+        """Stop one node (``mode``: pg_ctl's fast, or immediate: as a crash) and start it again."""
+        if mode not in ("fast", "immediate"):
+            raise SandboxError(f"unknown stop mode {mode!r}", fix="use fast or immediate")
+        node = next((n for n in self.nodes if n.content == content), None)
+        if node is None:
+            raise SandboxError(f"sandbox {self.name!r} has no node {content}",
+                               fix=f"use one of {', '.join(str(n.content) for n in self.nodes)}")
+        self._pg_ctl(node, "stop", mode=mode)
+        self._pg_ctl(node, "start")
+
     def _pg_ctl(self, node: SandboxNode, action: str, *, pg_bin: Path | None = None,
-                user: pwd.struct_passwd | None = None) -> None:
+                user: pwd.struct_passwd | None = None, mode: str = "fast") -> None:
         if pg_bin is None:
             state = self._state()
             pg_bin = Path(state["pg_bin"])
@@ -313,7 +324,7 @@ class Sandbox:
             log = self.path / "logs" / f"{Path(node.datadir).name}.log"
             argv = [str(pg_bin / "pg_ctl"), "start", "-D", node.datadir, "-l", str(log), "-w", "-t", "60", "-s"]
         else:
-            argv = [str(pg_bin / "pg_ctl"), "stop", "-D", node.datadir, "-m", "fast", "-w", "-t", "60", "-s"]
+            argv = [str(pg_bin / "pg_ctl"), "stop", "-D", node.datadir, "-m", mode, "-w", "-t", "60", "-s"]
         try:
             self._run_as(user, argv, f"pg_ctl {action} for {node.name} of sandbox {self.name!r}")
         except SandboxError as e:

@@ -6,6 +6,7 @@ row, and the audit finds nothing wrong with the stream.
 The default run has one reduced scenario (each fault once, in one run); the full
 matrix, every fault repeated in several runs, is `./dev faults` (marker `faults`)."""
 
+import contextlib
 import json
 import random
 import signal
@@ -20,6 +21,7 @@ import pytest
 from gpcdc_toolkit.bootstrap import Pipeline, bootstrap, drop_slots
 from gpcdc_toolkit.broker import EmbeddedBroker
 from gpcdc_toolkit.capture import CaptureGroup, wait_until_acknowledged
+from gpcdc_toolkit.cluster import resolve_in_doubt
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.replay import Applier
 from gpcdc_toolkit.sandbox import Sandbox
@@ -49,19 +51,22 @@ class Pipeline_:
         return self.log.read()[-3000:]
 
 
-@pytest.fixture
-def running(source, work_dir):
-    """A pipeline of the source with its own broker (which the faults kill) and target,
-    capture and a following replayer (a process of its own) running; all stopped after."""
+@contextlib.contextmanager
+def pipeline_of(source_sandbox, work_dir):
+    """A pipeline of ``source_sandbox`` with its own broker (which the faults kill) and
+    target, capture and a following replayer (a process of its own) running; all
+    stopped after."""
+    source = source_sandbox.cluster()
     tag = uuid.uuid4().hex[:6]
     broker = EmbeddedBroker(work_dir / f"faults-{tag}").up()
     target = Sandbox(f"target-{tag}", work_dir).up(segments=2)
     config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
-                          "kafka.topic_prefix": f"f{tag}", "source.sandbox": "source", "target.sandbox": target.name,
-                          "capture.heartbeat_interval": 0.3}, environ={})
+                          "kafka.topic_prefix": f"f{tag}", "source.sandbox": source_sandbox.name,
+                          "target.sandbox": target.name, "capture.heartbeat_interval": 0.3}, environ={})
     pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
     env = Pipeline_(config, pipeline, CaptureGroup(config), broker, target,
                     log=(work_dir / f"replay-{tag}.log").open("w+"))
+    env.source_sandbox = source_sandbox
     try:
         reset_tables(source)
         run_workload(source, WorkloadSpec(threads=1, transactions=20, hot_keys=3, seed=5))
@@ -78,6 +83,22 @@ def running(source, work_dir):
         drop_slots(source, pipeline.slot, publication=pipeline.publication)
         broker.remove()
         target.down(remove=True)
+
+
+@pytest.fixture
+def running(source_sandbox, work_dir):
+    with pipeline_of(source_sandbox, work_dir) as env:
+        yield env
+
+
+@pytest.fixture
+def own_source(work_dir):
+    """A source of its own, for faults that could leave the shared one in doubt."""
+    sandbox = Sandbox(f"src-{uuid.uuid4().hex[:6]}", work_dir).up(segments=2)
+    try:
+        yield sandbox
+    finally:
+        sandbox.down(remove=True)
 
 
 def kill_capture(env, source, work_dir):
@@ -107,7 +128,25 @@ def kill_broker(env, source, work_dir):
     return time.monotonic() - began
 
 
+def restarting(node, mode):
+    """A node of the source stopped (fast, or immediate: as a crash) and started again;
+    then what Greenplum's coordinator does on recovery: in-doubt parts finished."""
+    def fault(env, source, work_dir):
+        content = random.choice(range(source.segment_count)) if node == "segment" else -1
+        began = time.monotonic()
+        env.source_sandbox.restart(content, mode)
+        resolve_in_doubt(source)
+        return time.monotonic() - began
+    return fault
+
+
 FAULTS = {"capture worker SIGKILL": kill_capture, "replayer SIGKILL": kill_replayer, "broker SIGKILL": kill_broker}
+# Faults whose writers see errors (their transactions end in doubt, then finished by the
+# recovery): checked against the source, not against the workload's log; on a source of
+# their own.
+RESTARTS = {"segment restart (fast)": restarting("segment", "fast"),
+            "segment restart (immediate)": restarting("segment", "immediate"),
+            "coordinator restart (immediate)": restarting("coordinator", "immediate")}
 
 
 def run_scenario(env, source, work_dir, faults, *, seconds=6.0, seed=0):
@@ -122,7 +161,7 @@ def run_scenario(env, source, work_dir, faults, *, seconds=6.0, seed=0):
     try:
         for fault in faults:
             threading.Event().wait(rng.uniform(0.2, seconds / (len(faults) + 1)))  # a random moment
-            env.recoveries.setdefault(fault, []).append(round(FAULTS[fault](env, source, work_dir), 2))
+            env.recoveries.setdefault(fault, []).append(round({**FAULTS, **RESTARTS}[fault](env, source, work_dir), 2))
     finally:
         load.join()
     wait_until_acknowledged(source, env.pipeline.slot, timeout=120)
@@ -133,6 +172,8 @@ def run_scenario(env, source, work_dir, faults, *, seconds=6.0, seed=0):
         assert time.monotonic() < deadline, ([d.line() for d in compare_tables(source, target, [ACCOUNTS, EVENTS])],
                                              env.said())
         threading.Event().wait(0.2)  # polling the target while the replayer follows
+    if any(f in RESTARTS for f in faults):  # the log cannot know how transactions in doubt ended
+        return {"faults": list(faults), "transactions": applied_count(target), "lost": 0}
     # Whole in Kafka: every transaction after the start point on each segment it touched.
     check = check_against_truth(read_captured(env.config), read_ground_truth(truth), env.start.snapshot.sees)
     assert check.ok, check.problems[:5]
@@ -166,6 +207,18 @@ def test_each_fault_once_while_writing_loses_nothing(spark, source, work_dir, ru
 @pytest.mark.parametrize("run", range(3))
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_fault_matrix(spark, source, work_dir, running, fault, run):
+    check_fault(spark, running.source_sandbox.cluster(), work_dir, running, fault, run)
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("run", range(3))
+@pytest.mark.parametrize("fault", list(RESTARTS))
+def test_fault_matrix_restarts(spark, own_source, work_dir, fault, run):
+    with pipeline_of(own_source, work_dir) as env:
+        check_fault(spark, own_source.cluster(), work_dir, env, fault, run)
+
+
+def check_fault(spark, source, work_dir, running, fault, run):
     figures = run_scenario(running, source, work_dir, [fault] * 3, seconds=8.0, seed=100 + run)
     assert figures["lost"] == 0
     assert applied_once_each(running, figures)
