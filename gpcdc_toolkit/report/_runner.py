@@ -139,7 +139,7 @@ def run_notebook(config: Config, notebook: str | Path, parameters: Mapping[str, 
     shown = read_headline(executed)
     error = failure or cell_error(executed)
     status = "failed" if error else "ok" if shown is None or shown.passed else "findings"
-    (directory / "report.html").write_text(to_html(for_report(executed, secrets), f"gpcdc {job}, {record['started']} UTC"))
+    (directory / "report.html").write_text(to_html(for_report(executed), f"gpcdc {job}, {record['started']} UTC"))
     record.update(status=status, seconds=round(seconds, 2), error=error,
                   figures=[[k, v] for k, v in shown.figures.items()] if shown else [], verdict=shown.verdict if shown else "",
                   files=["notebook.ipynb", "report.html"])
