@@ -34,6 +34,16 @@ def test_a_missing_commit_record_is_reported():
     assert check.problems == ["gxid 10: commit record None, expected [0, 1]"]
 
 
+def test_a_transaction_in_doubt_is_captured_whole_or_not_at_all():
+    captured = Captured()
+    captured.parts.update({10: {0, 1}, 11: {0}})
+    captured.records.update({10: (0, 1), 11: (0, 1)})
+    doubts = [truth(g, [0, 1], "in_doubt") for g in (10, 11, 12)]  # committed, split, absent
+    check = check_against_truth(captured, doubts, lambda g: False)
+    assert check.in_doubt == 3 and check.after == 2
+    assert check.problems == ["gxid 11 touched segments [0, 1], captured on [0]"]
+
+
 def test_a_pid_file_naming_another_process_is_not_a_worker(tmp_path):
     import os
 

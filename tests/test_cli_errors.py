@@ -1,7 +1,10 @@
 """Every command, against a stopped source, a stopped broker and a malformed stream:
 one line on stderr, a non-zero exit, never a traceback."""
 
+import os
 import socket
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -75,3 +78,20 @@ def test_a_full_disk_leaves_the_state_file_whole_and_says_so_in_one_line(tmp_pat
     said = _describe(full.value)
     assert said.startswith(f"cannot use {tmp_path / 'state.json.tmp'}: No space left on device: free space")
     assert "\n" not in said
+
+
+def test_a_read_only_work_directory_says_so_in_one_line(work_dir):
+    """Root writes anywhere but on a read-only filesystem: the command sees its work
+    directory through a read-only bind mount, in a mount namespace of its own."""
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.fail("this test needs `unshare -m` (root, as the test run is) to mount a read-only directory")
+    work = work_dir / f"read-only-{uuid.uuid4().hex[:6]}"
+    work.mkdir()
+    read_only = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPCDC_")}
+    done = subprocess.run(["unshare", "-m", "sh", "-c", read_only, str(work), sys.executable, "-m", "gpcdc_toolkit",
+                           "--work-dir", str(work), "sandbox", "up", "--segments", "1"],
+                          capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+    assert_one_line(done)
+    assert f"cannot use {work / 'sandboxes'}: Read-only file system: point --work-dir at a writable" in done.stderr
+    assert list(work.iterdir()) == []

@@ -1,9 +1,14 @@
 """The workload against a real sandbox: its ground-truth log matches the data."""
 
+import threading
+import time
+import uuid
+
 from gpcdc_toolkit.cluster import Session
 from gpcdc_toolkit.protocol import _markers as markers
+from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.validate import check_workload
-from gpcdc_toolkit.workload import WorkloadSpec, read_ground_truth, reset_tables, run_workload
+from gpcdc_toolkit.workload import ACCOUNTS, WorkloadResult, WorkloadSpec, read_ground_truth, reset_tables, run_workload
 
 from ._decoding import committed_transactions, create_slot, drop_slot
 
@@ -83,3 +88,57 @@ def test_tables_survive_setup_twice(source):
     run_workload(source, WorkloadSpec(threads=1, transactions=5, hot_keys=2))
     with Session(source) as session:
         assert session.table("wl_accounts").distribution_key == ("id",)
+
+
+def test_the_workload_writes_on_through_restarts_of_its_nodes(work_dir):
+    """A segment stopped fast, one crashed, the coordinator crashed: the workload's
+    threads reconnect and commit again after each, finishing what they left prepared;
+    its log stays true to the data (what it calls committed is there, what it calls
+    failed is not)."""
+    sandbox = Sandbox(f"wl-{uuid.uuid4().hex[:6]}", work_dir).up(segments=2)
+    try:
+        cluster = sandbox.cluster()
+        truth = work_dir / "truth-restarts.jsonl"
+        spec = WorkloadSpec(threads=2, duration=600.0, hot_keys=3, hot_share=0.5, seed=3)  # until stopped
+        stop = threading.Event()
+        live: list[WorkloadResult] = []
+        outcome: list[object] = []
+        load = threading.Thread(target=lambda: outcome.append(run_workload(
+            cluster, spec, ground_truth=truth, stop=stop, progress=lambda r: live.append(r))))
+        load.start()
+
+        def commits_again() -> None:
+            deadline = time.monotonic() + 60
+            while not live and time.monotonic() < deadline:
+                threading.Event().wait(0.05)  # polling for the first progress report
+            assert live, "the workload reported no progress"
+            goal = live[0].committed + 10
+            while live[0].committed < goal:
+                assert load.is_alive() and time.monotonic() < deadline, (outcome, live[0].errors)
+                threading.Event().wait(0.05)  # polling the workload's own count
+
+        try:
+            commits_again()
+            for content, mode in [(0, "fast"), (1, "immediate"), (-1, "immediate")]:
+                sandbox.restart(content, mode)
+                commits_again()
+        finally:
+            stop.set()
+            load.join(timeout=120)
+        assert not load.is_alive(), "the workload did not end when told to"
+        (result,) = outcome
+        assert isinstance(result, WorkloadResult)
+        assert cluster.prepared_transactions() == [], "the workload finishes the parts it left prepared"
+        records = list(read_ground_truth(truth))
+        assert sum(r["outcome"] == "committed" for r in records) == result.committed
+        if result.in_doubt == 0:
+            report = check_workload(cluster, truth, spec.hot_keys)
+            assert all(diff.equal for diff in report), report
+        else:  # each in-doubt transaction committed or not: the hot accounts are within bounds
+            def increments(outcome: str) -> int:
+                return sum(op[3]["balance"] for r in records if r["outcome"] == outcome
+                           for op in r["ops"] if op[0] == "increment")
+            hot = sum(r[0] for r in cluster.fetch_all(f"SELECT balance FROM {ACCOUNTS} WHERE id <= {spec.hot_keys}"))
+            assert increments("committed") <= hot <= increments("committed") + increments("in_doubt")
+    finally:
+        sandbox.down(remove=True)

@@ -1,5 +1,7 @@
 """The workload's planning and ground truth, without servers."""
 
+import pytest
+
 from gpcdc_toolkit.cluster import segment_for
 from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, Op, ThreadPlanner, WorkloadSpec, expected_state
 
@@ -71,6 +73,13 @@ def test_expected_state_applies_only_committed_transactions():
     state = expected_state(records, hot_keys=2)
     assert state[ACCOUNTS] == {(1,): (1, "hot"), (2,): (0, "hot"), (20,): (5, "a")}
     assert len(state[EVENTS]) == 4 and (102, 0) in state[EVENTS]
+
+
+def test_expected_state_refuses_a_log_with_a_transaction_in_doubt():
+    records = [record("committed", Op("increment", ACCOUNTS, {"id": 1}, {"balance": 1})),
+               {**record("in_doubt", Op("increment", ACCOUNTS, {"id": 1}, {"balance": 1})), "gxid": 7}]
+    with pytest.raises(ValueError, match="gxid 7 is in doubt"):
+        expected_state(records, hot_keys=1)
 
 
 def test_segment_of_uses_the_distribution_key():

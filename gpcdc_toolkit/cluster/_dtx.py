@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..errors import DistributedTransactionError, GpcdcError
+from ..errors import DistributedTransactionError, GpcdcError, UnreachableError
 from ..protocol import COORDINATOR, DdlError, parse_create_table
 from ..protocol import _markers as markers
 from ._cluster import Cluster, Node, Table, TableRef
@@ -174,8 +174,14 @@ class DistributedTransaction:
     def __init__(self, session: Session, gxid: int) -> None:
         self.session = session
         self.gxid = gxid
+        # The session that marks the gxid running. Never another: once it is lost, a
+        # consistent cut may already have taken the gxid for finished, so it must not
+        # commit (a commit record from a new session would be a transaction seen late).
+        self.coordinator = session.connection(COORDINATOR)
         self.touched: list[int] = []  # segments, in first-touch order
         self.coordinator_work: list[Statement] = []  # run in the commit record's transaction
+        # active, committed, aborted, or in_doubt: a connection failed at the moment of
+        # the decision, so only the servers know (resolve_in_doubt finishes prepared parts).
         self.state = "active"
 
     # -- context manager: commit on success, roll back on error ---------------------
@@ -320,7 +326,6 @@ class DistributedTransaction:
     def commit(self) -> None:
         if self.state != "active":
             raise DistributedTransactionError(f"distributed transaction {self.gxid} is {self.state}")
-        coordinator = self.session.connection(COORDINATOR)
         try:
             if not self.touched and not self.coordinator_work:
                 self.state = "committed"
@@ -331,23 +336,31 @@ class DistributedTransaction:
                 self._commit_two_phase()
             self.state = "committed"
         finally:
-            if self.state != "committed":
+            if self.state == "active":
                 self.state = "aborted"
-            self._end(coordinator)
+            self._end()
 
     def _commit_one_phase(self) -> None:
         (segment,) = self.touched
         conn = self.session.connection(segment)
+        finish: list[Statement] = []
+        if not self.session.legacy_markers:
+            finish.append(_emit(markers.OnePhaseMarker(self.gxid)))
+        finish.append(sql.SQL("COMMIT"))
         try:
-            self.session.connection(COORDINATOR).execute(
+            self.coordinator.execute(
                 "SELECT gp_dist.dtx_commit_phase(%s, %s, false, %s)", (self.gxid, self.touched, self.session.legacy_markers)
             )
-            finish: list[Statement] = []
-            if not self.session.legacy_markers:
-                finish.append(_emit(markers.OnePhaseMarker(self.gxid)))
-            finish.append(sql.SQL("COMMIT"))
             conn.execute(sql.SQL("; ").join(finish))
         except psycopg.Error as e:
+            if conn.broken:
+                # The COMMIT may have been sent and applied before the connection went:
+                # only the segment knows.
+                self.state = "in_doubt"
+                raise DistributedTransactionError(
+                    f"gxid {self.gxid} is in doubt: the connection to segment {segment} failed during its "
+                    f"one-phase commit ({str(e).strip()})",
+                    fix="its rows show on the segment whether it committed") from e
             self._abandon([segment], prepared=[])
             raise DistributedTransactionError(f"one-phase commit of gxid {self.gxid} on segment {segment} failed: {e}".strip()) from e
 
@@ -359,10 +372,10 @@ class DistributedTransaction:
                 prepared.append(segment)
             self._write_commit_record()
         except (psycopg.Error, GpcdcError) as e:
-            coordinator = self.session._connections.get(COORDINATOR)
-            if len(prepared) == len(self.touched) and coordinator is not None and coordinator.broken:
+            if len(prepared) == len(self.touched) and self.coordinator.broken:
                 # The coordinator went away while writing the record, which may be
                 # durable or not: only in-doubt resolution can tell; the parts stay.
+                self.state = "in_doubt"
                 raise DistributedTransactionError(
                     f"gxid {self.gxid} is in doubt: the coordinator connection failed while writing its commit "
                     f"record ({str(e).strip()}); its parts stay prepared on segments {prepared}",
@@ -373,6 +386,7 @@ class DistributedTransaction:
             ) from e
         # The commit record is durable: the transaction is committed and every segment
         # must commit its part. A failure here leaves an in-doubt prepared transaction.
+        self.state = "committed"
         failed = []
         for segment in self.touched:
             try:
@@ -387,7 +401,7 @@ class DistributedTransaction:
             )
 
     def _write_commit_record(self) -> None:
-        coordinator = self.session.connection(COORDINATOR)
+        coordinator = self.coordinator
         record = sql.SQL("SELECT gp_dist.dtx_commit_phase({}, {}, true, {})").format(
             sql.Literal(self.gxid), sql.Literal(sorted(self.touched)), sql.Literal(self.session.legacy_markers)
         )
@@ -409,7 +423,7 @@ class DistributedTransaction:
         finally:
             self._abandon([s for s in self.touched if s not in prepared], prepared)
             self.state = "aborted"
-            self._end(self.session.connection(COORDINATOR))
+            self._end()
 
     def rollback(self) -> None:
         if self.state != "active":
@@ -418,28 +432,39 @@ class DistributedTransaction:
             self._abandon(self.touched, prepared=[])
         finally:
             self.state = "aborted"
-            self._end(self.session.connection(COORDINATOR))
+            self._end()
 
     def _abandon(self, active: Sequence[int], prepared: Sequence[int]) -> None:
-        """Roll back open parts and prepared parts; a broken connection is dropped."""
+        """Roll back open parts and prepared parts. An open part whose connection is
+        lost ended with it; a prepared part that cannot be reached stays for
+        :func:`resolve_in_doubt`."""
         for segment in active:
-            self._try(segment, sql.SQL("ROLLBACK"))
+            conn = self.session._connections.get(segment)
+            if conn is not None and not conn.closed:
+                self._try(segment, conn, sql.SQL("ROLLBACK"))
         for segment in prepared:
-            self._try(segment, sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid(self.gxid))))
+            try:
+                conn = self.session.connection(segment)
+            except UnreachableError as e:
+                log.warning("gxid %s: its part stays prepared on segment %s: %s", self.gxid, segment, e)
+                continue
+            self._try(segment, conn, sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid(self.gxid))))
 
-    def _try(self, segment: int, statement: Statement) -> None:
-        conn = self.session.connection(segment)
+    def _try(self, segment: int, conn: psycopg.Connection[Any], statement: Statement) -> None:
         try:
             conn.execute(statement)
         except psycopg.Error as e:
             log.warning("gxid %s: %s on segment %s failed: %s", self.gxid, statement.as_string(None), segment, e)
             conn.close()
 
-    def _end(self, coordinator: psycopg.Connection[Any]) -> None:
+    def _end(self) -> None:
+        """Mark the gxid no longer running: its session's lock, gone if the session is."""
+        if self.coordinator.closed:
+            return
         try:
-            coordinator.execute("SELECT gp_dist.dtx_end(%s)", (self.gxid,))
+            self.coordinator.execute("SELECT gp_dist.dtx_end(%s)", (self.gxid,))
         except psycopg.Error:
-            coordinator.close()  # its session locks go with it
+            self.coordinator.close()  # its session locks go with it
             raise
 
 

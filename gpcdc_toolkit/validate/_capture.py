@@ -67,6 +67,7 @@ def read_captured(config: Config) -> Captured:
 class CaptureCheck:
     after: int = 0  # committed after the start point: must be captured whole
     before: int = 0  # committed before it: must not be captured
+    in_doubt: int = 0  # the log cannot tell whether they committed: whole, or absent
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -78,11 +79,18 @@ def check_against_truth(captured: Captured, truth: Iterable[Mapping[str, Any]],
                         before_start: Callable[[int], bool]) -> CaptureCheck:
     """Every committed gxid after the start has a part on each segment it touched and,
     when two-phase, a commit record naming them; nothing of earlier or uncommitted gxids
-    is captured. ``before_start(gxid)``: whether the start point's snapshot sees it."""
+    is captured; a gxid in doubt is captured so, or not at all. ``before_start(gxid)``: whether the start point's snapshot sees it."""
     check = CaptureCheck()
     for r in truth:
         gxid = r["gxid"]
         captured_parts = sorted(captured.parts.get(gxid, ()))
+        if r["outcome"] == "in_doubt":
+            # Committed or not, only the servers know: captured whole, or not at all.
+            check.in_doubt += 1
+            if captured_parts or gxid in captured.records:
+                r = {**r, "outcome": "committed"}
+            else:
+                continue
         if r["outcome"] != "committed" or before_start(gxid):
             if r["outcome"] == "committed":
                 check.before += 1

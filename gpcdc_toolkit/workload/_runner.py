@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import threading
 import time
 from collections import Counter
@@ -13,8 +15,8 @@ from typing import IO, Any
 
 import psycopg
 
-from ..cluster import Cluster, DistributedTransaction, Session
-from ..errors import DistributedTransactionError
+from ..cluster import Cluster, DistributedTransaction, Session, resolve_in_doubt
+from ..errors import ClusterError, DistributedTransactionError, UnreachableError
 from ._plan import (
     ACCOUNTS,
     DDL,
@@ -28,6 +30,8 @@ from ._plan import (
     large_rows,
 )
 
+log = logging.getLogger(__name__)
+
 _CHUNK = 10_000  # rows per INSERT batch of the large transaction
 
 
@@ -36,6 +40,8 @@ class WorkloadResult:
     committed: int = 0
     aborted: int = 0
     failed: int = 0  # aborted by an error (a conflict, a lost connection), not by plan
+    in_doubt: int = 0  # a connection lost at the moment of the decision: committed or not
+    reconnects: int = 0  # times a thread found the coordinator unreachable and waited
     one_phase: int = 0
     rows: int = 0
     elapsed: float = 0.0
@@ -55,7 +61,7 @@ class WorkloadResult:
     def summary(self) -> str:
         return (
             f"{self.committed} distributed transactions committed ({self.one_phase} one-phase), "
-            f"{self.aborted} aborted, {self.failed} failed, {self.rows} rows in {self.elapsed:.1f} s: "
+            f"{self.aborted} aborted, {self.failed} failed, {self.in_doubt} in doubt, {self.rows} rows in {self.elapsed:.1f} s: "
             f"{self.rate:.0f} dtx/s; latency p50 {self.percentile(50) * 1e3:.1f} ms, "
             f"p95 {self.percentile(95) * 1e3:.1f} ms, p99 {self.percentile(99) * 1e3:.1f} ms"
         )
@@ -141,8 +147,15 @@ def run_workload(
     *,
     ground_truth: Path | None = None,
     progress: Callable[[WorkloadResult], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> WorkloadResult:
-    """Run the workload to its duration or count and return what it did."""
+    """Run the workload to its duration or count, or until ``stop`` is set, and return
+    what it did.
+
+    A lost connection (a node restarted) ends the transaction it was in, which the log
+    records as failed or, when it went at the moment of the decision, in doubt; the
+    thread then starts afresh, waiting for the coordinator while it cannot be reached.
+    """
     setup_tables(cluster, spec.hot_keys, legacy_markers=spec.legacy_markers)
     highest = max((r[0] for r in cluster.fetch_all(
         f"SELECT max(id) FROM {ACCOUNTS} UNION ALL SELECT max(account_id) FROM {EVENTS}") if r[0] is not None), default=None)
@@ -150,13 +163,17 @@ def run_workload(
     first_id = first_free_id(highest)
     threads_first_id = first_id + THREAD_STRIDE if spec.large_transaction_rows else first_id
     result = WorkloadResult()
-    log = GroundTruthLog(ground_truth)
+    truth = GroundTruthLog(ground_truth)
     lock = threading.Lock()
     remaining = [spec.transactions]
     started = time.monotonic()
     deadline = started + spec.duration if spec.duration is not None else float("inf")
     interval = spec.threads / spec.rate if spec.rate else 0.0
     failures: list[BaseException] = []
+    ended = stop or threading.Event()
+
+    def running() -> bool:
+        return time.monotonic() < deadline and not failures and not ended.is_set()
 
     def take_ticket() -> bool:
         with lock:
@@ -167,64 +184,110 @@ def run_workload(
             remaining[0] -= 1
             return True
 
-    def run_one(session: Session, planner: ThreadPlanner | None, plan: Plan, thread: int) -> None:
+    def begin(session: Session) -> DistributedTransaction | None:
+        """A new distributed transaction, once the coordinator answers; None if the run
+        ends first."""
+        pause = 0.05
+        while running():
+            try:
+                return session.transaction()
+            except (UnreachableError, psycopg.OperationalError):
+                session.close()
+                with lock:
+                    result.reconnects += 1
+                ended.wait(min(pause, max(0.0, deadline - time.monotonic())))  # the coordinator is restarting
+                pause = min(pause * 2, 1.0)
+        return None
+
+    def settle() -> None:
+        """Finish prepared parts that lost their transaction, as Greenplum's coordinator
+        does on recovery: they hold their rows' locks until then."""
+        pause = 0.05
+        while True:
+            try:
+                resolve_in_doubt(cluster)
+                return
+            except (ClusterError, psycopg.Error) as e:
+                if not running():
+                    log.warning("prepared parts may be left behind (%s): run gpcdc_toolkit.cluster.resolve_in_doubt", e)
+                    return
+            ended.wait(pause)  # a node is restarting
+            pause = min(pause * 2, 1.0)
+
+    def run_one(session: Session, tx: DistributedTransaction, planner: ThreadPlanner | None, plan: Plan,
+                thread: int) -> bool:
+        """Run ``plan`` in ``tx`` and log it; False when an error ended it."""
         t0 = time.monotonic()
-        tx = session.transaction()
         record: dict[str, Any] = {"gxid": tx.gxid, "thread": thread, "ops": [op.to_json() for op in plan.ops]}
+        rows = 0
         try:
             rows = apply_plan(tx, plan)
-            segments = sorted(tx.touched)
             if plan.outcome == "abort":
                 tx.rollback()
             elif plan.outcome == "abort_after_prepare":
                 tx.prepare_and_abort()
             else:
                 tx.commit()
-        except (DistributedTransactionError, psycopg.Error) as e:
-            if tx.state == "committed" or "is committed" in str(e):
-                raise
-            tx.rollback()
+            outcome = "committed" if plan.outcome == "commit" else "aborted"
+            errored = False
+        except (DistributedTransactionError, UnreachableError, psycopg.Error) as e:
+            errored = True
+            if tx.state == "active":
+                with contextlib.suppress(psycopg.Error):
+                    tx.rollback()
+            # committed: the record is durable, a part's COMMIT PREPARED failed (the
+            # recovery finishes it); in_doubt: the connection went at the decision.
+            outcome = {"committed": "committed", "in_doubt": "in_doubt"}.get(tx.state, "failed")
+            session.close()  # which of its connections survived is not worth guessing
             with lock:
-                result.failed += 1
                 result.errors[type(e.__cause__ or e).__name__] += 1
-            log.write({**record, "outcome": "failed"})
-            return
+                result.failed += outcome == "failed"
+                result.in_doubt += outcome == "in_doubt"
         except BaseException:
             tx.rollback()
             raise
-        elapsed = time.monotonic() - t0
-        outcome = "committed" if plan.outcome == "commit" else "aborted"
-        log.write({**record, "outcome": outcome, "segments": segments, "one_phase": len(segments) == 1})
+        segments = sorted(tx.touched)
+        if outcome == "failed":
+            truth.write({**record, "outcome": outcome})
+            return False
+        truth.write({**record, "outcome": outcome, "segments": segments, "one_phase": len(segments) == 1})
         with lock:
             if outcome == "committed":
                 result.committed += 1
                 result.rows += rows
                 result.one_phase += len(segments) == 1
-                result.latencies.append(elapsed)
-            else:
+                result.latencies.append(time.monotonic() - t0)
+            elif outcome == "aborted":
                 result.aborted += 1
         if planner and outcome == "committed":
             planner.committed(plan)
+        return not errored
 
     def worker(thread: int) -> None:
         planner = ThreadPlanner(spec, thread, cluster.segment_count, threads_first_id)
         next_start = time.monotonic()
         try:
             with Session(cluster, legacy_markers=spec.legacy_markers) as session:
-                while time.monotonic() < deadline and not failures and take_ticket():
+                while running() and take_ticket():
                     if interval:
                         next_start += interval
                         pause = next_start - time.monotonic()
                         if pause > 0:
-                            time.sleep(pause)  # pacing to the target rate
-                    run_one(session, planner, planner.next(), thread)
+                            ended.wait(pause)  # pacing to the target rate
+                    tx = begin(session)
+                    if tx is None:
+                        break
+                    if not run_one(session, tx, planner, planner.next(), thread):
+                        settle()
         except BaseException as e:  # surfaced to the caller below
             failures.append(e)
 
     try:
         if spec.large_transaction_rows:
             with Session(cluster, legacy_markers=spec.legacy_markers) as session:
-                run_one(session, None, large_plan(first_id, spec.large_transaction_rows), -1)
+                tx = begin(session)
+                if tx is not None and not run_one(session, tx, None, large_plan(first_id, spec.large_transaction_rows), -1):
+                    settle()
         threads = [threading.Thread(target=worker, args=(i,), name=f"workload-{i}") for i in range(spec.threads)]
         for t in threads:
             t.start()
@@ -235,7 +298,7 @@ def run_workload(
             if progress:
                 progress(result)
     finally:
-        log.close()
+        truth.close()
         result.elapsed = time.monotonic() - started
     if failures:
         raise failures[0]
