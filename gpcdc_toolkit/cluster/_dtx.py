@@ -179,6 +179,8 @@ class DistributedTransaction:
         # commit (a commit record from a new session would be a transaction seen late).
         self.coordinator = session.connection(COORDINATOR)
         self.touched: list[int] = []  # segments, in first-touch order
+        # Each part's session: a part lives and dies with it, so it is never reopened.
+        self._parts: dict[int, psycopg.Connection[Any]] = {}
         self.coordinator_work: list[Statement] = []  # run in the commit record's transaction
         # active, committed, aborted, or in_doubt: a connection failed at the moment of
         # the decision, so only the servers know (resolve_in_doubt finishes prepared parts).
@@ -200,13 +202,15 @@ class DistributedTransaction:
     def _segment(self, segment: int) -> psycopg.Connection[Any]:
         if self.state != "active":
             raise DistributedTransactionError(f"distributed transaction {self.gxid} is {self.state}")
+        if segment in self._parts:
+            return self._parts[segment]  # closed when lost: using it fails, as it must
         conn = self.session.connection(segment)
-        if segment not in self.touched:
-            start: list[Statement] = [sql.SQL("BEGIN")]
-            if not self.session.legacy_markers:
-                start.append(_emit(markers.GxidMarker(self.gxid)))
-            conn.execute(sql.SQL("; ").join(start))
-            self.touched.append(segment)
+        start: list[Statement] = [sql.SQL("BEGIN")]
+        if not self.session.legacy_markers:
+            start.append(_emit(markers.GxidMarker(self.gxid)))
+        conn.execute(sql.SQL("; ").join(start))
+        self._parts[segment] = conn
+        self.touched.append(segment)
         return conn
 
     def execute(self, segment: int, query: str | Statement, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
@@ -342,7 +346,7 @@ class DistributedTransaction:
 
     def _commit_one_phase(self) -> None:
         (segment,) = self.touched
-        conn = self.session.connection(segment)
+        conn = self._parts[segment]
         finish: list[Statement] = []
         if not self.session.legacy_markers:
             finish.append(_emit(markers.OnePhaseMarker(self.gxid)))
@@ -368,7 +372,7 @@ class DistributedTransaction:
         prepared: list[int] = []
         try:
             for segment in self.touched:
-                self.session.connection(segment).execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid(self.gxid))))
+                self._parts[segment].execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid(self.gxid))))
                 prepared.append(segment)
             self._write_commit_record()
         except (psycopg.Error, GpcdcError) as e:
@@ -391,7 +395,7 @@ class DistributedTransaction:
         for segment in self.touched:
             try:
                 self.session.connection(segment).execute(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(gid(self.gxid))))
-            except psycopg.Error as e:
+            except (psycopg.Error, UnreachableError) as e:
                 failed.append((segment, str(e).strip()))
         if failed:
             raise DistributedTransactionError(
@@ -418,12 +422,16 @@ class DistributedTransaction:
         prepared = []
         try:
             for segment in self.touched:
-                self.session.connection(segment).execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid(self.gxid))))
+                self._parts[segment].execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid(self.gxid))))
                 prepared.append(segment)
         finally:
-            self._abandon([s for s in self.touched if s not in prepared], prepared)
+            left = self._abandon([s for s in self.touched if s not in prepared], prepared)
             self.state = "aborted"
             self._end()
+        if left:
+            raise DistributedTransactionError(
+                f"gxid {self.gxid} is aborted but its parts stay prepared on segments {left}, holding their rows' locks",
+                fix="finish them with gpcdc_toolkit.cluster.resolve_in_doubt")
 
     def rollback(self) -> None:
         if self.state != "active":
@@ -434,28 +442,34 @@ class DistributedTransaction:
             self.state = "aborted"
             self._end()
 
-    def _abandon(self, active: Sequence[int], prepared: Sequence[int]) -> None:
-        """Roll back open parts and prepared parts. An open part whose connection is
-        lost ended with it; a prepared part that cannot be reached stays for
-        :func:`resolve_in_doubt`."""
+    def _abandon(self, active: Sequence[int], prepared: Sequence[int]) -> list[int]:
+        """Roll back open parts and prepared parts; returns the segments whose prepared
+        part could not be rolled back (it stays for :func:`resolve_in_doubt`). An open
+        part whose connection is lost ended with it."""
         for segment in active:
-            conn = self.session._connections.get(segment)
+            conn = self._parts.get(segment)
             if conn is not None and not conn.closed:
                 self._try(segment, conn, sql.SQL("ROLLBACK"))
+        left = []
         for segment in prepared:
-            try:
+            try:  # a prepared part belongs to no session: any connection finishes it
                 conn = self.session.connection(segment)
             except UnreachableError as e:
                 log.warning("gxid %s: its part stays prepared on segment %s: %s", self.gxid, segment, e)
+                left.append(segment)
                 continue
-            self._try(segment, conn, sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid(self.gxid))))
+            if not self._try(segment, conn, sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid(self.gxid)))):
+                left.append(segment)
+        return left
 
-    def _try(self, segment: int, conn: psycopg.Connection[Any], statement: Statement) -> None:
+    def _try(self, segment: int, conn: psycopg.Connection[Any], statement: Statement) -> bool:
         try:
             conn.execute(statement)
         except psycopg.Error as e:
             log.warning("gxid %s: %s on segment %s failed: %s", self.gxid, statement.as_string(None), segment, e)
             conn.close()
+            return False
+        return True
 
     def _end(self) -> None:
         """Mark the gxid no longer running: its session's lock, gone if the session is."""

@@ -199,20 +199,17 @@ def run_workload(
                 pause = min(pause * 2, 1.0)
         return None
 
+    unsettled = threading.Event()  # prepared parts may have lost their transaction
+
     def settle() -> None:
         """Finish prepared parts that lost their transaction, as Greenplum's coordinator
-        does on recovery: they hold their rows' locks until then."""
-        pause = 0.05
-        while True:
-            try:
-                resolve_in_doubt(cluster)
-                return
-            except (ClusterError, psycopg.Error) as e:
-                if not running():
-                    log.warning("prepared parts may be left behind (%s): run gpcdc_toolkit.cluster.resolve_in_doubt", e)
-                    return
-            ended.wait(pause)  # a node is restarting
-            pause = min(pause * 2, 1.0)
+        does on recovery (until then they hold their rows' locks); asked again later
+        while a node is away."""
+        unsettled.clear()
+        try:
+            resolve_in_doubt(cluster)
+        except (ClusterError, psycopg.Error):
+            unsettled.set()
 
     def run_one(session: Session, tx: DistributedTransaction, planner: ThreadPlanner | None, plan: Plan,
                 thread: int) -> bool:
@@ -274,11 +271,13 @@ def run_workload(
                         pause = next_start - time.monotonic()
                         if pause > 0:
                             ended.wait(pause)  # pacing to the target rate
+                    if unsettled.is_set():
+                        settle()
                     tx = begin(session)
                     if tx is None:
                         break
                     if not run_one(session, tx, planner, planner.next(), thread):
-                        settle()
+                        unsettled.set()
         except BaseException as e:  # surfaced to the caller below
             failures.append(e)
 
@@ -287,16 +286,25 @@ def run_workload(
             with Session(cluster, legacy_markers=spec.legacy_markers) as session:
                 tx = begin(session)
                 if tx is not None and not run_one(session, tx, None, large_plan(first_id, spec.large_transaction_rows), -1):
-                    settle()
+                    unsettled.set()
         threads = [threading.Thread(target=worker, args=(i,), name=f"workload-{i}") for i in range(spec.threads)]
         for t in threads:
             t.start()
         while any(t.is_alive() for t in threads):
             for t in threads:
                 t.join(timeout=1.0)
+            if unsettled.is_set() and not running():
+                settle()  # threads may be waiting behind those parts' locks
             result.elapsed = time.monotonic() - started
             if progress:
                 progress(result)
+        give_up = time.monotonic() + 60
+        while unsettled.is_set() and time.monotonic() < give_up:
+            settle()
+            if unsettled.is_set():
+                threading.Event().wait(0.5)  # a node is still away
+        if unsettled.is_set():
+            log.warning("prepared parts may be left behind: run gpcdc_toolkit.cluster.resolve_in_doubt")
     finally:
         truth.close()
         result.elapsed = time.monotonic() - started
