@@ -68,3 +68,51 @@ def test_other_broker_errors_and_a_leadership_that_never_settles_are_one_line():
     assert high_watermarks(_SettlingBroker({0: 2}, KafkaError._UNKNOWN_PARTITION), "t", [0], timeout=30) == {0: 100}
     with pytest.raises(BrokerError, match="within 0.3 s .*check the broker"):
         high_watermarks(_SettlingBroker({0: 10**6}), "t", [0], timeout=0.3)
+
+
+class _RestartingBroker:
+    """A consumer whose metadata requests meet answers in turn: an exception's error, a
+    topic's error, or the partitions."""
+
+    def __init__(self, answers):
+        self.answers = list(answers)
+
+    def list_topics(self, topic, timeout):
+        from types import SimpleNamespace
+
+        from confluent_kafka import KafkaError, KafkaException
+
+        kind, value = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if kind == "raise":
+            raise KafkaException(KafkaError(value))
+        info = SimpleNamespace(error=KafkaError(value) if kind == "error" else None,
+                               partitions={p: None for p in value} if kind == "partitions" else {})
+        return SimpleNamespace(topics={} if kind == "absent" else {topic: info})
+
+
+def test_the_partitions_of_a_topic_are_asked_again_while_the_broker_comes_back():
+    from confluent_kafka import KafkaError
+
+    from gpcdc_toolkit.ingest import partitions_of
+
+    broker = _RestartingBroker([("raise", KafkaError._TRANSPORT), ("raise", KafkaError._TIMED_OUT),
+                                ("error", KafkaError.LEADER_NOT_AVAILABLE), ("partitions", [2, 0, 1])])
+    assert partitions_of(broker, "p.changes", timeout=30) == [0, 1, 2]
+
+
+def test_a_topic_that_does_not_exist_or_a_broker_that_stays_away_is_one_line():
+    import time
+
+    import pytest
+    from confluent_kafka import KafkaError
+
+    from gpcdc_toolkit.errors import BrokerError
+    from gpcdc_toolkit.ingest import partitions_of
+
+    for answer in [("absent", None), ("error", KafkaError.UNKNOWN_TOPIC_OR_PART)]:
+        began = time.monotonic()
+        with pytest.raises(BrokerError, match="cannot read topic 'p.changes'.*create the pipeline first"):
+            partitions_of(_RestartingBroker([answer]), "p.changes", timeout=30)
+        assert time.monotonic() - began < 5, "said at once"
+    with pytest.raises(BrokerError, match=r"cannot read topic 'p.changes': .* \(asked for 0.5 s\): check the broker"):
+        partitions_of(_RestartingBroker([("raise", KafkaError._TRANSPORT)]), "p.changes", timeout=0.5)

@@ -26,13 +26,32 @@ def located(message: Message) -> tuple[int, int]:
 
 
 def partitions_of(consumer: Consumer, topic: str, timeout: float = 10.0) -> list[int]:
-    metadata = consumer.list_topics(topic, timeout=timeout)
-    info = metadata.topics.get(topic)
-    if info is None or info.error is not None or not info.partitions:
-        reason = info.error.str() if info is not None and info.error is not None else "it does not exist"
-        raise BrokerError(f"cannot read topic {topic!r}: {reason}", fix="check kafka.topic_prefix, or create the pipeline first "
-                         "(`gpcdc bootstrap create`, then `gpcdc capture start`)")
-    return sorted(info.partitions)
+    """A topic's partitions. While no broker answers (one restarting) or the topic's
+    leadership settles, asked again until ``timeout``; a topic that does not exist is
+    said at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            info = consumer.list_topics(topic, timeout=max(0.1, deadline - time.monotonic())).topics.get(topic)
+            error = info.error if info is not None else None
+        except KafkaException as e:
+            info, error = None, e.args[0]
+        if info is not None and error is None and info.partitions:
+            return sorted(info.partitions)
+        away = error is not None and error.code() in _BROKER_AWAY
+        if not away or time.monotonic() >= deadline:
+            reason = error.str() if error is not None else "it does not exist"
+            waited = f" (asked for {timeout:g} s)" if away else ""
+            raise BrokerError(f"cannot read topic {topic!r}: {reason}{waited}",
+                              fix="check the broker and kafka.bootstrap_servers" if away else
+                              "check kafka.topic_prefix, or create the pipeline first "
+                              "(`gpcdc bootstrap create`, then `gpcdc capture start`)")
+        time.sleep(0.2)  # the broker is coming back: ask again
+
+
+# Metadata errors while no broker answers, or one has just started.
+_BROKER_AWAY = {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
+                KafkaError.LEADER_NOT_AVAILABLE}
 
 
 # Errors a broker gives while its partitions' leadership settles (after a restart, or

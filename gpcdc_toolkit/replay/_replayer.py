@@ -123,7 +123,9 @@ class Replayer:
         """Apply what the topics hold; with ``follow``, keep applying what comes until
         ``should_stop()``. Raises :class:`MissingPartError` rather than apply part of a
         transaction; everything before it is applied."""
-        run = _Run(self)  # finds the topics before anything is written to the target
+        # Finds the topics before anything is written to the target; a following run
+        # waits longer for a broker that is restarting.
+        run = _Run(self, broker_wait=30.0 if follow else 10.0)
         last_report = 0.0
         try:
             identity = self._start_point_fingerprint()
@@ -190,7 +192,7 @@ class _Run:
     """One run's reading, ordering and applying: made (the topics found), then ``begin``
     from a checkpoint; ``steps`` yields after each poll."""
 
-    def __init__(self, replayer: Replayer) -> None:
+    def __init__(self, replayer: Replayer, *, broker_wait: float) -> None:
         self.settings = replayer.settings
         self.applier = replayer.applier
         self.target = replayer.target
@@ -205,8 +207,8 @@ class _Run:
                                   "logger": kafka_logger()})
         self.spill_dir = tempfile.TemporaryDirectory(prefix="gpcdc-spill-", dir=self.settings.spill_dir)
         try:
-            self.partitions = partitions_of(self.consumer, self.topics.changes)
-            partitions_of(self.consumer, self.topics.dtx)
+            self.partitions = partitions_of(self.consumer, self.topics.changes, broker_wait)
+            partitions_of(self.consumer, self.topics.dtx, broker_wait)
         except BaseException:
             self.consumer.close()
             raise
