@@ -21,7 +21,7 @@ import pytest
 from gpcdc_toolkit.bootstrap import Pipeline, bootstrap, drop_slots
 from gpcdc_toolkit.broker import EmbeddedBroker
 from gpcdc_toolkit.capture import CaptureGroup, wait_until_acknowledged
-from gpcdc_toolkit.cluster import resolve_in_doubt
+from gpcdc_toolkit.cluster import Session, resolve_in_doubt
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.errors import ClusterError
 from gpcdc_toolkit.replay import Applier
@@ -42,6 +42,7 @@ class Pipeline_:
     log: object = None
     replayer: subprocess.Popen | None = None
     recoveries: dict = field(default_factory=dict)  # fault -> seconds to recover, each time
+    extra: int = 0  # transactions written outside the workload (negative account ids)
 
     def start_replayer(self, work_dir):
         self.replayer = subprocess.Popen(replay_command(work_dir, self.target, self.config), env=ENV,
@@ -114,6 +115,11 @@ def kill_replayer(env, source, work_dir):
     env.replayer.send_signal(signal.SIGKILL)
     env.replayer.wait()
     before = applied_count(env.target.cluster())
+    # Something for the new replayer to apply, even when the workload has ended (as it
+    # may have on a busy machine) and the old one had applied everything.
+    env.extra += 1
+    with Session(source) as session, session.transaction() as tx:
+        tx.insert(EVENTS, [{"account_id": -env.extra, "seq": 0, "payload": "after a replayer kill"}])
     began = time.monotonic()
     env.start_replayer(work_dir)
     wait_for_first_commit(env.target.cluster(), env.replayer, before)
