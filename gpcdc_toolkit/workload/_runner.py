@@ -203,8 +203,9 @@ def run_workload(
 
     def settle() -> None:
         """Finish prepared parts that lost their transaction, as Greenplum's coordinator
-        does on recovery (until then they hold their rows' locks); asked again later
-        while a node is away."""
+        does on recovery (until then they hold their rows' locks). While a node is away
+        it is asked again: by the next thread to begin, and about once a second by the
+        main thread, since every thread may be waiting behind those locks."""
         unsettled.clear()
         try:
             resolve_in_doubt(cluster)
@@ -293,8 +294,8 @@ def run_workload(
         while any(t.is_alive() for t in threads):
             for t in threads:
                 t.join(timeout=1.0)
-            if unsettled.is_set() and not running():
-                settle()  # threads may be waiting behind those parts' locks
+            if unsettled.is_set():
+                settle()
             result.elapsed = time.monotonic() - started
             if progress:
                 progress(result)
