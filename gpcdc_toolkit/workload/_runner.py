@@ -213,8 +213,9 @@ def run_workload(
             unsettled.set()
 
     def run_one(session: Session, tx: DistributedTransaction, planner: ThreadPlanner | None, plan: Plan,
-                thread: int) -> bool:
-        """Run ``plan`` in ``tx`` and log it; False when an error ended it."""
+                thread: int) -> None:
+        """Run ``plan`` in ``tx`` and log it; an error that ended it leaves the parts it
+        may have left prepared to be settled."""
         t0 = time.monotonic()
         record: dict[str, Any] = {"gxid": tx.gxid, "thread": thread, "ops": [op.to_json() for op in plan.ops]}
         rows = 0
@@ -227,9 +228,8 @@ def run_workload(
             else:
                 tx.commit()
             outcome = "committed" if plan.outcome == "commit" else "aborted"
-            errored = False
         except (DistributedTransactionError, UnreachableError, psycopg.Error) as e:
-            errored = True
+            unsettled.set()
             if tx.state == "active":
                 with contextlib.suppress(psycopg.Error):
                     tx.rollback()
@@ -247,7 +247,7 @@ def run_workload(
         segments = sorted(tx.touched)
         if outcome == "failed":
             truth.write({**record, "outcome": outcome})
-            return False
+            return
         truth.write({**record, "outcome": outcome, "segments": segments, "one_phase": len(segments) == 1})
         with lock:
             if outcome == "committed":
@@ -259,7 +259,6 @@ def run_workload(
                 result.aborted += 1
         if planner and outcome == "committed":
             planner.committed(plan)
-        return not errored
 
     def worker(thread: int) -> None:
         planner = ThreadPlanner(spec, thread, cluster.segment_count, threads_first_id)
@@ -277,8 +276,7 @@ def run_workload(
                     tx = begin(session)
                     if tx is None:
                         break
-                    if not run_one(session, tx, planner, planner.next(), thread):
-                        unsettled.set()
+                    run_one(session, tx, planner, planner.next(), thread)
         except BaseException as e:  # surfaced to the caller below
             failures.append(e)
 
@@ -286,8 +284,8 @@ def run_workload(
         if spec.large_transaction_rows:
             with Session(cluster, legacy_markers=spec.legacy_markers) as session:
                 tx = begin(session)
-                if tx is not None and not run_one(session, tx, None, large_plan(first_id, spec.large_transaction_rows), -1):
-                    unsettled.set()
+                if tx is not None:
+                    run_one(session, tx, None, large_plan(first_id, spec.large_transaction_rows), -1)
         threads = [threading.Thread(target=worker, args=(i,), name=f"workload-{i}") for i in range(spec.threads)]
         for t in threads:
             t.start()
