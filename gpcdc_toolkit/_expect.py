@@ -79,7 +79,9 @@ class Expectations:
         self._gx = gx
         context = gx.get_context(mode="ephemeral")
         context.variables.progress_bars = ProgressBarsConfig(globally=False)
-        self._source = context.data_sources.add_spark(name="gpcdc")
+        # Not persisted by great-expectations: it never releases what it persists, and
+        # the frames given to it are materialized by their owner.
+        self._source = context.data_sources.add_spark(name="gpcdc", persist=False)
         self._assets = 0
 
     def evaluate(self, name: str, body: dict[str, Any], frame: Any) -> list[Outcome]:

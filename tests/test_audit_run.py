@@ -17,6 +17,7 @@ from gpcdc_toolkit.connect import kafka_client_settings
 from gpcdc_toolkit.protocol import Topics
 
 from ._audit_stream import StreamBuilder
+from ._spark import nothing_cached
 
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("GPCDC_")}
 
@@ -137,6 +138,17 @@ def test_the_stream_invariants_join_the_findings_as_failed_expectations(spark, t
     assert set(rules) == {"expect_column_values_to_be_in_set(op)", "expect_column_values_to_be_in_set(keys)"}
     assert "1 of 3 values unexpected, e.g. ['x']" in rules["expect_column_values_to_be_in_set(op)"]["evidence"]
     assert "['mixed']" in rules["expect_column_values_to_be_in_set(keys)"]["evidence"]
+
+
+def test_an_audit_leaves_nothing_in_the_sessions_cache(spark, topics):
+    config, kafka, b = topics
+    b.record(1, [0, 1], 10, 1000).part(0, 1, 100, 1001).part(1, 1, 100, 1001, count=2)
+    watermarks(b, 5000)
+    b.produce(kafka)
+    spark.catalog.clearCache()
+    for since_last in (False, True):
+        assert found(run_audit(spark, config, since_last=since_last, write=False)) == [("damaged_part", 1, 1)]
+        assert nothing_cached(spark)
 
 
 def test_the_result_charts_findings_delay_and_completeness(spark, topics):

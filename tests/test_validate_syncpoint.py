@@ -19,6 +19,7 @@ from gpcdc_toolkit.replay import Replayer
 from gpcdc_toolkit.validate import SyncPointError, take_syncpoint, validate
 from gpcdc_toolkit.validate._syncpoint import held_file
 
+from ._spark import nothing_cached
 from .test_cli import gpcdc
 
 HOT = ("public", "sp hot")
@@ -116,9 +117,10 @@ def test_sync_points_while_writers_run_then_divergences_found_exactly_and_fixed(
         first = validate(config, tables=[HOT, STATIC], source=source, target=target)
         second = validate(config, tables=[HOT, STATIC], source=source, target=target)
         held = _validate_at_a_held_syncpoint(config, work_dir, target_box, source, target, spark)
+        spark.catalog.clearCache()
         by_spark = validate(config.with_settings({"validate.mode": "spark"}), tables=[HOT, STATIC], source=source,
                             target=target, spark=spark)
-        assert by_spark.mode == "spark"
+        assert by_spark.mode == "spark" and nothing_cached(spark)
         for run in (first, second, held, by_spark):
             assert run.equal and run.verified, run.lines()
             # Per table: its row count as the source's, its key unique and not null.

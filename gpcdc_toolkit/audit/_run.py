@@ -181,16 +181,21 @@ def run_audit(spark: Any, config: Config, *, since_last: bool = False, start_ms:
     else:
         events, end = _read_kafka(spark, config, start, start_ms, end_ms)
     events = events.persist()
-    seen = state.seen(spark) if since_last else None
-    findings, stream = audit_events(events, thresholds_of(config), seen)
+    try:
+        seen = state.seen(spark) if since_last else None
+        findings, stream = audit_events(events, thresholds_of(config), seen)
+        read = events.count()
+    finally:
+        events.unpersist()  # the stream is checkpointed: nothing reads the events again
     findings = findings.unionByName(validate(stream, suites))
     if since_last:
         findings = _new(findings, spark, state.offsets("end"), state.load().get("open", []))
     ranked = F.when(col("severity") == "error", 0).when(col("severity") == "warning", 1).otherwise(2)
-    findings = findings.orderBy(ranked, "rule", "first_seen", "topic", "partition").persist()
+    # Checkpointed, not persisted: released when the result is, not kept for the session.
+    findings = findings.orderBy(ranked, "rule", "first_seen", "topic", "partition").localCheckpoint()
     counts = findings.groupBy("rule", "severity").count().collect()
     result = AuditResult(findings, watermark_delay(stream), summarize(c.asDict() for c in counts),
-                         events.count(), stream.parts,
+                         read, stream.parts,
                          window={"since_last": since_last, "start_ms": start_ms, "end_ms": end_ms,
                                  "archive": str(archive) if archive else None, "end": end})
     if write:

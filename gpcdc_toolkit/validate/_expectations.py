@@ -41,9 +41,14 @@ def check_target(spark: Any, target: Snapshots, tables: Sequence[tuple[Table, in
     expectations = Expectations()
     out: list[Outcome] = []
     for info, source_rows in tables:
-        frame = read_side(spark, target, info).select(*(f"c{i}" for i in range(len(info.columns)))).toDF(*info.columns)
-        out += expectations.evaluate(f"target {info.name}", derived_suite(info, source_rows), frame)
-        for suite in suites:
-            if suite.frame == "target" and suite.table == info.name:
-                out += expectations.evaluate(suite.name, suite.body, frame)
+        # Read from the target once for every suite of the table, and released after.
+        frame = (read_side(spark, target, info).select(*(f"c{i}" for i in range(len(info.columns))))
+                 .toDF(*info.columns).persist())
+        try:
+            out += expectations.evaluate(f"target {info.name}", derived_suite(info, source_rows), frame)
+            for suite in suites:
+                if suite.frame == "target" and suite.table == info.name:
+                    out += expectations.evaluate(suite.name, suite.body, frame)
+        finally:
+            frame.unpersist()
     return out
