@@ -1,5 +1,7 @@
 """Framing the pipeline's messages into parts, records and watermarks (no servers)."""
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -145,6 +147,32 @@ def test_sqlite_spill_keeps_one_row_per_sequence_number_in_order(tmp_path):
     assert spill.path.exists()
     spill.close()
     assert not spill.path.exists()
+
+
+PIPELINE_NAMES = st.text("ab.-_1", min_size=1, max_size=6)  # the characters of Kafka topic names
+
+
+@given(mine=PIPELINE_NAMES, other=PIPELINE_NAMES)
+def test_a_replayer_removes_the_spills_a_killed_replayer_of_its_pipeline_left_and_no_other(tmp_path_factory, mine,
+                                                                                             other):
+    import os
+    import subprocess
+
+    from gpcdc_toolkit.replay._spill import spill_directory
+
+    ended = subprocess.Popen(["true"])
+    ended.wait()  # reaped: its process id names no process
+    root = tmp_path_factory.mktemp("spills")
+    killed = root / f"gpcdc-spill+{mine}+{ended.pid}+x1"
+    running = root / f"gpcdc-spill+{mine}+{os.getpid()}+x2"
+    others = root / f"gpcdc-spill+{other}+{ended.pid}+x3"
+    for left in (killed, running, others):
+        left.mkdir()
+        (left / "part-1.sqlite").write_bytes(b"rows")
+    own = spill_directory(str(root), mine)
+    assert not killed.exists() and running.exists() and others.exists() == (other != mine)
+    assert Path(own.name).parent == root and Path(own.name).name.startswith(f"gpcdc-spill+{mine}+{os.getpid()}+")
+    own.cleanup()
 
 
 def test_a_commit_record_missing_one_of_its_ddl_records_is_refused():

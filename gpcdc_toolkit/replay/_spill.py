@@ -3,12 +3,15 @@
 The replayer holds a part in memory until it has ``spill_rows`` rows; past that its
 rows go to a :class:`SqliteSpill` as they arrive, and the part's payload reads them
 back in order, so that a source transaction of any size passes through bounded memory.
-The file is removed when the spill is closed or collected.
+The file is removed when the spill is closed or collected; a replayer's directory of
+them, when it stops, and the directories a killed replayer left, when the next replayer
+of the same pipeline starts.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import tempfile
 import weakref
@@ -19,6 +22,29 @@ from typing import Any
 import orjson
 
 _WRITE_BATCH = 500  # rows per INSERT round
+
+
+def spill_directory(base: str | None, pipeline: str) -> tempfile.TemporaryDirectory[str]:
+    """A replayer's own directory for its spills, under ``base`` (default: the system's
+    temporary directory), named ``gpcdc-spill+<pipeline>+<pid>+<random>`` (no topic
+    prefix holds a ``+``). Those of the same pipeline whose process is gone (a replayer
+    killed: nothing of it reads them again) are removed first."""
+    root = Path(base or tempfile.gettempdir())
+    for left in root.glob("gpcdc-spill+*+*+*"):
+        _, owner, pid, _ = left.name.split("+", 3)
+        if owner == pipeline and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(left, ignore_errors=True)
+    return tempfile.TemporaryDirectory(prefix=f"gpcdc-spill+{pipeline}+{os.getpid()}+", dir=root)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 class SqliteSpill:
