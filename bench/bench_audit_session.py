@@ -17,6 +17,7 @@ import argparse
 import gc
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +55,14 @@ def main() -> None:
         try:
             baseline = None
             for run in range(1, args.runs + 1):
+                began = time.perf_counter()
                 result = run_audit(spark, config, archive=archive, write=False)
+                seconds = time.perf_counter() - began
                 events, summary = result.events, result.summary
                 del result
                 heap = heap_mib(spark)
                 baseline = baseline or heap
-                print(f"run {run:>2}: {events:,} events, findings {summary}; heap {heap:6.0f} MiB "
+                print(f"run {run:>2}: {events:,} events in {seconds:.1f} s, findings {summary}; heap {heap:6.0f} MiB "
                       f"({heap / baseline:.2f}x the first run's); session cache "
                       f"{'empty' if cache.isEmpty() else 'NOT empty'}", flush=True)
         finally:
