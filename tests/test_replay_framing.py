@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpcdc_toolkit.replay import Framer, LegacyStreamError, Part, Record, StreamError, Watermark
@@ -152,27 +152,51 @@ def test_sqlite_spill_keeps_one_row_per_sequence_number_in_order(tmp_path):
 PIPELINE_NAMES = st.text("ab.-_1", min_size=1, max_size=6)  # the characters of Kafka topic names
 
 
+@settings(max_examples=50, deadline=None)
 @given(mine=PIPELINE_NAMES, other=PIPELINE_NAMES)
 def test_a_replayer_removes_the_spills_a_killed_replayer_of_its_pipeline_left_and_no_other(tmp_path_factory, mine,
                                                                                              other):
-    import os
-    import subprocess
+    from gpcdc_toolkit.replay._spill import SpillDirectory
 
-    from gpcdc_toolkit.replay._spill import spill_directory
-
-    ended = subprocess.Popen(["true"])
-    ended.wait()  # reaped: its process id names no process
     root = tmp_path_factory.mktemp("spills")
-    killed = root / f"gpcdc-spill+{mine}+{ended.pid}+x1"
-    running = root / f"gpcdc-spill+{mine}+{os.getpid()}+x2"
-    others = root / f"gpcdc-spill+{other}+{ended.pid}+x3"
-    for left in (killed, running, others):
-        left.mkdir()
-        (left / "part-1.sqlite").write_bytes(b"rows")
-    own = spill_directory(str(root), mine)
-    assert not killed.exists() and running.exists() and others.exists() == (other != mine)
-    assert Path(own.name).parent == root and Path(own.name).name.startswith(f"gpcdc-spill+{mine}+{os.getpid()}+")
-    own.cleanup()
+
+    def left_by_a_killed_replayer(pipeline, name):  # its lock file, which no one holds any more
+        directory = root / f"gpcdc-spill+{pipeline}+{name}"
+        directory.mkdir()
+        (directory / "lock").touch()
+        (directory / "part-1.sqlite").write_bytes(b"rows")
+        return directory
+
+    running = SpillDirectory(str(root), mine)
+    killed, others = left_by_a_killed_replayer(mine, "killed"), left_by_a_killed_replayer(other, "others")
+    own = SpillDirectory(str(root), mine)
+    assert not killed.exists() and Path(running.name).is_dir() and others.exists() == (other != mine)
+    assert Path(own.name).parent == root and Path(own.name).name.startswith(f"gpcdc-spill+{mine}+")
+    for directory in (running, own):
+        directory.cleanup()
+        assert not Path(directory.name).exists()
+
+
+def test_the_spill_directory_of_a_replayer_killed_by_sigkill_is_removed_by_the_next(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from gpcdc_toolkit.replay._spill import SpillDirectory
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from gpcdc_toolkit.replay._spill import "
+                               f"SpillDirectory; d = SpillDirectory({str(tmp_path)!r}, 'p'); print(d.name, flush=True); "
+                               "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        left = Path(holder.stdout.readline().strip())
+        assert left.is_dir()
+        SpillDirectory(str(tmp_path), "p").cleanup()
+        assert left.is_dir()  # its replayer still runs
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    SpillDirectory(str(tmp_path), "p").cleanup()
+    assert not left.exists() and list(tmp_path.iterdir()) == []
 
 
 def test_a_commit_record_missing_one_of_its_ddl_records_is_refused():

@@ -32,7 +32,7 @@ from ._legacy import SegmentOrder
 from ._load import load_rows, prepare_target
 from ._order import Missing, Part, Reassembler, Record, Whole, resume_point
 from ._source import Framer, MalformedMessageError, Watermark
-from ._spill import SqliteSpill, spill_directory
+from ._spill import SpillDirectory, SqliteSpill
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ class _Run:
                                   # Prefetch bounded: 16 MB queued, 8 MB per fetch (not 64 and 50).
                                   "queued.max.messages.kbytes": 16384, "fetch.max.bytes": 8 << 20,
                                   "logger": kafka_logger()})
-        self.spill_dir = spill_directory(self.settings.spill_dir, self.topics.prefix)
+        self.spill_dir = SpillDirectory(self.settings.spill_dir, self.topics.prefix)
         try:
             self.partitions = partitions_of(self.consumer, self.topics.changes, broker_wait)
             partitions_of(self.consumer, self.topics.dtx, broker_wait)

@@ -10,6 +10,7 @@ of the same pipeline starts.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import sqlite3
@@ -24,27 +25,45 @@ import orjson
 _WRITE_BATCH = 500  # rows per INSERT round
 
 
-def spill_directory(base: str | None, pipeline: str) -> tempfile.TemporaryDirectory[str]:
+class SpillDirectory:
     """A replayer's own directory for its spills, under ``base`` (default: the system's
-    temporary directory), named ``gpcdc-spill+<pipeline>+<pid>+<random>`` (no topic
-    prefix holds a ``+``). Those of the same pipeline whose process is gone (a replayer
-    killed: nothing of it reads them again) are removed first."""
-    root = Path(base or tempfile.gettempdir())
-    for left in root.glob("gpcdc-spill+*+*+*"):
-        _, owner, pid, _ = left.name.split("+", 3)
-        if owner == pipeline and pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(left, ignore_errors=True)
-    return tempfile.TemporaryDirectory(prefix=f"gpcdc-spill+{pipeline}+{os.getpid()}+", dir=root)
+    temporary directory), named ``gpcdc-spill+<pipeline>+<random>`` (no topic prefix
+    holds a ``+``) and locked (``flock`` on its ``lock`` file) until :meth:`cleanup`.
+    Directories of the same pipeline whose lock nobody holds (their replayer was killed:
+    nothing reads them again) are removed first. A lock rather than a process id: ids
+    are reused, and a process does not see those of another container sharing ``base``."""
+
+    def __init__(self, base: str | None, pipeline: str) -> None:
+        root = Path(base or tempfile.gettempdir())
+        for left in root.glob(f"gpcdc-spill+{pipeline}+*"):
+            _remove_if_abandoned(left)
+        self.name = tempfile.mkdtemp(prefix=f"gpcdc-spill+{pipeline}+", dir=root)
+        # Locked before it has its name: no one sees the lock file unlocked.
+        handle, creating = tempfile.mkstemp(dir=self.name, prefix="lock-")
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        os.rename(creating, os.path.join(self.name, "lock"))
+        self._finalizer = weakref.finalize(self, _release, self.name, handle)
+
+    def cleanup(self) -> None:
+        self._finalizer()
 
 
-def _alive(pid: int) -> bool:
+def _remove_if_abandoned(directory: Path) -> None:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
+        handle = os.open(directory / "lock", os.O_RDWR)
+    except OSError:
+        return  # not locked yet (being created), or not a spill directory
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(handle)  # its replayer runs
+        return
+    _release(str(directory), handle)
+
+
+def _release(directory: str, handle: int) -> None:
+    shutil.rmtree(directory, ignore_errors=True)  # while still locked: no one else removes it meanwhile
+    os.close(handle)
 
 
 class SqliteSpill:
