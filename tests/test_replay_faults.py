@@ -145,7 +145,10 @@ def copy_dropping(config, drop, suffix="x"):
     for _partition, _offset, value in read_values(kafka, old.dtx):
         producer.produce(new.dtx, orjson.dumps(value), partition=0)
     assert producer.flush(30) == 0
-    shutil.copytree(Pipeline(config.work_dir, old.prefix).directory, Pipeline(config.work_dir, new.prefix).directory)
+    # The capture workers are still running: a state file being written atomically
+    # exists for an instant as ``*.tmp`` beside it, and is no state to copy.
+    shutil.copytree(Pipeline(config.work_dir, old.prefix).directory, Pipeline(config.work_dir, new.prefix).directory,
+                    ignore=shutil.ignore_patterns("*.tmp"))
     return load_config({"work_dir": str(config.work_dir), "kafka.bootstrap_servers": config.kafka.bootstrap_servers,
                         "kafka.topic_prefix": new.prefix, "source.sandbox": "source",
                         "target.sandbox": config.target.sandbox}, environ={}), dropped
