@@ -95,3 +95,21 @@ def test_a_read_only_work_directory_says_so_in_one_line(work_dir):
     assert_one_line(done)
     assert f"cannot use {work / 'sandboxes'}: Read-only file system: point --work-dir at a writable" in done.stderr
     assert list(work.iterdir()) == []
+
+
+def test_an_immutable_work_directory_says_so_in_one_line(work_dir):
+    """The unwritable directory that stops root too: one with the immutable attribute."""
+    work = work_dir / f"immutable-{uuid.uuid4().hex[:6]}"
+    work.mkdir()
+    made = subprocess.run(["chattr", "+i", str(work)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.fail(f"this test needs chattr +i on {work_dir}'s filesystem (root, ext4 as the test run has): {made.stderr}")
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPCDC_")}
+        done = subprocess.run([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(work), "sandbox", "up", "--segments", "1"],
+                              capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+    finally:
+        subprocess.run(["chattr", "-i", str(work)], check=True)
+    assert_one_line(done)
+    assert f"cannot use {work / 'sandboxes'}: Operation not permitted: clear its immutable" in done.stderr
+    assert list(work.iterdir()) == []

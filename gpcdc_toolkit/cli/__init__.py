@@ -74,6 +74,7 @@ def _describe(error: Exception) -> str:
         fix = {errno.ENOSPC: "free space there, or point --work-dir elsewhere",
                errno.EDQUOT: "free space there, or point --work-dir elsewhere",
                errno.EACCES: "make it writable for this user, or point --work-dir elsewhere",
+               errno.EPERM: "clear its immutable or append-only attribute (lsattr shows them), or point --work-dir elsewhere",
                errno.EROFS: "point --work-dir at a writable filesystem"}.get(error.errno or 0, "check the path")
         return f"cannot use {error.filename}: {error.strerror}: {fix}"
     if isinstance(error, KafkaException):
