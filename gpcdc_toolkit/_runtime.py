@@ -99,10 +99,15 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write atomically, so a crash never leaves half a state file."""
+    write_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write atomically, so neither a crash nor a concurrent reader ever sees half a
+    state file (a reader sees the old content or the new)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
     try:
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        tmp.write_text(text)
         os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file beside the state

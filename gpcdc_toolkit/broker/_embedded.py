@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._maven import resolve
-from .._runtime import free_port, kill_pid, port_in_use, read_json, runs, stop_pid, write_json
+from .._runtime import free_port, kill_pid, port_in_use, read_json, runs, stop_pid, write_atomic, write_json
 from ..errors import BrokerError
 
 KAFKA_VERSION = "4.1.1"
@@ -210,7 +210,7 @@ class EmbeddedBroker:
                  f"-Dgpcdc.broker={self.path}", "-cp", classpath, MAIN, str(properties)],
                 stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )
-        self._pid_file.write_text(str(proc.pid))
+        write_atomic(self._pid_file, str(proc.pid))
         deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from psycopg import conninfo
 
-from .._runtime import kill_pid, pid_alive, read_json, runs, stop_pids
+from .._runtime import kill_pid, pid_alive, read_json, runs, stop_pids, write_atomic
 from ..bootstrap import Pipeline
 from ..config import ENV_PREFIX, SETTINGS, Config
 from ..connect import kafka_client_settings, open_cluster
@@ -112,7 +112,7 @@ class CaptureGroup:
             proc = subprocess.Popen(self.worker_argv(content), stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True,
                                     env=child_environment(self.config))
-        self.pid_file(content).write_text(str(proc.pid))
+        write_atomic(self.pid_file(content), str(proc.pid))
         return proc.pid
 
     def stop(self, timeout: float = 30.0) -> list[int]:
@@ -152,7 +152,7 @@ def run_worker(config: Config, content: int) -> None:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    group.pid_file(content).write_text(str(os.getpid()))
+    write_atomic(group.pid_file(content), str(os.getpid()))
     try:
         worker.run(stop)
     finally:
