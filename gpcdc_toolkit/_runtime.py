@@ -5,18 +5,38 @@ from __future__ import annotations
 import errno
 import json
 import os
+import random
 import signal
 import socket
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+_LISTEN_PORTS = range(20000, 65536)  # below: well-known services' customary ports
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+
+def free_port(avoid: Collection[int] = ()) -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now, not in ``avoid``.
+
+    Chosen outside the kernel's ephemeral range: a port from it can be taken, between
+    this check and the server's bind, by any outgoing connection on the machine (a busy
+    test run makes thousands)."""
+    low, high = _ephemeral_ports()
+    for _ in range(1000):
+        port = random.choice(_LISTEN_PORTS)
+        if not low <= port <= high and port not in avoid and not port_in_use(port):
+            return port
+    raise OSError(errno.EADDRINUSE, f"no free port in {_LISTEN_PORTS.start}-{_LISTEN_PORTS.stop - 1} outside "
+                                    f"the ephemeral range {low}-{high} after 1000 tries")
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
 
 
 def port_in_use(port: int) -> bool:

@@ -16,10 +16,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from gpcdc_toolkit.broker import EmbeddedBroker
 from gpcdc_toolkit.cluster import Cluster
 from gpcdc_toolkit.sandbox import Sandbox, list_sandboxes
+
+# No per-example deadline: these tests run beside servers, Spark and other suites on a
+# busy machine, where one slow example says nothing about the code.
+settings.register_profile("gpcdc", deadline=None)
+settings.load_profile("gpcdc")
 
 # Fixtures that start servers; a test using any of them is marked `servers`, so that
 # `pytest -m "not servers"` runs the pure tests alone, in seconds.

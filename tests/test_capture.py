@@ -4,6 +4,7 @@ import os
 import random
 import signal
 import threading
+import time
 import uuid
 
 import orjson
@@ -20,6 +21,7 @@ from gpcdc_toolkit.protocol import parse
 from gpcdc_toolkit.validate import check_against_truth, read_captured
 from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, read_ground_truth, reset_tables, run_workload
 
+from ._load import BackgroundLoad
 from ._stream import apply_rows
 
 
@@ -97,6 +99,7 @@ def test_peaceful_waits_for_running_transactions_and_holds_new_ones(source, conf
         while not probe.execute("SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' "
                                 "AND classid = 1196454761 AND mode = 'ExclusiveLock' AND granted)").fetchone()[0]:
             assert thread.is_alive(), "bootstrap ended early"
+            threading.Event().wait(0.02)  # polling the lock table
         blocked = {}
 
         def start_late():
@@ -165,19 +168,15 @@ def test_bootstrap_under_load_captures_every_later_transaction_whole(source, con
     reset_tables(source)
     truth = work_dir / f"truth-{method}.jsonl"
     truth.unlink(missing_ok=True)
-    spec = WorkloadSpec(threads=3, duration=4.0, hot_keys=4, rate=300, move_share=0.05, abort_after_prepare_share=0.05)
-    load = threading.Thread(target=run_workload, args=(source, spec), kwargs={"ground_truth": truth})
-    load.start()
-    try:
-        while not truth.exists() or truth.stat().st_size < 30_000:
-            assert load.is_alive()  # the workload runs before the bootstrap starts
+    spec = WorkloadSpec(threads=3, hot_keys=4, rate=300, move_share=0.05, abort_after_prepare_share=0.05)
+    with BackgroundLoad(source, spec, ground_truth=truth) as load:
+        load.wait_for_commits(30)  # the workload runs before the bootstrap starts
         start = bootstrap(source, pipeline_of(config), method, timeout=30)
         group = CaptureGroup(config.with_settings({"capture.heartbeat_interval": 0.3}))
         group.start()
         with Session(source) as session:
             session.ddl("ALTER TABLE wl_events ADD COLUMN extra text")
-    finally:
-        load.join()
+        load.wait_for_commits(60)  # and after it
     wait_until_acknowledged(source, pipeline_of(config).slot)
     captured = read_captured(config)
     check = check_against_truth(captured, read_ground_truth(truth), start.snapshot.sees)
@@ -209,21 +208,18 @@ def test_sigkill_at_random_moments_loses_nothing(source, config, work_dir):
     group.start()
     truth = work_dir / "truth-kill.jsonl"
     truth.unlink(missing_ok=True)
-    spec = WorkloadSpec(threads=3, duration=6.0, rate=250, hot_keys=3, large_transaction_rows=20_000)
-    load = threading.Thread(target=run_workload, args=(source, spec), kwargs={"ground_truth": truth})
-    load.start()
+    spec = WorkloadSpec(threads=3, rate=250, hot_keys=3, large_transaction_rows=20_000)
     rng = random.Random(7)
     kills = 0
-    stop = threading.Event()
-    try:
-        while load.is_alive() or kills < 5:
-            stop.wait(rng.uniform(0.2, 0.9))  # a random moment
+    pause = threading.Event()
+    with BackgroundLoad(source, spec, ground_truth=truth) as load:
+        goal = load.committed + 320
+        while load.committed < goal or kills < 5:
+            pause.wait(rng.uniform(0.2, 0.9))  # a random moment
             content = rng.choice([-1, 0, 1, 2])
             group.kill(content)
             group.start_node(content, group.log_file(content))
             kills += 1
-    finally:
-        load.join()
     wait_until_acknowledged(source, pipeline.slot, timeout=90)
     captured = read_captured(config)
     check = check_against_truth(captured, read_ground_truth(truth), start.snapshot.sees)
@@ -243,7 +239,9 @@ def test_large_transaction_with_bounded_worker_memory(source, config):
     run_workload(source, WorkloadSpec(threads=1, transactions=1))
     pipeline = pipeline_of(config)
     bootstrap(source, pipeline, "snapshot")
-    group = CaptureGroup(config)
+    # The producer's queue is the worker's one large buffer; 16 MiB keeps the bound
+    # below clear of it, however slowly the broker drains it.
+    group = CaptureGroup(config.with_settings({"capture.producer_queue_kbytes": 16384}))
     group.start()
     rows = 300_000
     with Session(source) as session, session.transaction() as tx:
@@ -268,15 +266,20 @@ def test_idle_segments_advance_their_watermarks(source, config):
     bootstrap(source, pipeline, "snapshot")
     group = CaptureGroup(config.with_settings({"capture.heartbeat_interval": 0.2}))
     group.start()
+    def advanced(captured, content):
+        times = [m["resolved_ts_ms"] for m in captured.watermarks[content] if m["resolved_ts_ms"] is not None]
+        return len(times) >= 3 and times[-1] > times[0]
+
     stop = threading.Event()
+    deadline = time.monotonic() + 90
     while True:
         try:
             captured = read_captured(config)
         except BrokerError:  # the workers have not created the topics yet
             captured = None
-        if captured and all(sum(m["resolved_ts_ms"] is not None for m in captured.watermarks[c]) >= 3
-                            for c in (-1, 0, 1, 2)):
+        if captured and all(advanced(captured, c) for c in (-1, 0, 1, 2)):
             break
+        assert time.monotonic() < deadline, "the watermarks of idle nodes did not advance within 90 s"
         stop.wait(0.2)  # polling Kafka for the watermarks themselves
     for content in (-1, 0, 1, 2):
         # A worker's first watermarks may carry no time yet (before its first clock probe
@@ -381,8 +384,10 @@ def test_nothing_is_acknowledged_while_kafka_is_away(source, work_dir, source_sa
         os.kill(broker.pid, signal.SIGSTOP)
         run_workload(source, WorkloadSpec(threads=2, transactions=100, hot_keys=2), ground_truth=truth)
         stop = threading.Event()
+        deadline = time.monotonic() + 90
         while not all("waiting for Kafka" in (group.status(c) or {}).get("state", "")
                       or "reconnecting" in (group.status(c) or {}).get("state", "") for c in (-1, 0, 1, 2)):
+            assert time.monotonic() < deadline, [group.status(c) for c in (-1, 0, 1, 2)]
             stop.wait(0.2)  # polling the workers' own account of their state
         for node in source.nodes:
             with source.connect_node(node) as conn:

@@ -23,6 +23,8 @@ from gpcdc_toolkit.replay import APPLIED, Applier, MissingPartError, Replayer, R
 from gpcdc_toolkit.validate import read_captured, table_rows
 from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, reset_tables, run_workload
 
+from ._load import BackgroundLoad
+
 
 @pytest.fixture
 def captured_pipeline(source, replay_target):
@@ -86,33 +88,32 @@ def test_replayer_and_capture_killed_at_random_moments_apply_everything_once(sou
     target, config, pipeline, group = captured_pipeline
     target_cluster = target.cluster()
     Applier(target_cluster, config.kafka.topic_prefix).close()  # its tables, to count what it applies
-    spec = WorkloadSpec(threads=3, duration=8.0, rate=120, hot_keys=3, update_share=0.3, delete_share=0.1,
+    spec = WorkloadSpec(threads=3, rate=120, hot_keys=3, update_share=0.3, delete_share=0.1,
                         move_share=0.05, abort_share=0.05)
-    load = threading.Thread(target=run_workload, args=(source, spec))
-    load.start()
     command = replay_command(work_dir, target, config, "--replay-batch-transactions", "7")
     rng = random.Random(11)
     kills = 0
     replayer = None
-    try:
-        while load.is_alive() or kills < 5:
-            replayer = subprocess.Popen(command, env=ENV, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE, text=True)
-            wait_for_first_commit(target_cluster, replayer, applied_count(target_cluster))
-            threading.Event().wait(rng.uniform(0.0, 0.6))  # a random moment while it applies
-            replayer.kill()
-            replayer.wait()
-            kills += 1
-            # A capture worker killed too, so the stream holds resends for the next
-            # replayer to recognise, across its own restart.
-            node = rng.choice([-1, 0, 1, 2])
-            group.kill(node)
-            group.start_node(node, group.log_file(node))
-    finally:
-        if replayer is not None and replayer.poll() is None:
-            replayer.kill()
-            replayer.wait()
-        load.join()
+    # The workload writes through every kill, so each new replayer has something to commit.
+    with BackgroundLoad(source, spec) as load:
+        try:
+            while kills < 5 or load.committed < 400:
+                replayer = subprocess.Popen(command, env=ENV, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.PIPE, text=True)
+                wait_for_first_commit(target_cluster, replayer, applied_count(target_cluster))
+                threading.Event().wait(rng.uniform(0.0, 0.6))  # a random moment while it applies
+                replayer.kill()
+                replayer.wait()
+                kills += 1
+                # A capture worker killed too, so the stream holds resends for the next
+                # replayer to recognise, across its own restart.
+                node = rng.choice([-1, 0, 1, 2])
+                group.kill(node)
+                group.start_node(node, group.log_file(node))
+        finally:
+            if replayer is not None and replayer.poll() is None:
+                replayer.kill()
+                replayer.wait()
     wait_until_acknowledged(source, pipeline.slot, timeout=90)
     with Replayer(config) as last:
         last.run()
@@ -170,9 +171,10 @@ def test_a_missing_part_stops_the_replay_with_a_report_and_nothing_partial(sourc
     # the victim's commit record: what lets the replayer call the part missing, not late.
     record_ts = next(v["commit_ts_ms"] for _p, _o, v in read_values(kafka_client_settings(config), Topics(config.kafka.topic_prefix).dtx)
                      if v.get("type") == "commit" and v["gxid"] == victim)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 90
     while not any(w.get("prepared_ts_ms", -1) > record_ts for w in read_captured(config).watermarks[dropped_segment]):
         assert time.monotonic() < deadline, "no watermark past the record"
+        threading.Event().wait(0.2)  # polling Kafka for the worker's next watermark
     broken, dropped = copy_dropping(config, lambda p, v: p == dropped_segment and gxid_of(v) == victim)
     assert dropped >= 2  # at least its BEGIN and END
     target_cluster = target.cluster()

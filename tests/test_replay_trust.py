@@ -4,6 +4,7 @@ against real sandboxes, the broker and capture."""
 import json
 import random
 import string
+import threading
 import time
 import uuid
 
@@ -179,10 +180,11 @@ def test_a_part_prepared_long_after_its_commit_record_is_late_not_missing(source
             session.connection(segment).execute(f"COMMIT PREPARED '{gid(tx.gxid)}'")
         record_ts = int(time.time() * 1000)
         # Until the slow segment's watermark has read its prepared list well past the record.
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90
         while not any(w.get("prepared_ts_ms", -1) > record_ts + 2000 and tx.gxid in w.get("prepared", ())
                       for w in read_captured(config).watermarks[slow]):
             assert time.monotonic() < deadline, "no watermark of the slow segment"
+            threading.Event().wait(0.2)  # polling Kafka for the worker's next watermark
         target_cluster = target.cluster()
         with Replayer(config, settings=ReplaySettings(clock_skew_ms=0)) as replayer:
             waiting = replayer.run()

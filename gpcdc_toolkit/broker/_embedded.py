@@ -190,8 +190,8 @@ class EmbeddedBroker:
                               fix="choose another --port, or omit it to use a free one")
         port = port or free_port()
         controller_port = int(state.get("controller_port") or 0)
-        if not controller_port or port_in_use(controller_port):
-            controller_port = free_port()
+        if not controller_port or controller_port == port or port_in_use(controller_port):
+            controller_port = free_port(avoid={port})
         cluster_id = state.get("cluster_id") or _new_cluster_id()
         (self.path / "logs").mkdir(parents=True, exist_ok=True)
         properties = self.path / "server.properties"

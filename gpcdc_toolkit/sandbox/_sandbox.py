@@ -248,9 +248,7 @@ class Sandbox:
         if base_port is None:
             ports: list[int] = []
             while len(ports) < count:
-                port = free_port()
-                if port not in ports:
-                    ports.append(port)
+                ports.append(free_port(avoid=ports))
             return ports
         ports = list(range(base_port, base_port + count))
         if ports[0] < 1024 or ports[-1] > 65535:

@@ -108,7 +108,11 @@ class SyncPoint:
         if self.target is not None:
             self.target.close()
         if self._target_lock is not None:
-            self._target_lock.close()  # its session lock goes with it
+            # Released before closing: a closed session's locks go only once its server
+            # process has ended, a moment after the client has.
+            with contextlib.suppress(psycopg.Error):
+                self._target_lock.execute("SELECT pg_advisory_unlock_all()")
+            self._target_lock.close()
 
     def __enter__(self) -> SyncPoint:
         return self
