@@ -167,7 +167,7 @@ def test_a_failing_notebook_still_gives_its_report_and_exit_status_2(source, wor
     assert 'class="status failed"' in (reports / "index.html").read_text()
 
 
-def test_no_secret_reaches_an_executed_notebook_its_report_or_the_index(tmp_path, environ_without_gpcdc):
+def test_no_secret_reaches_an_executed_notebook_its_report_or_the_index(tmp_path, environ_without_gpcdc, monkeypatch):
     secret = f"S3c@r&t-{uuid.uuid4().hex[:8]}"
     cells = ["import os, sys\nimport pandas as pd\ndsn, pw = os.environ['GPCDC_SOURCE_DSN'], os.environ['PGPASSWORD']",
              "print(dsn)\nprint(pw[:4], end='')\nsys.stdout.flush()\nprint(pw[4:])",
@@ -184,11 +184,8 @@ def test_no_secret_reaches_an_executed_notebook_its_report_or_the_index(tmp_path
         "nbformat": 4, "nbformat_minor": 5}))
     config = load_config({"work_dir": str(tmp_path), "source.dsn": f"postgresql://u:{quote(secret, safe='')}@db.invalid/x",
                           "target.sandbox": "t", "report.dir": str(tmp_path / "reports")}, environ={})
-    os.environ["PGPASSWORD"] = secret
-    try:
-        done = run_notebook(config, notebook, {"x": "2"})
-    finally:
-        del os.environ["PGPASSWORD"]
+    monkeypatch.setenv("PGPASSWORD", secret)
+    done = run_notebook(config, notebook, {"x": "2"})
     assert done.status == "ok", done.error
     written = [p for p in (tmp_path / "reports").rglob("*") if p.is_file()]
     assert len(written) >= 4  # the notebook, its report, run.json, the index
