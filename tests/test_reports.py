@@ -4,10 +4,12 @@ person's browser, with no network, draws the charts and shows the headline figur
 the notebooks as stored pass nbval; a failing notebook still gives its HTML and exit
 status 2; no secret reaches a report."""
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -26,11 +28,12 @@ from gpcdc_toolkit.report import NOTEBOOKS, external_references, read_runs, run_
 from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.workload import reset_tables
 
-from .test_cli import gpcdc
-
 JOBS = ["bootstrap", "capture", "workload", "replay", "audit", "validate", "explore"]
 CHARTS = {"bootstrap": 1, "capture": 1, "workload": 1, "replay": 3, "audit": 3, "validate": 2, "explore": 2}
 GPCDC = str(Path(sys.executable).parent / "gpcdc")
+
+
+DEMO_TIMEOUT = 900  # the demo's own limit, below the tests' (pytest-timeout's) limit
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +42,34 @@ def demo(work_dir):
     (its work directory, its reports directory, what it said)."""
     root = work_dir / "demo"
     reports = root / "reports"
-    done = gpcdc(root, "--report-dir", str(reports), "demo", "--duration", "2", "--segments", "2", timeout=900)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return root, reports, done.stdout
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("GPCDC_")}, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(root), "--report-dir", str(reports),
+                             "demo", "--duration", "2", "--segments", "2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL)
+    try:
+        out, err = proc.communicate(timeout=DEMO_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)  # as Ctrl-C: the demo stops what it started
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail(f"the demo did not end within {DEMO_TIMEOUT} s. It said:\n{out}{err}\n{where_it_was(root, reports)}")
+    assert proc.returncode == 0, out + err
+    return root, reports, out
 
 
+def where_it_was(root, reports):
+    """What a demo that did not end had done: its runs, and the last lines of its logs."""
+    lines = [f"runs: {[(r['job'], r['status'], r.get('seconds')) for r in read_runs(reports)]}"]
+    for log in sorted(root.rglob("*.log")):
+        with contextlib.suppress(OSError):
+            lines += [f"--- {log.relative_to(root)}", *log.read_text(errors="replace").splitlines()[-8:]]
+    return "\n".join(lines)
+
+
+@pytest.mark.timeout(DEMO_TIMEOUT + 300)
 def test_the_demo_runs_every_notebook_with_parameters_and_leaves_nothing_running(demo):
     root, reports, said = demo
     for job in JOBS:
@@ -88,6 +114,7 @@ def visible_text(dom: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", re.sub(r"<(script|style)\b.*?</\1>", " ", dom, flags=re.S)))
 
 
+@pytest.mark.timeout(DEMO_TIMEOUT + 300)
 def test_the_reports_draw_offline_with_their_headline_figures(demo, tmp_path):
     from gpcdc_toolkit.report._headline import format_figure
 
