@@ -8,8 +8,10 @@ every run passed, and prints where ``reports/index.html`` is."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -109,17 +111,29 @@ def _while_writing(config: Config, cluster: Any, spec: WorkloadSpec, work: Calla
         with Replayer(config) as replayer:
             replayer.run(follow=True, should_stop=stop.is_set)
 
-    writer = threading.Thread(target=guarded, args=(
-        lambda: run_workload(cluster, dataclasses.replace(spec, duration=3.0, transactions=None)),))
-    follower = threading.Thread(target=guarded, args=(follow,))
+    # Daemons, so that one that does not stop cannot keep the demo from ending.
+    writer = threading.Thread(target=guarded, name="workload", daemon=True, args=(
+        lambda: run_workload(cluster, dataclasses.replace(spec, duration=3.0, transactions=None), stop=stop),))
+    follower = threading.Thread(target=guarded, args=(follow,), name="replayer", daemon=True)
     writer.start()
     follower.start()
     try:
         passed = work()
     finally:
-        writer.join()
         stop.set()
-        follower.join()
+        stuck = [t for t in (writer, follower) if not _joined(t, _STOP_TIMEOUT)]
     for failure in failures:
         say(f"the workload or the replayer failed meanwhile: {failure}")
-    return passed and not failures
+    for thread in stuck:
+        frames = sys._current_frames().get(thread.ident or 0)
+        where = "".join(traceback.format_stack(frames)[-3:]).strip() if frames else "(no stack)"
+        say(f"the {thread.name} did not stop within {_STOP_TIMEOUT:g} s of being told to; it waits at:\n{where}")
+    return passed and not failures and not stuck
+
+
+_STOP_TIMEOUT = 120.0
+
+
+def _joined(thread: threading.Thread, timeout: float) -> bool:
+    thread.join(timeout)
+    return not thread.is_alive()

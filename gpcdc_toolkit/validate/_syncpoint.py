@@ -203,9 +203,9 @@ def take_syncpoint(source: Cluster, target: Cluster | None = None, *, pipeline: 
                 writers = [parts.enter_context(source.connect_node(node)) for node in source.segments]
                 with source.connect_node(source.coordinator) as controller:
                     stall_ms, lsns = _cut(controller, writers, snapshots, gxid, lock_timeout)
-            undo.pop_all()
         finally:
             tx.rollback()  # it wrote nothing through the session; this ends its gxid
+        undo.pop_all()  # only now: a failed rollback still releases the snapshots and the target's lock
     return SyncPoint(gxid, lsns, stall_ms, datetime.now(UTC).isoformat(timespec="milliseconds"), snapshots, target,
                      _target_lock=target_lock, _lock_key=key, _tables=locked)
 
