@@ -25,6 +25,8 @@ from .replay import Replayer
 from .sandbox import Sandbox
 from .workload import WorkloadSpec, reset_tables, run_workload
 
+_STOP_TIMEOUT = 120.0  # seconds the workload and the replayer beside a validation have to stop
+
 
 @dataclass(frozen=True)
 class DemoOptions:
@@ -129,9 +131,6 @@ def _while_writing(config: Config, cluster: Any, spec: WorkloadSpec, work: Calla
         where = "".join(traceback.format_stack(frames)[-3:]).strip() if frames else "(no stack)"
         say(f"the {thread.name} did not stop within {_STOP_TIMEOUT:g} s of being told to; it waits at:\n{where}")
     return passed and not failures and not stuck
-
-
-_STOP_TIMEOUT = 120.0
 
 
 def _joined(thread: threading.Thread, timeout: float) -> bool:

@@ -1,17 +1,16 @@
 """The workload against a real sandbox: its ground-truth log matches the data."""
 
 import json
-import threading
-import time
 import uuid
 
 from gpcdc_toolkit.cluster import Session
 from gpcdc_toolkit.protocol import _markers as markers
 from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.validate import check_workload
-from gpcdc_toolkit.workload import WorkloadResult, WorkloadSpec, read_ground_truth, reset_tables, run_workload
+from gpcdc_toolkit.workload import WorkloadSpec, read_ground_truth, reset_tables, run_workload
 
 from ._decoding import committed_transactions, create_slot, drop_slot
+from ._load import BackgroundLoad
 
 
 def test_hot_key_workload_matches_its_ground_truth(source, work_dir):
@@ -105,42 +104,12 @@ def test_the_workload_writes_on_through_restarts_of_its_nodes(work_dir):
             with cluster.connect_node(node) as conn:
                 create_slot(conn, "wl_restarts")
         truth = work_dir / "truth-restarts.jsonl"
-        spec = WorkloadSpec(threads=2, duration=600.0, hot_keys=3, hot_share=0.5, seed=3)  # until stopped
-        stop = threading.Event()
-        live: list[WorkloadResult] = []
-        outcome: list[object] = []
-
-        def load_until_stopped() -> None:
-            try:
-                outcome.append(run_workload(cluster, spec, ground_truth=truth, stop=stop, progress=live.append))
-            except BaseException as e:
-                outcome.append(e)
-
-        load = threading.Thread(target=load_until_stopped)
-        load.start()
-
-        def commits_again() -> None:
-            deadline = time.monotonic() + 60
-            while not live and time.monotonic() < deadline:
-                threading.Event().wait(0.05)  # polling for the first progress report
-            assert live, ("the workload reported no progress", outcome)
-            goal = live[0].committed + 10
-            while live[0].committed < goal:
-                assert load.is_alive() and time.monotonic() < deadline, (outcome, live[0].errors)
-                threading.Event().wait(0.05)  # polling the workload's own count
-
-        try:
-            commits_again()
+        spec = WorkloadSpec(threads=2, hot_keys=3, hot_share=0.5, seed=3)
+        with BackgroundLoad(cluster, spec, ground_truth=truth) as load:
+            load.wait_for_commits(10, timeout=60)
             for content, mode in [(0, "fast"), (1, "immediate"), (-1, "immediate")]:
                 sandbox.restart(content, mode)
-                commits_again()
-        finally:
-            stop.set()
-            load.join(timeout=120)
-        assert not load.is_alive(), "the workload did not end when told to"
-        (result,) = outcome
-        if isinstance(result, BaseException):
-            raise result
+                load.wait_for_commits(10, timeout=60)
         assert cluster.prepared_transactions() == [], "the workload finishes the parts it left prepared"
 
         parts: dict[int, set[int]] = {}  # gxid -> segments where a part of it committed
