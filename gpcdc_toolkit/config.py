@@ -26,7 +26,7 @@ import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import ConfigError
 from .protocol._topics import DISPATCHERS
@@ -66,16 +66,25 @@ class ClusterRef:
         return f"dsn {self.dsn!r}" if self.dsn else f"sandbox {self.sandbox!r}"
 
 
+_Ref = TypeVar("_Ref", bound=ClusterRef)
+
+
 @dataclass(frozen=True)
 class SourceRef(ClusterRef):
     dsn: str | None = setting(None, "coordinator DSN of the source cluster")
     sandbox: str | None = setting("source", "sandbox name of the source cluster (when no DSN)")
 
 
+TARGET_KINDS = ("auto", "sandbox", "postgres")
+
+
 @dataclass(frozen=True)
 class TargetRef(ClusterRef):
     dsn: str | None = setting(None, "coordinator DSN of the target cluster")
     sandbox: str | None = setting("target", "sandbox name of the target cluster (when no DSN)")
+    kind: str = setting("auto", "sandbox: a Greenplum-style sandbox written segment by segment; postgres: a plain "
+                                "PostgreSQL server or a Citus coordinator, written at its front door; auto: told by "
+                                "its catalog", choices=TARGET_KINDS)
 
 
 @dataclass(frozen=True)
@@ -167,7 +176,7 @@ class ReportSettings:
 class Config:
     work_dir: Path = setting(Path(".gpcdc"), "directory for sandboxes, the broker and state")
     source: ClusterRef = field(default_factory=SourceRef)
-    target: ClusterRef = field(default_factory=TargetRef)
+    target: TargetRef = field(default_factory=TargetRef)
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     spark: SparkSettings = field(default_factory=SparkSettings)
     capture: CaptureSettings = field(default_factory=CaptureSettings)
@@ -394,7 +403,7 @@ def load_config(
         (sections[spec.section] if spec.section else top)[spec.key] = value
         origins[name] = origin
 
-    def cluster(role: str, cls: type[ClusterRef]) -> ClusterRef:
+    def cluster(role: str, cls: type[_Ref]) -> _Ref:
         dsn, sandbox = sections[role]["dsn"], sections[role]["sandbox"]
         explicit_sandbox = origins[f"{role}.sandbox"] != "default"
         if dsn and explicit_sandbox and sandbox:
@@ -409,7 +418,8 @@ def load_config(
                 f"no {role} cluster configured; looked in {', '.join(tried)}",
                 fix=f"set {dsn_spec.flag} / {dsn_spec.env_var} or {sandbox_spec.flag} / {sandbox_spec.env_var}",
             )
-        return cls(dsn=dsn, sandbox=None if dsn else sandbox)
+        kind = {"kind": sections[role]["kind"]} if "kind" in sections[role] else {}
+        return cls(dsn=dsn, sandbox=None if dsn else sandbox, **kind)
 
     client = file_values.get("kafka.client", {})
     return Config(

@@ -7,18 +7,25 @@ import re
 import time
 
 from .broker import EmbeddedBroker
-from .cluster import Cluster
+from .cluster import Cluster, connect_target
 from .config import Config
+from .errors import ConfigError
 from .sandbox import Sandbox
 
 
 def open_cluster(config: Config, role: str) -> Cluster:
-    """The source or target cluster, by DSN or by sandbox name."""
+    """The source or target cluster, by DSN or by sandbox name. A target may also be
+    reached through a front door (``target.kind``)."""
     ref = config.cluster(role)
+    kind = config.target.kind if role == "target" else "sandbox"
     if ref.dsn:
-        return Cluster.connect(ref.dsn)
+        return connect_target(ref.dsn, kind) if role == "target" else Cluster.connect(ref.dsn)
     assert ref.sandbox is not None
-    return Sandbox(ref.sandbox, config.work_dir).cluster()
+    cluster = Sandbox(ref.sandbox, config.work_dir).cluster()
+    if kind != "auto" and (kind == "sandbox") != (cluster.kind == "sandbox"):
+        raise ConfigError(f"{role} is sandbox {ref.sandbox!r}, a {cluster.kind} cluster, but {role}.kind is {kind}",
+                          fix=f"set target.kind to auto, or name a {kind} sandbox")
+    return cluster
 
 
 def kafka_client_settings(config: Config) -> dict[str, str]:

@@ -110,15 +110,23 @@ def spark(work_dir: Path) -> Iterator[object]:
         session.stop()
 
 
+# The kinds of target a replay writes into, for tests parametrized over them:
+# ``@pytest.mark.parametrize("replay_target", TARGETS, indirect=True)``.
+TARGETS = ["greenplum", "postgres", pytest.param("citus", marks=pytest.mark.citus)]
+
+
 @pytest.fixture
-def replay_target(source, broker, work_dir):
-    """A 2-segment target sandbox and a pipeline of the source to replay into it: (target
-    sandbox, config, pipeline, capture group not yet started). All stopped afterwards."""
+def replay_target(request, source, broker, work_dir):
+    """A target sandbox and a pipeline of the source to replay into it: (target sandbox,
+    config, pipeline, capture group not yet started). All stopped afterwards. The target
+    is a 2-segment Greenplum-style sandbox, or (parametrized) a plain PostgreSQL server
+    or a Citus coordinator with 2 workers, written at its front door."""
     from gpcdc_toolkit.bootstrap import Pipeline, drop_slots
     from gpcdc_toolkit.capture import CaptureGroup
     from gpcdc_toolkit.config import load_config
 
-    target = Sandbox(f"target-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
+    flavour = getattr(request, "param", "greenplum")
+    target = Sandbox(f"target-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2, flavour=flavour)
     config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
                           "kafka.topic_prefix": f"r{uuid.uuid4().hex[:8]}", "source.sandbox": "source",
                           "target.sandbox": target.name}, environ={})

@@ -2,6 +2,8 @@
 
 import uuid
 
+import pytest
+
 from gpcdc_toolkit.bootstrap import InitialSnapshot, bootstrap
 from gpcdc_toolkit.capture import wait_until_acknowledged
 from gpcdc_toolkit.cluster import Session
@@ -10,9 +12,11 @@ from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.validate import table_rows
 from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, reset_tables, run_workload
 
+from .conftest import TARGETS
 from .test_cli import gpcdc, one_line_error
 
 
+@pytest.mark.parametrize("replay_target", TARGETS, indirect=True)
 def test_initial_load_and_replay_reproduce_the_source_on_two_segments_exactly_once(source, replay_target, work_dir):
     target, config, pipeline, group = replay_target
     reset_tables(source)

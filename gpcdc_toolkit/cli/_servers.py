@@ -8,7 +8,7 @@ import time
 
 from ..broker import KAFKA_VERSION, EmbeddedBroker, check_reachable
 from ..config import Config
-from ..sandbox import Sandbox, list_sandboxes
+from ..sandbox import FLAVOURS, Sandbox, list_sandboxes
 from ._command import Command, say
 
 
@@ -19,9 +19,13 @@ class SandboxUp(Command):
         parser.add_argument("--name", default="source", help="sandbox name (default: source)")
         parser.add_argument("--segments", type=int, default=3, help="number of segments (default: 3)")
         parser.add_argument("--base-port", type=int, help="first port; nodes take consecutive ports (default: free ports)")
+        parser.add_argument("--flavour", choices=FLAVOURS, default="greenplum",
+                            help="greenplum: coordinator and segments (default); postgres: one plain server (a "
+                                 "replay target); citus: a Citus coordinator and --segments workers (a replay target)")
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
-        sandbox = Sandbox(args.name, config.work_dir).up(segments=args.segments, base_port=args.base_port)
+        sandbox = Sandbox(args.name, config.work_dir).up(segments=args.segments, base_port=args.base_port,
+                                                         flavour=args.flavour)
         say(f"sandbox {sandbox.name!r} is up: {sandbox.dsn}")
         return 0
 

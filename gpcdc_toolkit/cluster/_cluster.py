@@ -12,13 +12,17 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import conninfo, sql
 
 from ..errors import ClusterError, UnreachableError
 from ..protocol import COORDINATOR
+from ._routing import segment_for
+
+if TYPE_CHECKING:
+    from ._writes import WriteSession
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,13 @@ def connect_dsn(dsn: str, what: str, **kwargs: Any) -> psycopg.Connection[Any]:
 
 
 class Cluster:
-    """A coordinator and its segments. Cheap to create; holds no connection."""
+    """A coordinator and its segments. Cheap to create; holds no connection.
+
+    This class is the Greenplum-style cluster (the sandbox): rows routed to segments by
+    the toolkit, written in distributed transactions it runs. A target reached through
+    a front door (plain PostgreSQL, Citus) is a subclass (``_frontdoor``)."""
+
+    kind = "sandbox"
 
     def __init__(self, coordinator_dsn: str, nodes: Sequence[Node]) -> None:
         self.coordinator_dsn = coordinator_dsn
@@ -187,30 +197,76 @@ class Cluster:
                 "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
                 (oid,),
             ).fetchall()
-            distkey = conn.execute(
-                "SELECT a.attname FROM gp_distribution_policy p, unnest(p.distkey) WITH ORDINALITY k(attnum, i) "
-                "JOIN pg_attribute a ON a.attnum = k.attnum WHERE p.localoid = %s AND a.attrelid = %s ORDER BY k.i",
-                (oid, oid),
-            ).fetchall()
+            distribution_key = self._distribution_key(conn, oid, qualified)
             pkey = conn.execute(
                 "SELECT a.attname FROM pg_index x, unnest(x.indkey) WITH ORDINALITY k(attnum, i) "
                 "JOIN pg_attribute a ON a.attnum = k.attnum WHERE x.indrelid = %s AND x.indisprimary "
                 "AND a.attrelid = %s ORDER BY k.i",
                 (oid, oid),
             ).fetchall()
-        if not distkey:
-            raise ClusterError(f"table {qualified} has no distribution policy on the coordinator",
-                               fix="create it through the toolkit with DISTRIBUTED BY (...)")
         return Table(
             name=qualified,
             columns=tuple(c for c, *_ in columns),
             types=tuple(t for _, t, *_ in columns),
-            distribution_key=tuple(c for c, in distkey),
+            distribution_key=distribution_key,
             primary_key=tuple(c for c, in pkey),
             parts=(schema, relname),
             generated={c: expression for c, _, expression, _ in columns if expression is not None},
             defaults={c: default for c, _, _, default in columns if default is not None},
         )
+
+    def _distribution_key(self, conn: psycopg.Connection[Any], oid: int, qualified: str) -> tuple[str, ...]:
+        distkey = conn.execute(
+            "SELECT a.attname FROM gp_distribution_policy p, unnest(p.distkey) WITH ORDINALITY k(attnum, i) "
+            "JOIN pg_attribute a ON a.attnum = k.attnum WHERE p.localoid = %s AND a.attrelid = %s ORDER BY k.i",
+            (oid, oid),
+        ).fetchall()
+        if not distkey:
+            raise ClusterError(f"table {qualified} has no distribution policy on the coordinator",
+                               fix="create it through the toolkit with DISTRIBUTED BY (...)")
+        return tuple(c for c, in distkey)
+
+    # -- writing: what a replay needs of a target ------------------------------------
+    def session(self) -> WriteSession:
+        """A session for writing (one distributed transaction at a time)."""
+        from ._dtx import Session
+
+        return Session(self)
+
+    def home_of(self, values: Sequence[object]) -> int:
+        """The node that takes the writes of rows with these distribution-key values."""
+        return segment_for(values, self.segment_count)
+
+    def writer_of(self, content: int) -> int:
+        """The node that takes the writes of rows stored on node ``content``."""
+        return content
+
+    def resolve_in_doubt(self) -> tuple[list[str], list[str]]:
+        """Finish prepared parts that lost their transaction (see ``_dtx.resolve_in_doubt``)."""
+        from ._dtx import resolve_in_doubt
+
+        return resolve_in_doubt(self)
+
+    # -- reading the data where it is stored ------------------------------------------
+    def relation(self, node: Node, info: Table) -> sql.Composable:
+        """What holds a table's rows on a segment: the table itself."""
+        return info.identifier
+
+    def misplaced_rows(self, node: Node, conn: psycopg.Connection[Any], info: Table,
+                       select: sql.Composable) -> list[tuple[Any, ...]]:
+        """``select`` (over the table as ``t``) of the rows on ``node`` that the
+        distribution key routes to another segment. The routing hash has no SQL form, so
+        every row's key is read (streamed: the table may not fit in memory), and whole
+        rows only where misplaced."""
+        key = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.distribution_key)
+        with conn.cursor(name="gpcdc_placement") as keys:
+            keys.itersize = 20_000
+            keys.execute(sql.SQL("SELECT ctid::text, {} FROM {}").format(key, info.identifier))
+            wrong = [ctid for ctid, *values in keys if segment_for(values, self.segment_count) != node.content]
+        if not wrong:
+            return []
+        return conn.execute(sql.SQL("SELECT {} FROM {} t WHERE ctid::text = ANY(%s)").format(select, info.identifier),
+                            [wrong]).fetchall()
 
     def fetch_all(self, query: str | sql.SQL | sql.Composed, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         """Run a read-only query on every segment and return all rows, segment by segment."""

@@ -18,9 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from types import TracebackType
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -31,6 +29,7 @@ from ..protocol import COORDINATOR, DdlError, parse_create_table
 from ..protocol import _markers as markers
 from ._cluster import Cluster, Node, Table, TableRef
 from ._routing import segment_for
+from ._writes import Statement, Writes
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +44,6 @@ def syncpoint_lock(pipeline: str) -> int:
     sync point, waits for it. Named by the pipeline, since two pipelines' gxids meet."""
     digest = hashlib.blake2b(f"gpcdc.syncpoint {pipeline}".encode(), digest_size=4).digest()
     return int.from_bytes(digest, "big") & 0x7FFFFFFF
-
-Statement = sql.SQL | sql.Composed  # what psycopg runs, built with psycopg.sql
-
 
 _GID_PREFIX = "gpcdc_"
 
@@ -101,13 +97,17 @@ class Session:
             self._tables[name] = self.cluster.table(name)
         return self._tables[name]
 
+    def home(self, values: Sequence[object]) -> int:
+        """The segment that stores rows with these distribution-key values."""
+        return segment_for(values, self.cluster.segment_count)
+
     def transaction(self) -> DistributedTransaction:
         """Start a distributed transaction; commit it with ``with`` or :meth:`commit`."""
         gxid = self.connection(COORDINATOR).execute("SELECT gp_dist.dtx_begin()").fetchone()[0]  # type: ignore[index]
         return DistributedTransaction(self, int(gxid))
 
     def ddl(self, statement: str, *, timeout: float = 60.0,
-            then: Callable[[DistributedTransaction], object] | None = None) -> int:
+            then: Callable[[Writes], object] | None = None) -> int:
         """Run a DDL statement on the coordinator and every segment as one distributed
         transaction, with a DDL record on the coordinator. Returns the gxid.
 
@@ -168,8 +168,10 @@ class Session:
         return tx.gxid
 
 
-class DistributedTransaction:
+class DistributedTransaction(Writes):
     """Writes routed to segments by distribution key, committed atomically."""
+
+    session: Session
 
     def __init__(self, session: Session, gxid: int) -> None:
         self.session = session
@@ -186,18 +188,6 @@ class DistributedTransaction:
         # the decision, so only the servers know (resolve_in_doubt finishes prepared parts).
         self.state = "active"
 
-    # -- context manager: commit on success, roll back on error ---------------------
-    def __enter__(self) -> DistributedTransaction:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        if self.state != "active":
-            return
-        if exc_type is None:
-            self.commit()
-        else:
-            self.rollback()
-
     # -- writes ---------------------------------------------------------------------
     def _segment(self, segment: int) -> psycopg.Connection[Any]:
         if self.state != "active":
@@ -212,115 +202,6 @@ class DistributedTransaction:
         self._parts[segment] = conn
         self.touched.append(segment)
         return conn
-
-    def execute(self, segment: int, query: str | Statement, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
-        """Run a statement on one segment inside this transaction; returns its rows."""
-        cur = self._segment(segment).execute(sql.SQL(query) if isinstance(query, str) else query, params)
-        return cur.fetchall() if cur.description else []
-
-    def route(self, table: Table, row: Mapping[str, Any]) -> int:
-        try:
-            values = [row[c] for c in table.distribution_key]
-        except KeyError as e:
-            raise DistributedTransactionError(f"a row for {table.name} lacks distribution-key column {e.args[0]}") from None
-        return segment_for(values, self.session.cluster.segment_count)
-
-    def insert(self, table_name: TableRef, rows: Iterable[Mapping[str, Any]]) -> int:
-        """Insert rows (mappings of column to value); returns the number inserted."""
-        table = self.session.table(table_name)
-        by_segment: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
-        for row in rows:
-            by_segment[self.route(table, row)].append(row)
-        count = 0
-        for segment, seg_rows in by_segment.items():
-            columns = list(seg_rows[0])
-            query = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
-                table.identifier,
-                sql.SQL(", ").join(map(sql.Identifier, columns)),
-                sql.SQL(", ").join(sql.Placeholder() * len(columns)),
-            )
-            with self._segment(segment).cursor() as cur:
-                cur.executemany(query, [[r[c] for c in columns] for r in seg_rows])
-            count += len(seg_rows)
-        return count
-
-    def _where(self, table: Table, key: Mapping[str, Any]) -> tuple[sql.Composable, list[Any]]:
-        missing = [c for c in table.distribution_key if c not in key]
-        if missing:
-            raise DistributedTransactionError(
-                f"a key for {table.name} must include its distribution key; missing {', '.join(missing)}"
-            )
-        clause = sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in key)
-        return clause, list(key.values())
-
-    def update(self, table_name: TableRef, key: Mapping[str, Any], values: Mapping[str, Any]) -> int:
-        """Update the rows matching ``key`` (which includes the distribution key).
-
-        When ``values`` changes the distribution key so that the row belongs on another
-        segment, the row moves: deleted on its segment, inserted on the new one.
-        """
-        table = self.session.table(table_name)
-        where, params = self._where(table, key)
-        old_segment = self.route(table, key)
-        new_key = {c: values.get(c, key[c]) for c in table.distribution_key}
-        if self.route(table, new_key) == old_segment:
-            query = sql.SQL("UPDATE {} SET {} WHERE {}").format(
-                table.identifier,
-                sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in values),
-                where,
-            )
-            return self._segment(old_segment).execute(query, [*values.values(), *params]).rowcount
-        # As PostgreSQL's text: written back, every type reads as it was (a jsonb string,
-        # an array, bytes), which Python values of some types would not.
-        deleted = self.execute(
-            old_segment,
-            sql.SQL("DELETE FROM {} WHERE {} RETURNING {}").format(
-                table.identifier, where, sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c))
-                                                             for c in table.writable)),
-            params,
-        )
-        moved = [{**dict(zip(table.writable, row)), **values} for row in deleted]
-        return self.insert(table_name, moved)
-
-    def delete(self, table_name: TableRef, key: Mapping[str, Any]) -> int:
-        table = self.session.table(table_name)
-        where, params = self._where(table, key)
-        query = sql.SQL("DELETE FROM {} WHERE {}").format(table.identifier, where)
-        return self._segment(self.route(table, key)).execute(query, params).rowcount
-
-    def upsert(self, table_name: TableRef, rows: Iterable[Mapping[str, Any]]) -> int:
-        """Insert rows, or overwrite the row with the same primary key; in bulk, one
-        pipelined statement per segment and column set. Returns the rows written."""
-        table = self.session.table(table_name)
-        if not table.primary_key:
-            raise DistributedTransactionError(f"cannot upsert into {table.name}: it has no primary key")
-        groups: dict[tuple[int, tuple[str, ...]], list[Mapping[str, Any]]] = defaultdict(list)
-        for row in rows:
-            groups[(self.route(table, row), tuple(row))].append(row)
-        for (segment, columns), seg_rows in groups.items():
-            others = [c for c in columns if c not in table.primary_key]
-            action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
-                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in others)) if others else sql.SQL("DO NOTHING")
-            query = sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) {}").format(
-                table.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)),
-                sql.SQL(", ").join(sql.Placeholder() * len(columns)),
-                sql.SQL(", ").join(map(sql.Identifier, table.primary_key)), action)
-            with self._segment(segment).cursor() as cur:
-                cur.executemany(query, [[r[c] for c in columns] for r in seg_rows])
-        return sum(len(r) for r in groups.values())
-
-    def delete_keys(self, table_name: TableRef, keys: Iterable[Mapping[str, Any]]) -> None:
-        """Delete the rows with these keys (each including the distribution key), in
-        bulk: one pipelined statement per segment and key shape."""
-        table = self.session.table(table_name)
-        groups: dict[tuple[int, tuple[str, ...]], list[Mapping[str, Any]]] = defaultdict(list)
-        for key in keys:
-            groups[(self.route(table, key), tuple(key))].append(key)
-        for (segment, columns), seg_keys in groups.items():
-            where, _ = self._where(table, seg_keys[0])
-            query = sql.SQL("DELETE FROM {} WHERE {}").format(table.identifier, where)
-            with self._segment(segment).cursor() as cur:
-                cur.executemany(query, [[k[c] for c in columns] for k in seg_keys])
 
     # -- outcome ----------------------------------------------------------------------
     @property

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..cluster import Cluster, DistributedTransaction, Session, Table, quoted, segment_for
+from ..cluster import Cluster, Table, Writes, quoted
 from ..errors import ClusterError, GpcdcError, StreamError
 from ..protocol import Topics
 from ._compact import compact, table_of
@@ -105,7 +105,7 @@ class Applier:
         self.chunk_rows = chunk_rows  # row events folded and written at a time
         self.pipeline = pipeline
         self.skip_ddl = frozenset(skip_ddl)  # gxids whose DDL was given to the target by hand
-        self.session = Session(target)
+        self.session = target.session()
         self.stats = ApplyStats()
         with target.coordinator_connection() as conn:
             # DDL text from the stream was checked as PostgreSQL parses it with standard strings.
@@ -127,25 +127,25 @@ class Applier:
         self.close()
 
     # -- state --------------------------------------------------------------------------
-    def _state_row(self, tx: DistributedTransaction) -> ReplayState | None:
+    def _state_row(self, tx: Writes) -> ReplayState | None:
         rows = tx.execute(self._state_segment, f"SELECT positions, loaded_tables, start_point FROM {STATE} "
                           "WHERE pipeline = %s", (self.pipeline,))
         return ReplayState(Checkpoint.from_json(rows[0][0]), rows[0][1], rows[0][2]) if rows else None
 
     @property
     def _state_segment(self) -> int:
-        return segment_for([self.pipeline], self.target.segment_count)
+        return self.session.home([self.pipeline])
 
     def state(self) -> ReplayState | None:
         """Where this pipeline's replay into the target stands (None: not begun)."""
         with self.session.transaction() as tx:
             return self._state_row(tx)
 
-    def _write_state(self, tx: DistributedTransaction, checkpoint: Checkpoint) -> None:
+    def _write_state(self, tx: Writes, checkpoint: Checkpoint) -> None:
         tx.execute(self._state_segment, f"UPDATE {STATE} SET positions = %s WHERE pipeline = %s",
                    (checkpoint.to_json(), self.pipeline))
 
-    def start(self, write: Callable[[DistributedTransaction], object] | None = None, *, loaded_tables: int = 0,
+    def start(self, write: Callable[[Writes], object] | None = None, *, loaded_tables: int = 0,
               start_point: str = "") -> None:
         """Create the pipeline's state row, in one transaction with ``write(tx)`` (the
         initial load), so that a load is done once or not at all."""
@@ -161,7 +161,7 @@ class Applier:
         """Those of ``gxids`` this pipeline has applied."""
         by_segment: dict[int, list[int]] = {}
         for gxid in set(gxids):
-            by_segment.setdefault(segment_for([gxid], self.target.segment_count), []).append(gxid)
+            by_segment.setdefault(self.session.home([gxid]), []).append(gxid)
         found: set[int] = set()
         with self.session.transaction() as tx:
             for segment, some in by_segment.items():
@@ -180,7 +180,7 @@ class Applier:
         if ddl and len(batch) > 1:
             raise ValueError(f"a batch with DDL must hold nothing else; this one has {len(batch)} transactions")
 
-        def record(tx: DistributedTransaction) -> None:
+        def record(tx: Writes) -> None:
             # Legacy parts have no gxid: their checkpoint alone keeps them applied once.
             tx.insert(APPLIED, [{"pipeline": self.pipeline, "gxid": w.gxid, "parts": len(w.parts)}
                                 for w in batch if w.gxid is not None])
@@ -208,7 +208,7 @@ class Applier:
         self.stats.batches += 1
         self.stats.last_commit_ts_ms = max(self.stats.last_commit_ts_ms, *(commit_ts_ms(w) for w in batch))
 
-    def _apply_ddl(self, whole: Whole, record: Callable[[DistributedTransaction], None]) -> None:
+    def _apply_ddl(self, whole: Whole, record: Callable[[Writes], None]) -> None:
         statements = whole.record.ddl  # type: ignore[union-attr]
         if whole.gxid in self.skip_ddl:
             with self.session.transaction() as tx:  # applied by hand: only recorded
@@ -256,7 +256,7 @@ class Applier:
                     raise DdlRefusedError(whole, statement, f"{checked.kind} names {name}, which the target "
                                           f"resolves to {schema}.{name}, in a system schema", topic)
 
-    def _apply_rows(self, tx: DistributedTransaction, batch: Sequence[Whole]) -> int:
+    def _apply_rows(self, tx: Writes, batch: Sequence[Whole]) -> int:
         """Apply the net effect of the batch's row events; returns how many events.
 
         Events are folded and written ``chunk_rows`` at a time, in order, so that a
@@ -281,7 +281,7 @@ class Applier:
                 self._apply_in_order(tx, changes.table, changes.ordered)
         return count
 
-    def _apply_in_order(self, tx: DistributedTransaction, table: tuple[str, str],
+    def _apply_in_order(self, tx: Writes, table: tuple[str, str],
                         events: Sequence[Mapping[str, Any]]) -> None:
         inserts: list[Mapping[str, Any]] = []
         for event in events:
@@ -295,7 +295,7 @@ class Applier:
         if inserts:
             tx.insert(table, inserts)
 
-    def _apply_keyless(self, tx: DistributedTransaction, table: Table, event: Mapping[str, Any]) -> int:
+    def _apply_keyless(self, tx: Writes, table: Table, event: Mapping[str, Any]) -> int:
         old = event["before"]
         if old is None:
             raise ApplyError(f"{table.name} has no primary key and its events carry no old row",
@@ -325,7 +325,7 @@ class Applier:
                              fix=f"create {quoted(*table)} on the target, or replay from a bootstrap whose initial "
                                  "load creates it") from None
 
-    def _apply_change(self, tx: DistributedTransaction, table: tuple[str, str], event: Mapping[str, Any]) -> int:
+    def _apply_change(self, tx: Writes, table: tuple[str, str], event: Mapping[str, Any]) -> int:
         info = self.session.table(table)
         key_columns = info.primary_key
         op = event["op"]

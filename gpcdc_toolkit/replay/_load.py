@@ -1,9 +1,10 @@
 """The initial load: the bootstrap's snapshot into the target, before any transaction.
 
 Tables the target lacks are created first, from the snapshot's manifest (columns and
-types, primary key, distribution key); then every row goes in through one distributed
-transaction, together with the replay's state row, so the load happens once or not at
-all. A table the target already has must be empty.
+types, primary key, distribution key: as the target distributes, a sandbox by it,
+Citus with ``create_distributed_table``, plain PostgreSQL not at all); then every row
+goes in through one target transaction, together with the replay's state row, so the
+load happens once or not at all. A table the target already has must be empty.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from psycopg import sql
 
 from ..bootstrap import InitialSnapshot
-from ..cluster import DistributedTransaction, Session
+from ..cluster import Writes, WriteSession
 from ._apply import ApplyError
 from ._ddl_policy import DdlRefused, check_ddl
 
@@ -31,7 +32,7 @@ def create_statement(snapshot: InitialSnapshot, table: str) -> str:
     return f"CREATE TABLE {table} ({body}) DISTRIBUTED BY ({key})"
 
 
-def prepare_target(session: Session, snapshot: InitialSnapshot) -> None:
+def prepare_target(session: WriteSession, snapshot: InitialSnapshot) -> None:
     """Create the snapshot's tables the target lacks; refuse a table that has rows."""
     with session.cluster.coordinator_connection() as conn:
         for table in snapshot.tables:
@@ -55,7 +56,7 @@ def prepare_target(session: Session, snapshot: InitialSnapshot) -> None:
                                  fix=f"truncate {table} on the target, or replay with --no-replay-initial-load")
 
 
-def load_rows(tx: DistributedTransaction, snapshot: InitialSnapshot) -> int:
+def load_rows(tx: Writes, snapshot: InitialSnapshot) -> int:
     """Insert every row of the snapshot in ``tx``; returns how many."""
     count = 0
     for table in snapshot.tables:

@@ -21,7 +21,7 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from ..bootstrap import InitialSnapshot, Pipeline
-from ..cluster import Cluster, resolve_in_doubt, syncpoint_lock
+from ..cluster import Cluster, syncpoint_lock
 from ..config import Config, ReplaySettings
 from ..connect import kafka_client_settings, kafka_logger, open_cluster
 from ..errors import BrokerError, GpcdcError, StreamError
@@ -159,7 +159,7 @@ class Replayer:
 
     def _start(self, start_point: str) -> Checkpoint:
         # A replayer killed in a commit leaves prepared parts that hold row locks.
-        resolve_in_doubt(self.target)
+        self.target.resolve_in_doubt()
         state = self.applier.state()
         if state is not None:
             if state.start_point and start_point and state.start_point != start_point:

@@ -6,6 +6,10 @@ controller functions (``controller.sql``); segments carry the data. The state fi
 ``sandbox.json`` names the nodes; servers are stopped through their own
 ``postmaster.pid``, never by process name.
 
+Two other flavours stand for the targets users have, reached through a front door:
+``postgres``, one plain server, and ``citus``, a Citus coordinator and N workers
+(Citus installed into PostgreSQL 15; see ``citus_installed``).
+
 PostgreSQL refuses to run as root, so under root the servers run as the ``postgres``
 OS user that Debian's server package creates.
 """
@@ -26,13 +30,14 @@ from typing import Any
 import psycopg
 
 from .._runtime import free_port, pid_alive, port_in_use, read_json, write_json
-from ..cluster import COORDINATOR, Cluster
+from ..cluster import COORDINATOR, CitusCluster, Cluster, FrontDoor
 from ..errors import SandboxError, UnreachableError
 
 PG_MAJOR = 15
 SUPERUSER = "gpcdc"
 DATABASE = "postgres"
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,30}$")
+FLAVOURS = ("greenplum", "postgres", "citus")
 
 # The sandbox trades durability for speed (fsync off): it is for tests and demos, and
 # survives killed clients, not a killed machine. synchronous_commit stays on, because
@@ -148,9 +153,14 @@ class Sandbox:
         coordinator = self.nodes[0]
         return f"host=127.0.0.1 port={coordinator.port} user={SUPERUSER} dbname={DATABASE}"
 
+    @property
+    def flavour(self) -> str:
+        return str(self._state().get("flavour", "greenplum"))
+
     def cluster(self) -> Cluster:
+        connect = {"greenplum": Cluster.connect, "postgres": FrontDoor.connect, "citus": CitusCluster.connect}
         try:
-            return Cluster.connect(self.dsn)
+            return connect[self.flavour](self.dsn)
         except UnreachableError as e:
             raise UnreachableError(f"sandbox {self.name!r} does not answer: {e.message}",
                                    fix=f"start it with `gpcdc sandbox up --name {self.name}`") from None
@@ -160,14 +170,24 @@ class Sandbox:
         return [(node, node.pid()) for node in self.nodes]
 
     # -- lifecycle -------------------------------------------------------------------
-    def up(self, segments: int = 3, base_port: int | None = None) -> Sandbox:
+    def up(self, segments: int = 3, base_port: int | None = None, flavour: str = "greenplum") -> Sandbox:
         """Create and start the sandbox, or start it if it exists. Idempotent.
+        ``flavour``: greenplum (segments), postgres (one server: ``segments`` 0) or
+        citus (``segments`` workers).
 
         On failure, whatever this call started is stopped and whatever it created is
         removed.
         """
+        if flavour not in FLAVOURS:
+            raise SandboxError(f"unknown sandbox flavour {flavour!r}", fix=f"use one of {', '.join(FLAVOURS)}")
+        if flavour == "postgres":
+            segments = 0
         if self.exists:
             state = self._state()
+            if state.get("flavour", "greenplum") != flavour:
+                raise SandboxError(f"sandbox {self.name!r} exists as a {state.get('flavour', 'greenplum')} cluster, "
+                                   f"not {flavour}", fix=f"use --flavour {state.get('flavour', 'greenplum')}, or "
+                                   f"`gpcdc sandbox down --name {self.name} --remove` first")
             if len(state["nodes"]) - 1 != segments:
                 raise SandboxError(
                     f"sandbox {self.name!r} exists with {len(state['nodes']) - 1} segments, not {segments}",
@@ -184,9 +204,11 @@ class Sandbox:
                     self._stop(node)
                 raise
             return self
-        if not 1 <= segments <= 64:
+        if flavour != "postgres" and not 1 <= segments <= 64:
             raise SandboxError(f"a sandbox needs 1 to 64 segments, not {segments}")
         pg_bin, user = find_pg_bin(), _server_user()
+        if flavour == "citus":
+            citus_installed(pg_bin)
         ports = self._choose_ports(segments + 1, base_port)
         nodes = [
             SandboxNode(content, port, str(self.path / ("coordinator" if content == COORDINATOR else f"seg{content}")))
@@ -196,7 +218,7 @@ class Sandbox:
         self._clear_half_created()
         self.path.mkdir(parents=True)
         state = {"name": self.name, "pg_bin": str(pg_bin), "os_user": user.pw_name if user else None,
-                 "nodes": [asdict(n) for n in nodes]}
+                 "flavour": flavour, "nodes": [asdict(n) for n in nodes]}
         started = []
         try:
             (self.path / "logs").mkdir()
@@ -204,11 +226,14 @@ class Sandbox:
                 os.chown(self.path / "logs", user.pw_uid, user.pw_gid)
             write_json(self.path / "sandbox.json.creating", state)
             with ThreadPoolExecutor(max_workers=4) as pool:
-                list(pool.map(lambda n: self._initdb(n, pg_bin, user), nodes))
+                list(pool.map(lambda n: self._initdb(n, pg_bin, user, flavour), nodes))
             for node in nodes:
                 self._pg_ctl(node, "start", pg_bin=pg_bin, user=user)
                 started.append(node)
-            self._install_controller(nodes)
+            if flavour == "greenplum":
+                self._install_controller(nodes)
+            elif flavour == "citus":
+                _join_citus(nodes)
             os.replace(self.path / "sandbox.json.creating", self._state_file)
         except BaseException:
             for node in started:
@@ -281,7 +306,7 @@ class Sandbox:
             detail = (done.stderr or done.stdout).strip().splitlines()
             raise SandboxError(f"{what} failed: {detail[-1] if detail else f'exit {done.returncode}'}")
 
-    def _initdb(self, node: SandboxNode, pg_bin: Path, user: pwd.struct_passwd | None) -> None:
+    def _initdb(self, node: SandboxNode, pg_bin: Path, user: pwd.struct_passwd | None, flavour: str) -> None:
         datadir = Path(node.datadir)
         datadir.mkdir(mode=0o700)
         if user:
@@ -293,6 +318,8 @@ class Sandbox:
             f"initdb for {node.name}",
         )
         settings = {**SERVER_SETTINGS, "port": str(node.port)}
+        if flavour == "citus":
+            settings["shared_preload_libraries"] = "'citus'"
         with (datadir / "postgresql.conf").open("a") as conf:
             conf.write("\n# gpcdc sandbox\n" + "".join(f"{k} = {v}\n" for k, v in settings.items()))
 
@@ -348,6 +375,29 @@ class Sandbox:
                         [(dbid, n.content, n.port, n.datadir) for dbid, n in enumerate(nodes, start=1)],
                     )
             conn.execute(f'ALTER DATABASE {DATABASE} SET search_path = "$user", public, gp_dist')
+
+
+def citus_installed(pg_bin: Path | None = None) -> None:
+    """Raise SandboxError naming the fix when Citus is not installed into PostgreSQL 15."""
+    libdir = (pg_bin or find_pg_bin()).parent / "lib"  # Debian's layout: bin/ and lib/ side by side
+    if not (libdir / "citus.so").is_file():
+        raise SandboxError(f"Citus is not installed for PostgreSQL {PG_MAJOR} (no citus.so in {libdir})",
+                           fix="install Citus's packages for PostgreSQL 15, or build it from source "
+                               "(`./dev test-citus` does, from ../shared/citus)")
+
+
+def _join_citus(nodes: list[SandboxNode]) -> None:
+    """The Citus extension on every node; the first the coordinator, the others its workers."""
+    def dsn(node: SandboxNode) -> str:
+        return f"host=127.0.0.1 port={node.port} user={SUPERUSER} dbname={DATABASE}"
+
+    for node in nodes:
+        with psycopg.connect(dsn(node), autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION citus")
+    with psycopg.connect(dsn(nodes[0]), autocommit=True) as conn:
+        conn.execute("SELECT citus_set_coordinator_host('127.0.0.1', %s)", (nodes[0].port,))
+        for worker in nodes[1:]:
+            conn.execute("SELECT citus_add_node('127.0.0.1', %s)", (worker.port,))
 
 
 def list_sandboxes(work_dir: str | os.PathLike[str]) -> list[Sandbox]:

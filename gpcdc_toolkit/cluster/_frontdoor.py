@@ -1,0 +1,295 @@
+"""Targets reached through one front door: a plain PostgreSQL server, or a Citus coordinator.
+
+Such a server takes every statement itself: plain PostgreSQL stores the rows, Citus
+routes them to the shards on its workers and commits a write that spans workers with
+its own two-phase commit. So a :class:`FrontDoorSession` writes each transaction as
+one local transaction at the door (:class:`LocalTransaction`), with the same
+statements a distributed transaction sends to its segments, and DDL goes to the door
+too (Citus propagates it). What the door cannot give is a read of each store in its
+own snapshot: validation reads the stores directly, the server itself, or each Citus
+worker's shard placements (:meth:`FrontDoor.relation`).
+
+A Greenplum coordinator could be driven the same way (it dispatches and two-phase
+commits by itself), with ``DISTRIBUTED BY`` kept and ``gp_distribution_policy`` read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import conninfo, sql
+
+from ..errors import ClusterError, DistributedTransactionError, GpcdcError
+from ..protocol import COORDINATOR, DdlError, parse_create_table
+from ._cluster import Cluster, Node, Table, TableRef, _where, connect_dsn
+from ._writes import Statement, Writes
+
+
+class FrontDoor(Cluster):
+    """A plain PostgreSQL server: the door is the only store of rows. Its one store is
+    listed as segment 0, the same server, so that validation reads it as any store."""
+
+    kind = "postgres"
+
+    @classmethod
+    def connect(cls, dsn: str) -> FrontDoor:
+        params = conninfo.conninfo_to_dict(dsn)
+        host, port = str(params.get("host") or "localhost"), int(params.get("port") or 5432)
+        with connect_dsn(dsn, f"target {_where(dsn)}", autocommit=True):
+            pass  # reachable; a front door needs no catalog of its own
+        return cls(dsn, [Node(COORDINATOR, host, port, ""), Node(0, host, port, "")])
+
+    def dsn(self, node: Node, **overrides: Any) -> str:
+        if node.host == self.coordinator.host and node.port == self.coordinator.port and not overrides:
+            return self.coordinator_dsn  # the door as given (hostaddr, service, sockets)
+        return super().dsn(node, **overrides)
+
+    # -- writing ------------------------------------------------------------------------
+    def session(self) -> FrontDoorSession:
+        return FrontDoorSession(self)
+
+    def home_of(self, values: Sequence[object]) -> int:
+        return COORDINATOR  # the door routes every row itself
+
+    def writer_of(self, content: int) -> int:
+        return COORDINATOR
+
+    def resolve_in_doubt(self) -> tuple[list[str], list[str]]:
+        return [], []  # a local transaction commits whole or not at all
+
+    def moves_rows(self) -> bool:
+        """Whether an UPDATE that changes a row's distribution key must be sent as a
+        delete and an insert (the door refuses to move the row itself)."""
+        return False
+
+    def prepare_ddl(self, tx: LocalTransaction) -> None:
+        """Set up a transaction that runs DDL together with writes."""
+
+    def distribute(self, tx: LocalTransaction, table: str, key: Sequence[str]) -> None:
+        """Give a table created through the door its distribution (``key``, from the
+        statement's ``DISTRIBUTED BY``): none on plain PostgreSQL."""
+
+    def _distribution_key(self, conn: psycopg.Connection[Any], oid: int, qualified: str) -> tuple[str, ...]:
+        return ()
+
+    # -- reading the data where it is stored ------------------------------------------
+    def fetch_all(self, query: str | sql.SQL | sql.Composed, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        with self.coordinator_connection() as conn:
+            return conn.execute(query, params).fetchall()
+
+    def rows_by_segment(self, table: str) -> dict[int, list[tuple[Any, ...]]]:
+        return {COORDINATOR: self.fetch_all(sql.SQL("SELECT * FROM {}").format(self.table(table).identifier))}
+
+    def row_counts(self, table: TableRef) -> dict[int, int]:
+        query = sql.SQL("SELECT count(*) FROM {}").format(self.table(table).identifier)
+        return {COORDINATOR: int(self.fetch_all(query)[0][0])}
+
+    def misplaced_rows(self, node: Node, conn: psycopg.Connection[Any], info: Table,
+                       select: sql.Composable) -> list[tuple[Any, ...]]:
+        return []  # one store: no row can be in the wrong place
+
+
+class CitusCluster(FrontDoor):
+    """A Citus coordinator and its workers: hash-distributed tables split into shards,
+    each shard placed on a worker group (``pg_dist_shard``, ``pg_dist_placement``,
+    ``pg_dist_node``). The workers are the stores, numbered 0..N-1 by group id."""
+
+    kind = "citus"
+
+    def __init__(self, coordinator_dsn: str, nodes: Sequence[Node], groups: Mapping[int, int]) -> None:
+        super().__init__(coordinator_dsn, nodes)
+        self.groups = dict(groups)  # worker group id -> store (segment) content
+
+    @classmethod
+    def connect(cls, dsn: str) -> CitusCluster:
+        params = conninfo.conninfo_to_dict(dsn)
+        host, port = str(params.get("host") or "localhost"), int(params.get("port") or 5432)
+        with connect_dsn(dsn, f"Citus coordinator {_where(dsn)}", autocommit=True) as conn:
+            workers = conn.execute(
+                "SELECT groupid, nodename, nodeport FROM pg_dist_node WHERE noderole = 'primary' AND isactive "
+                "AND groupid <> 0 ORDER BY groupid").fetchall()
+        if not workers:
+            raise ClusterError(f"the Citus coordinator {_where(dsn)} has no active primary workers in pg_dist_node",
+                               fix="add workers with citus_add_node(host, port)")
+        nodes = [Node(COORDINATOR, host, port, "")]
+        nodes += [Node(i, str(h), int(p), "") for i, (_group, h, p) in enumerate(workers)]
+        return cls(dsn, nodes, {int(group): i for i, (group, _h, _p) in enumerate(workers)})
+
+    def resolve_in_doubt(self) -> tuple[list[str], list[str]]:
+        # Citus's own recovery: a worker's prepared part whose gid the coordinator's
+        # pg_dist_transaction holds is committed, any other rolled back.
+        with self.coordinator_connection() as conn:
+            conn.execute("SELECT recover_prepared_transactions()")
+        return [], []
+
+    def moves_rows(self) -> bool:
+        return True  # Citus refuses to modify a row's distribution column
+
+    def prepare_ddl(self, tx: LocalTransaction) -> None:
+        # DDL and writes to distributed tables in one transaction must use one
+        # connection per worker, or Citus refuses the later of them.
+        tx.execute(COORDINATOR, "SET LOCAL citus.multi_shard_modify_mode TO 'sequential'")
+
+    def distribute(self, tx: LocalTransaction, table: str, key: Sequence[str]) -> None:
+        if len(key) != 1:
+            raise GpcdcError(f"{table} is distributed by {len(key)} columns ({', '.join(key)}), but Citus distributes "
+                             "a table by one column",
+                             fix=f"create {table} on the target by hand, empty, with create_distributed_table() on "
+                                 "one column of its primary key, then replay again")
+        tx.execute(COORDINATOR, "SELECT create_distributed_table(%s::regclass, %s)",
+                   (table, key[0]))  # the column as the catalog names it, unquoted
+
+    def _distribution_key(self, conn: psycopg.Connection[Any], oid: int, qualified: str) -> tuple[str, ...]:
+        found = conn.execute("SELECT column_to_column_name(logicalrelid, partkey) FROM pg_dist_partition "
+                             "WHERE logicalrelid = %s AND partmethod = 'h'", (oid,)).fetchone()
+        return (str(found[0]),) if found else ()
+
+    def _placements(self, info: Table) -> list[tuple[int, str, int, int]]:
+        """Each shard of a table: (store content, shard name, hash range low, high)."""
+        with self.coordinator_connection() as conn:
+            rows = conn.execute(
+                "SELECT p.groupid, s.shardid, s.shardminvalue::bigint, s.shardmaxvalue::bigint "
+                "FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid) "
+                "WHERE s.logicalrelid = %s::regclass AND p.shardstate = 1 ORDER BY s.shardid",
+                (info.name,)).fetchall()
+        if not rows:
+            raise ClusterError(f"{info.name} has no shard placements on the Citus workers",
+                               fix="distribute it with create_distributed_table()")
+        unknown = sorted({g for g, *_ in rows if g not in self.groups})
+        if unknown:
+            raise ClusterError(f"shards of {info.name} are placed on groups {unknown}, which are not active workers",
+                               fix="move them to workers with citus_move_shard_placement(), or activate the nodes")
+        schema, name = info.parts
+        return [(self.groups[group], f"{name}_{shard}", low, high) for group, shard, low, high in rows]
+
+    def relation(self, node: Node, info: Table) -> sql.Composable:
+        """The table's rows stored on a worker: its shard placements, together."""
+        schema = info.parts[0]
+        shards = [sql.SQL("SELECT * FROM {}").format(sql.Identifier(schema, shard))
+                  for content, shard, _low, _high in self._placements(info) if content == node.content]
+        if not shards:  # a worker without a placement of the table: no rows, of the table's type
+            shards = [sql.SQL("SELECT {} WHERE false").format(sql.SQL(", ").join(
+                sql.SQL("NULL::{} AS {}").format(sql.SQL(t), sql.Identifier(c)) for c, t in zip(info.columns, info.types)))]
+        return sql.SQL("({})").format(sql.SQL(" UNION ALL ").join(shards))
+
+    def misplaced_rows(self, node: Node, conn: psycopg.Connection[Any], info: Table,
+                       select: sql.Composable) -> list[tuple[Any, ...]]:
+        """Rows of a worker's shard whose distribution value Citus hashes outside the
+        shard's range, found by the workers themselves (``worker_hash``)."""
+        if not info.distribution_key:
+            return []
+        column = sql.Identifier(info.distribution_key[0])
+        out: list[tuple[Any, ...]] = []
+        for content, shard, low, high in self._placements(info):
+            if content == node.content:
+                out += conn.execute(sql.SQL("SELECT {} FROM {} t WHERE worker_hash({}) NOT BETWEEN %s AND %s").format(
+                    select, sql.Identifier(info.parts[0], shard), column), (low, high)).fetchall()
+        return out
+
+
+class FrontDoorSession:
+    """One connection to the door, for running local transactions one at a time."""
+
+    def __init__(self, cluster: FrontDoor) -> None:
+        self.cluster = cluster
+        self._connection: psycopg.Connection[Any] | None = None
+        self._tables: dict[TableRef, Table] = {}
+
+    def __enter__(self) -> FrontDoorSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    def connection(self) -> psycopg.Connection[Any]:
+        if self._connection is None or self._connection.closed:
+            self._connection = self.cluster.connect_node(self.cluster.coordinator)
+        return self._connection
+
+    def table(self, name: TableRef) -> Table:
+        """A table's catalog entry, cached until this session runs DDL."""
+        if name not in self._tables:
+            self._tables[name] = self.cluster.table(name)
+        return self._tables[name]
+
+    def home(self, values: Sequence[object]) -> int:
+        return self.cluster.home_of(values)
+
+    def transaction(self) -> LocalTransaction:
+        return LocalTransaction(self)
+
+    def ddl(self, statement: str, *, timeout: float = 60.0,
+            then: Callable[[Writes], object] | None = None) -> int:
+        """Run a DDL statement at the door, with ``then``'s writes, in one transaction;
+        a ``CREATE TABLE`` loses its ``DISTRIBUTED BY`` clause and is distributed as the
+        door does it. Returns the target's transaction id."""
+        try:
+            create = parse_create_table(statement)
+        except DdlError as e:
+            raise GpcdcError(str(e)) from None
+        try:
+            with self.transaction() as tx:
+                tx.execute(COORDINATOR, sql.SQL("SET LOCAL lock_timeout = {}").format(
+                    sql.Literal(f"{int(timeout * 1000)}ms")))
+                self.cluster.prepare_ddl(tx)
+                tx.execute(COORDINATOR, create.statement if create else statement)
+                if create:
+                    self.cluster.distribute(tx, create.table, create.distribution_key)
+                if then is not None:
+                    then(tx)
+                xid = int(tx.execute(COORDINATOR, "SELECT txid_current()")[0][0])
+        finally:
+            self._tables.clear()
+        return xid
+
+
+class LocalTransaction(Writes):
+    """A transaction at the door: every statement on one connection, committed at once."""
+
+    session: FrontDoorSession
+
+    def __init__(self, session: FrontDoorSession) -> None:
+        self.session = session
+        self._conn = session.connection()
+        self._conn.execute("BEGIN")
+        self.state = "active"  # active, committed, aborted, or in_doubt (the COMMIT's answer was lost)
+
+    def _segment(self, segment: int) -> psycopg.Connection[Any]:
+        if self.state != "active":
+            raise DistributedTransactionError(f"the transaction at the target's door is {self.state}")
+        return self._conn
+
+    def _moves(self, table: Table, key: Mapping[str, Any], new_key: Mapping[str, Any]) -> bool:
+        return self.session.cluster.moves_rows() and any(key[c] != new_key[c] for c in table.distribution_key)
+
+    def commit(self) -> None:
+        if self.state != "active":
+            raise DistributedTransactionError(f"the transaction at the target's door is {self.state}")
+        try:
+            self._conn.execute("COMMIT")
+        except psycopg.Error as e:
+            self.state = "in_doubt" if self._conn.broken else "aborted"
+            raise DistributedTransactionError(f"COMMIT at the target's door failed ({str(e).strip()})"
+                                              + ("; whether it committed, only the target knows" if self._conn.broken
+                                                 else "")) from e
+        self.state = "committed"
+
+    def rollback(self) -> None:
+        if self.state != "active":
+            return
+        self.state = "aborted"
+        if not self._conn.closed:
+            try:
+                self._conn.execute("ROLLBACK")
+            except psycopg.Error:
+                self._conn.close()  # a lost connection ended the transaction with it
+
+
+__all__ = ["FrontDoor", "CitusCluster", "FrontDoorSession", "LocalTransaction", "Statement"]

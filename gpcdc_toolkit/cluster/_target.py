@@ -1,0 +1,31 @@
+"""A replay target from its DSN: a Greenplum-style sandbox, or a front door.
+
+``target.kind`` says which; ``auto`` tells them apart by the catalog: a coordinator
+with ``gp_segment_configuration`` and the sandbox's ``gp_dist`` schema is a sandbox,
+a server with the ``citus`` extension a Citus coordinator, any other a plain
+PostgreSQL server.
+"""
+
+from __future__ import annotations
+
+from ..config import TARGET_KINDS
+from ..errors import ClusterError
+from ._cluster import Cluster, _where, connect_dsn
+from ._frontdoor import CitusCluster, FrontDoor
+
+
+def connect_target(dsn: str, kind: str = "auto") -> Cluster:
+    """The target cluster behind ``dsn``, of ``kind`` (one of :data:`TARGET_KINDS`)."""
+    if kind not in TARGET_KINDS:
+        raise ClusterError(f"unknown target kind {kind!r}", fix=f"use one of {', '.join(TARGET_KINDS)}")
+    with connect_dsn(dsn, f"target {_where(dsn)}", autocommit=True) as conn:
+        sandbox, citus = conn.execute(
+            "SELECT to_regclass('gp_segment_configuration') IS NOT NULL "
+            "AND EXISTS (SELECT FROM pg_namespace WHERE nspname = 'gp_dist'), "
+            "EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')").fetchone()  # type: ignore[misc]
+    if kind == "sandbox" or (kind == "auto" and sandbox):
+        return Cluster.connect(dsn)
+    if sandbox:
+        raise ClusterError(f"target {_where(dsn)} is a sandbox's coordinator, whose tables hold no rows, but "
+                           "target.kind is postgres", fix="set target.kind to sandbox (or auto)")
+    return CitusCluster.connect(dsn) if citus else FrontDoor.connect(dsn)

@@ -1,0 +1,188 @@
+"""The row-writing statements of a transaction, shared by every kind of target.
+
+A :class:`Writes` builds each statement once (bulk inserts, upserts, deletes by key,
+updates, and the move of a row whose distribution key changes) and sends it to the
+connection that holds the row: a segment's part of a distributed transaction, or the
+one connection of a front door, which routes rows itself.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Protocol, Self
+
+import psycopg
+from psycopg import sql
+
+from ..errors import DistributedTransactionError
+from ._cluster import Cluster, Table, TableRef
+
+Statement = sql.SQL | sql.Composed  # what psycopg runs, built with psycopg.sql
+
+
+class Catalog(Protocol):
+    """What writing needs of a session: tables, and where a key's rows live."""
+
+    def table(self, name: TableRef) -> Table: ...
+
+    def home(self, values: Sequence[object]) -> int: ...
+
+
+class Writes:
+    """A transaction's row writes, routed by distribution key; a subclass names the
+    connection of a segment (``_segment``), whether a changed key moves a row
+    (``_moves``), and how it commits. As a context manager it commits on success and
+    rolls back on error."""
+
+    session: Catalog
+    state: str  # active, committed, aborted, or in_doubt
+
+    def commit(self) -> None:
+        raise NotImplementedError
+
+    def rollback(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self.state != "active":
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.rollback()
+
+    def _segment(self, segment: int) -> psycopg.Connection[Any]:
+        raise NotImplementedError
+
+    def _moves(self, table: Table, key: Mapping[str, Any], new_key: Mapping[str, Any]) -> bool:
+        """Whether a row whose distribution key goes from ``key`` to ``new_key`` must be
+        deleted where it is and inserted anew (an UPDATE cannot move it)."""
+        return self.route(table, key) != self.route(table, new_key)
+
+    def execute(self, segment: int, query: str | Statement, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        """Run a statement on one segment inside this transaction; returns its rows."""
+        cur = self._segment(segment).execute(sql.SQL(query) if isinstance(query, str) else query, params)
+        return cur.fetchall() if cur.description else []
+
+    def route(self, table: Table, row: Mapping[str, Any]) -> int:
+        try:
+            values = [row[c] for c in table.distribution_key]
+        except KeyError as e:
+            raise DistributedTransactionError(f"a row for {table.name} lacks distribution-key column {e.args[0]}") from None
+        return self.session.home(values)
+
+    def insert(self, table_name: TableRef, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Insert rows (mappings of column to value); returns the number inserted."""
+        table = self.session.table(table_name)
+        by_segment: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
+        for row in rows:
+            by_segment[self.route(table, row)].append(row)
+        count = 0
+        for segment, seg_rows in by_segment.items():
+            columns = list(seg_rows[0])
+            query = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+                table.identifier,
+                sql.SQL(", ").join(map(sql.Identifier, columns)),
+                sql.SQL(", ").join(sql.Placeholder() * len(columns)),
+            )
+            with self._segment(segment).cursor() as cur:
+                cur.executemany(query, [[r[c] for c in columns] for r in seg_rows])
+            count += len(seg_rows)
+        return count
+
+    def _where(self, table: Table, key: Mapping[str, Any]) -> tuple[sql.Composable, list[Any]]:
+        missing = [c for c in table.distribution_key if c not in key]
+        if missing:
+            raise DistributedTransactionError(
+                f"a key for {table.name} must include its distribution key; missing {', '.join(missing)}"
+            )
+        clause = sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in key)
+        return clause, list(key.values())
+
+    def update(self, table_name: TableRef, key: Mapping[str, Any], values: Mapping[str, Any]) -> int:
+        """Update the rows matching ``key`` (which includes the distribution key).
+
+        When ``values`` changes the distribution key so that the row belongs on another
+        segment, the row moves: deleted on its segment, inserted on the new one.
+        """
+        table = self.session.table(table_name)
+        where, params = self._where(table, key)
+        old_segment = self.route(table, key)
+        new_key = {c: values.get(c, key[c]) for c in table.distribution_key}
+        if not self._moves(table, key, new_key):
+            query = sql.SQL("UPDATE {} SET {} WHERE {}").format(
+                table.identifier,
+                sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in values),
+                where,
+            )
+            return self._segment(old_segment).execute(query, [*values.values(), *params]).rowcount
+        # As PostgreSQL's text: written back, every type reads as it was (a jsonb string,
+        # an array, bytes), which Python values of some types would not.
+        deleted = self.execute(
+            old_segment,
+            sql.SQL("DELETE FROM {} WHERE {} RETURNING {}").format(
+                table.identifier, where, sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c))
+                                                             for c in table.writable)),
+            params,
+        )
+        moved = [{**dict(zip(table.writable, row)), **values} for row in deleted]
+        return self.insert(table_name, moved)
+
+    def delete(self, table_name: TableRef, key: Mapping[str, Any]) -> int:
+        table = self.session.table(table_name)
+        where, params = self._where(table, key)
+        query = sql.SQL("DELETE FROM {} WHERE {}").format(table.identifier, where)
+        return self._segment(self.route(table, key)).execute(query, params).rowcount
+
+    def upsert(self, table_name: TableRef, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Insert rows, or overwrite the row with the same primary key; in bulk, one
+        pipelined statement per segment and column set. Returns the rows written."""
+        table = self.session.table(table_name)
+        if not table.primary_key:
+            raise DistributedTransactionError(f"cannot upsert into {table.name}: it has no primary key")
+        groups: dict[tuple[int, tuple[str, ...]], list[Mapping[str, Any]]] = defaultdict(list)
+        for row in rows:
+            groups[(self.route(table, row), tuple(row))].append(row)
+        for (segment, columns), seg_rows in groups.items():
+            others = [c for c in columns if c not in table.primary_key]
+            action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
+                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in others)) if others else sql.SQL("DO NOTHING")
+            query = sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) {}").format(
+                table.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)),
+                sql.SQL(", ").join(sql.Placeholder() * len(columns)),
+                sql.SQL(", ").join(map(sql.Identifier, table.primary_key)), action)
+            with self._segment(segment).cursor() as cur:
+                cur.executemany(query, [[r[c] for c in columns] for r in seg_rows])
+        return sum(len(r) for r in groups.values())
+
+    def delete_keys(self, table_name: TableRef, keys: Iterable[Mapping[str, Any]]) -> None:
+        """Delete the rows with these keys (each including the distribution key), in
+        bulk: one pipelined statement per segment and key shape."""
+        table = self.session.table(table_name)
+        groups: dict[tuple[int, tuple[str, ...]], list[Mapping[str, Any]]] = defaultdict(list)
+        for key in keys:
+            groups[(self.route(table, key), tuple(key))].append(key)
+        for (segment, columns), seg_keys in groups.items():
+            where, _ = self._where(table, seg_keys[0])
+            query = sql.SQL("DELETE FROM {} WHERE {}").format(table.identifier, where)
+            with self._segment(segment).cursor() as cur:
+                cur.executemany(query, [[k[c] for c in columns] for k in seg_keys])
+
+
+class WriteSession(Catalog, Protocol):
+    """What a replay writes through: transactions one at a time, and DDL (with more
+    writes in its transaction, by ``then``), at a sandbox's segments or a front door."""
+
+    @property
+    def cluster(self) -> Cluster: ...
+
+    def transaction(self) -> Writes: ...
+
+    def ddl(self, statement: str, *, timeout: float = 60.0, then: Callable[[Writes], object] | None = None) -> int: ...
+
+    def close(self) -> None: ...
