@@ -118,6 +118,7 @@ def test_replay_errors_are_one_line_and_write_nothing_first(broker, work_dir):
         target.down(remove=True)
 
 
+@pytest.mark.parametrize("replay_target", TARGETS, indirect=True)
 def test_a_table_without_a_primary_key_replays_twins_and_nulls(source, replay_target):
     from gpcdc_toolkit.cluster import segment_for
 

@@ -24,6 +24,7 @@ from gpcdc_toolkit.validate import read_captured, table_rows
 from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, reset_tables, run_workload
 
 from ._load import BackgroundLoad
+from .conftest import TARGETS
 
 
 @pytest.fixture
@@ -84,6 +85,7 @@ def test_following_replay_stops_cleanly_on_sigterm(source, work_dir, captured_pi
         assert table_rows(target_cluster, table) == table_rows(source, table), f"{table} differs"
 
 
+@pytest.mark.parametrize("replay_target", TARGETS, indirect=True)
 def test_replayer_and_capture_killed_at_random_moments_apply_everything_once(source, work_dir, captured_pipeline):
     target, config, pipeline, group = captured_pipeline
     target_cluster = target.cluster()

@@ -9,6 +9,7 @@ import time
 import uuid
 
 import orjson
+import pytest
 from confluent_kafka import Producer
 
 from gpcdc_toolkit.bootstrap import bootstrap
@@ -20,6 +21,7 @@ from gpcdc_toolkit.replay import APPLIED, Replayer, ReplaySettings
 from gpcdc_toolkit.validate import read_captured, table_rows
 from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, reset_tables, run_workload
 
+from .conftest import TARGETS
 from .test_cli import gpcdc, one_line_error, wait_until_status_shows_kafka_away
 
 
@@ -32,6 +34,7 @@ def incompressible(rng, n):
     return "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(n))
 
 
+@pytest.mark.parametrize("replay_target", TARGETS, indirect=True)
 def test_quoted_names_case_twins_and_values_that_look_like_markers_replay_exactly(source, replay_target):
     target, config, pipeline, group = replay_target
     rng = random.Random(4)
@@ -84,6 +87,7 @@ def test_quoted_names_case_twins_and_values_that_look_like_markers_replay_exactl
     assert dict((r[0], r[1]) for r in table_rows(target_cluster, items))[2] == "__gpcdc_unchanged_toast__"
 
 
+@pytest.mark.parametrize("replay_target", TARGETS, indirect=True)
 def test_rewriting_ddl_is_carried_exactly_or_refused_before_anything_of_it(source, replay_target, work_dir):
     target, config, pipeline, group = replay_target
     table = f"dd_{uuid.uuid4().hex[:6]}"
@@ -115,7 +119,7 @@ def test_rewriting_ddl_is_carried_exactly_or_refused_before_anything_of_it(sourc
     assert before == [r[:4] for r in table_rows(source, table) if r[0] != 101], "the carried DDL is exact"
 
     # The operator gives the target the same change by hand, then skips the record.
-    with Session(target_cluster) as session:
+    with target_cluster.session() as session:
         session.ddl(f"ALTER TABLE {table} ADD COLUMN at timestamptz")
         with session.transaction() as tx:
             for row in table_rows(source, table):

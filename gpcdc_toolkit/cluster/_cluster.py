@@ -88,6 +88,9 @@ class Cluster:
     a front door (plain PostgreSQL, Citus) is a subclass (``_frontdoor``)."""
 
     kind = "sandbox"
+    # Rows are placed by the toolkit's own hash, which has no SQL form: a placement
+    # check routes each row's key in Python (or in Spark).
+    routes_in_python = True
 
     def __init__(self, coordinator_dsn: str, nodes: Sequence[Node]) -> None:
         self.coordinator_dsn = coordinator_dsn
@@ -253,11 +256,11 @@ class Cluster:
         return info.identifier
 
     def misplaced_rows(self, node: Node, conn: psycopg.Connection[Any], info: Table,
-                       select: sql.Composable) -> list[tuple[Any, ...]]:
-        """``select`` (over the table as ``t``) of the rows on ``node`` that the
-        distribution key routes to another segment. The routing hash has no SQL form, so
-        every row's key is read (streamed: the table may not fit in memory), and whole
-        rows only where misplaced."""
+                       select: sql.Composable) -> list[tuple[sql.Composable, tuple[Any, ...]]]:
+        """The rows on ``node`` that the distribution key routes elsewhere, each with the
+        relation that holds it there and ``select`` over it (as ``t``). The routing hash
+        has no SQL form, so every row's key is read (streamed: the table may not fit in
+        memory), and whole rows only where misplaced."""
         key = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.distribution_key)
         with conn.cursor(name="gpcdc_placement") as keys:
             keys.itersize = 20_000
@@ -265,8 +268,9 @@ class Cluster:
             wrong = [ctid for ctid, *values in keys if segment_for(values, self.segment_count) != node.content]
         if not wrong:
             return []
-        return conn.execute(sql.SQL("SELECT {} FROM {} t WHERE ctid::text = ANY(%s)").format(select, info.identifier),
+        rows = conn.execute(sql.SQL("SELECT {} FROM {} t WHERE ctid::text = ANY(%s)").format(select, info.identifier),
                             [wrong]).fetchall()
+        return [(info.identifier, row) for row in rows]
 
     def fetch_all(self, query: str | sql.SQL | sql.Composed, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         """Run a read-only query on every segment and return all rows, segment by segment."""

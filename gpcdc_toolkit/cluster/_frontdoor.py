@@ -32,6 +32,7 @@ class FrontDoor(Cluster):
     listed as segment 0, the same server, so that validation reads it as any store."""
 
     kind = "postgres"
+    routes_in_python = False
 
     @classmethod
     def connect(cls, dsn: str) -> FrontDoor:
@@ -87,7 +88,7 @@ class FrontDoor(Cluster):
         return {COORDINATOR: int(self.fetch_all(query)[0][0])}
 
     def misplaced_rows(self, node: Node, conn: psycopg.Connection[Any], info: Table,
-                       select: sql.Composable) -> list[tuple[Any, ...]]:
+                       select: sql.Composable) -> list[tuple[sql.Composable, tuple[Any, ...]]]:
         return []  # one store: no row can be in the wrong place
 
 
@@ -175,17 +176,19 @@ class CitusCluster(FrontDoor):
         return sql.SQL("({})").format(sql.SQL(" UNION ALL ").join(shards))
 
     def misplaced_rows(self, node: Node, conn: psycopg.Connection[Any], info: Table,
-                       select: sql.Composable) -> list[tuple[Any, ...]]:
-        """Rows of a worker's shard whose distribution value Citus hashes outside the
-        shard's range, found by the workers themselves (``worker_hash``)."""
+                       select: sql.Composable) -> list[tuple[sql.Composable, tuple[Any, ...]]]:
+        """Rows of a worker's shards whose distribution value Citus hashes outside the
+        shard's range, found by the worker itself (``worker_hash``)."""
         if not info.distribution_key:
             return []
         column = sql.Identifier(info.distribution_key[0])
-        out: list[tuple[Any, ...]] = []
+        out: list[tuple[sql.Composable, tuple[Any, ...]]] = []
         for content, shard, low, high in self._placements(info):
             if content == node.content:
-                out += conn.execute(sql.SQL("SELECT {} FROM {} t WHERE worker_hash({}) NOT BETWEEN %s AND %s").format(
-                    select, sql.Identifier(info.parts[0], shard), column), (low, high)).fetchall()
+                relation = sql.Identifier(info.parts[0], shard)
+                out += [(relation, row) for row in conn.execute(
+                    sql.SQL("SELECT {} FROM {} t WHERE worker_hash({}) NOT BETWEEN %s AND %s").format(
+                        select, relation, column), (low, high)).fetchall()]
         return out
 
 
@@ -266,7 +269,7 @@ class LocalTransaction(Writes):
             raise DistributedTransactionError(f"the transaction at the target's door is {self.state}")
         return self._conn
 
-    def _moves(self, table: Table, key: Mapping[str, Any], new_key: Mapping[str, Any]) -> bool:
+    def moves(self, table: Table, key: Mapping[str, Any], new_key: Mapping[str, Any]) -> bool:
         return self.session.cluster.moves_rows() and any(key[c] != new_key[c] for c in table.distribution_key)
 
     def commit(self) -> None:

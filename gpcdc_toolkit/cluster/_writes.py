@@ -33,7 +33,7 @@ class Catalog(Protocol):
 class Writes:
     """A transaction's row writes, routed by distribution key; a subclass names the
     connection of a segment (``_segment``), whether a changed key moves a row
-    (``_moves``), and how it commits. As a context manager it commits on success and
+    (``moves``), and how it commits. As a context manager it commits on success and
     rolls back on error."""
 
     session: Catalog
@@ -59,7 +59,7 @@ class Writes:
     def _segment(self, segment: int) -> psycopg.Connection[Any]:
         raise NotImplementedError
 
-    def _moves(self, table: Table, key: Mapping[str, Any], new_key: Mapping[str, Any]) -> bool:
+    def moves(self, table: Table, key: Mapping[str, Any], new_key: Mapping[str, Any]) -> bool:
         """Whether a row whose distribution key goes from ``key`` to ``new_key`` must be
         deleted where it is and inserted anew (an UPDATE cannot move it)."""
         return self.route(table, key) != self.route(table, new_key)
@@ -114,7 +114,7 @@ class Writes:
         where, params = self._where(table, key)
         old_segment = self.route(table, key)
         new_key = {c: values.get(c, key[c]) for c in table.distribution_key}
-        if not self._moves(table, key, new_key):
+        if not self.moves(table, key, new_key):
             query = sql.SQL("UPDATE {} SET {} WHERE {}").format(
                 table.identifier,
                 sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in values),
@@ -186,3 +186,7 @@ class WriteSession(Catalog, Protocol):
     def ddl(self, statement: str, *, timeout: float = 60.0, then: Callable[[Writes], object] | None = None) -> int: ...
 
     def close(self) -> None: ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(self, *exc: object) -> None: ...

@@ -310,12 +310,14 @@ class Applier:
             return len(tx.execute(segment, sql.SQL("DELETE FROM {} WHERE {} RETURNING 1").format(table.identifier, match),
                                   params))
         new = {**old, **event["after"]}
-        if tx.route(table, new) != segment:  # the row moves: out of one segment, into another
+        if tx.moves(table, old, new):  # out of one segment (or shard), into another
             tx.execute(segment, sql.SQL("DELETE FROM {} WHERE {} RETURNING 1").format(table.identifier, match), params)
             return tx.insert(table.parts, [new])
+        # An unchanged distribution key is left out: a front door may refuse to set one at all.
+        changed = {c: v for c, v in new.items() if c not in table.distribution_key or v != old[c]}
         update = sql.SQL("UPDATE {} SET {} WHERE {} RETURNING 1").format(
-            table.identifier, sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in new), match)
-        return len(tx.execute(segment, update, [*new.values(), *params]))
+            table.identifier, sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in changed), match)
+        return len(tx.execute(segment, update, [*changed.values(), *params]))
 
     def _table(self, table: tuple[str, str], gxid: int | None) -> Table:
         try:
@@ -353,9 +355,15 @@ def _one_row(count: int, table: tuple[str, str], key: Mapping[str, Any], what: s
 
 
 def _keyless_match(table: Table, row: Mapping[str, Any]) -> tuple[sql.Composable, list[Any]]:
-    """One row equal to ``row`` (NULLs included): a table without a key may hold twins."""
+    """One row equal to ``row`` (NULLs included): a table without a key may hold twins.
+    The distribution key is matched by equality too, outside and inside, so that a front
+    door (Citus) sends the statement to the one shard that holds the row."""
+    pinned = [c for c in table.distribution_key if row.get(c) is not None]
+    pin = sql.SQL("").join(sql.SQL("{} = %s AND ").format(sql.Identifier(c)) for c in pinned)
     where = sql.SQL(" AND ").join(sql.SQL("{} IS NOT DISTINCT FROM %s").format(sql.Identifier(c)) for c in row)
-    return sql.SQL("ctid = (SELECT ctid FROM {} WHERE {} LIMIT 1)").format(table.identifier, where), list(row.values())
+    pin_values = [row[c] for c in pinned]
+    return (sql.SQL("{}ctid = (SELECT ctid FROM {} WHERE {}{} LIMIT 1)").format(pin, table.identifier, pin, where),
+            [*pin_values, *pin_values, *row.values()])
 
 
 def commit_ts_ms(whole: Whole) -> int:

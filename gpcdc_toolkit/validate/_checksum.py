@@ -29,7 +29,6 @@ from psycopg import sql
 
 from ..cluster import COORDINATOR, Cluster, TableRef
 from ..cluster._cluster import Table
-from ..cluster._routing import segment_for
 from ..errors import GpcdcError
 from ._chunks import MOD, Chunk, Digest, Reply, bisect, differing, summed
 from ._diff import EXAMPLES, TableDiff
@@ -137,12 +136,16 @@ def _within(query: sql.Composed, chunks: Sequence[Chunk], params: list[Any]) -> 
 def _digests(side: Snapshots, info: Table, hashed: sql.Composable, level: int,
              parents: tuple[Chunk, ...]) -> list[Query]:
     shift = 64 - level * 16
-    params: list[Any] = []
-    query = _within(sql.SQL("SELECT {} AS prefix, count(*), sum(gpcdc_row_hash)::text FROM (SELECT {} AS gpcdc_row_hash FROM {}) s").format(
-        _prefix(shift), hashed, info.identifier), parents, params)
-    if level:
-        query = sql.SQL("{} GROUP BY 1").format(query)
-    return [(conn, query, params) for _node, conn in side.segments()]
+    queries = []
+    for node, conn in side.segments():
+        params: list[Any] = []
+        query = _within(sql.SQL("SELECT {} AS prefix, count(*), sum(gpcdc_row_hash)::text "
+                                "FROM (SELECT {} AS gpcdc_row_hash FROM {} t) s").format(
+            _prefix(shift), hashed, side.cluster.relation(node, info)), parents, params)
+        if level:
+            query = sql.SQL("{} GROUP BY 1").format(query)
+        queries.append((conn, query, params))
+    return queries
 
 
 def _digest_rows(level: int, rows: list[tuple[Any, ...]]) -> dict[Chunk, Digest]:
@@ -172,10 +175,12 @@ def _fetch(side: Snapshots, info: Table, hashed: sql.Composable,
     columns = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.columns)
     queries = []
     for shift in sorted({c.shift for c in chunks}):
-        params: list[Any] = []
-        query = _within(sql.SQL("SELECT {}, {} FROM (SELECT *, {} AS gpcdc_row_hash FROM {} t) s").format(
-            columns, _row(info), hashed, info.identifier), [c for c in chunks if c.shift == shift], params)
-        queries += [(conn, query, params) for _node, conn in side.segments()]
+        for node, conn in side.segments():
+            params: list[Any] = []
+            query = _within(sql.SQL("SELECT {}, {} FROM (SELECT *, {} AS gpcdc_row_hash FROM {} t) s").format(
+                columns, _row(info), hashed, side.cluster.relation(node, info)), [c for c in chunks if c.shift == shift],
+                params)
+            queries.append((conn, query, params))
     return queries
 
 
@@ -266,14 +271,14 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
 
 
 def finish(info: Table, target: Snapshots, target_info: Table, diff: TableDiff, fix: dict[int, list[str]],
-           misplaced: list[tuple[int, tuple[str | None, ...], str]], totals: tuple[int, int], *, rounds: int,
+           misplaced: list[tuple[int, sql.Composable, tuple[str | None, ...], str]], totals: tuple[int, int], *, rounds: int,
            chunks: int, fetched: int, started: float) -> ChecksumResult:
     """A table's result from its row differences (either mode's): misplaced rows and
     schema differences added, with their fix statements."""
     for node, statements in _moves(target, target_info, misplaced).items():
         fix.setdefault(node, []).extend(statements)
     examples = diff.examples + tuple(f"row {row!r} on segment {node}, which its distribution key does not name"
-                                     for node, row, _ in misplaced[:EXAMPLES])
+                                     for node, _relation, row, _ in misplaced[:EXAMPLES])
     diff = dataclasses.replace(diff, expected=totals[0], actual=totals[1], misplaced=len(misplaced), examples=examples)
     schema, alter = _schema(info, target_info)
     if alter:  # DDL: on the coordinator, which dispatches it to the segments
@@ -282,31 +287,22 @@ def finish(info: Table, target: Snapshots, target_info: Table, diff: TableDiff, 
     return ChecksumResult(info.name, diff, rounds, chunks, fetched, time.monotonic() - started, fix, tuple(schema))
 
 
-def _misplaced(target: Snapshots, info: Table) -> list[tuple[int, tuple[str | None, ...], str]]:
-    """Rows of the target on a segment other than the one their distribution key names:
-    (node, columns as text, row text). The distribution key's columns are read from the
-    target to tell (the routing hash has no SQL form); whole rows only where misplaced."""
-    key = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.distribution_key)
+def _misplaced(target: Snapshots, info: Table) -> list[tuple[int, sql.Composable, tuple[str | None, ...], str]]:
+    """Rows of the target stored where its distribution does not send their key: (node,
+    the relation holding it there, columns as text, row text). How to tell is the
+    target's own (``Cluster.misplaced_rows``)."""
     columns = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.columns)
-    out = []
-    for node, conn in target.segments():
-        with conn.cursor(name="gpcdc_placement") as keys:  # streamed: the table may not fit in memory
-            keys.itersize = 20_000
-            keys.execute(sql.SQL("SELECT ctid::text, {} FROM {}").format(key, info.identifier))
-            wrong = [ctid for ctid, *values in keys if segment_for(values, target.cluster.segment_count) != node.content]
-        if wrong:
-            rows = conn.execute(sql.SQL("SELECT {}, {} FROM {} t WHERE ctid::text = ANY(%s)").format(
-                columns, _row(info), info.identifier), [wrong]).fetchall()
-            out += [(node.content, tuple(r[:-1]), r[-1]) for r in rows]
-    return out
+    select = sql.SQL("{}, {}").format(columns, _row(info))
+    return [(node.content, relation, tuple(r[:-1]), r[-1]) for node, conn in target.segments()
+            for relation, r in target.cluster.misplaced_rows(node, conn, info, select)]
 
 
 def _moves(target: Snapshots, info: Table, misplaced: list[Any]) -> dict[int, list[str]]:
     """Each misplaced row deleted where it is and inserted where it belongs."""
     statements: list[tuple[int, sql.Composable]] = []
-    for node, row, text in misplaced:
+    for node, relation, row, text in misplaced:  # deleted where it is, on that node, whatever the door
         statements.append((node, sql.SQL("DELETE FROM {} WHERE ctid IN (SELECT ctid FROM {} t WHERE {} = {} LIMIT 1)")
-                           .format(info.identifier, info.identifier, _row(info), sql.Literal(text))))
+                           .format(relation, relation, _row(info), sql.Literal(text))))
         statements.append(_insert(info, target, row))
     return _rendered(target, statements)
 
@@ -326,7 +322,7 @@ def _where(info: Table, columns: tuple[str, ...], row: tuple[str | None, ...]) -
 
 def _insert(info: Table, target: Snapshots, row: tuple[str | None, ...]) -> tuple[int, sql.Composable]:
     index = {c: i for i, c in enumerate(info.columns)}
-    node = segment_for([row[index[c]] for c in info.distribution_key], target.cluster.segment_count)
+    node = target.cluster.home_of([row[index[c]] for c in info.distribution_key])
     columns = [c for c in info.columns if c not in info.generated]
     statement = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
         info.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)),
@@ -347,7 +343,7 @@ def _by_key(info: Table, target: Snapshots, src: list[Any], tgt: list[Any]) -> t
         statements.append(_insert(info, target, expected[k]))
     for k in extra:
         node, row = actual[k]
-        statements.append((node, sql.SQL("DELETE FROM {} WHERE {}").format(
+        statements.append((target.cluster.writer_of(node), sql.SQL("DELETE FROM {} WHERE {}").format(
             info.identifier, _where(info, info.primary_key, row))))
     for k in changed:
         node, row = actual[k]
@@ -358,7 +354,7 @@ def _by_key(info: Table, target: Snapshots, src: list[Any], tgt: list[Any]) -> t
             said = ", ".join(f"{c} {row[i]!r}, expected {want[i]!r}" for c, i in at.items())
             examples.append(f"key {k!r}: {said}")
         assignments = sql.SQL(", ").join(_equal(info, c, want[i]) for c, i in at.items())
-        statements.append((node, sql.SQL("UPDATE {} SET {} WHERE {}").format(
+        statements.append((target.cluster.writer_of(node), sql.SQL("UPDATE {} SET {} WHERE {}").format(
             info.identifier, assignments, _where(info, info.primary_key, row))))
     examples = [f"missing key {k!r}" for k in missing[:EXAMPLES]] + [f"extra key {k!r}" for k in extra[:EXAMPLES]] + examples
     diff = TableDiff(info.name, len(expected), len(actual), len(missing), len(extra), len(changed), tuple(examples))
@@ -375,8 +371,9 @@ def _as_multiset(info: Table, target: Snapshots, src: list[Any], tgt: list[Any])
     for row, n in sorted((have - want).items(), key=repr):
         node, text = where[row]
         # No key: delete n copies of the row, by its text.
-        statements.append((node, sql.SQL("DELETE FROM {} WHERE ctid IN (SELECT ctid FROM {} t WHERE {} = {} LIMIT {})")
-                           .format(info.identifier, info.identifier, _row(info), sql.Literal(text), sql.Literal(n))))
+        statements.append((target.cluster.writer_of(node), sql.SQL(
+            "DELETE FROM {} WHERE ctid IN (SELECT ctid FROM {} t WHERE {} = {} LIMIT {})").format(
+                info.identifier, info.identifier, _row(info), sql.Literal(text), sql.Literal(n))))
     missing, extra = want - have, have - want
     examples = [f"missing {r!r}" for r in sorted(missing, key=repr)[:EXAMPLES]]
     examples += [f"extra {r!r}" for r in sorted(extra, key=repr)[:EXAMPLES]]

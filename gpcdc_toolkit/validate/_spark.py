@@ -29,6 +29,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from ..cluster import Table
 from ..cluster._routing import segment_for
 from ._checksum import ChecksumResult, _as_multiset, _by_key, _check_shapes, _row, finish
+from ._checksum import _misplaced as checksum_misplaced
 from ._snapshots import SESSION, Snapshots
 
 NAME = "gpcdc_table"
@@ -42,11 +43,12 @@ class SegmentSnapshot(InputPartition):
     content: int
     dsn: str
     snapshot: str
+    query: str  # selects every column as text, then the row's text, from what the node stores
 
 
 class TableSource(DataSource):
-    """Options: ``slices`` (JSON list of [content, dsn, snapshot]), ``query`` (selects
-    every column as text, then the row's text), ``schema`` (a DDL string)."""
+    """Options: ``slices`` (JSON list of [content, dsn, snapshot, query], the query
+    selecting every column as text, then the row's text), ``schema`` (a DDL string)."""
 
     @classmethod
     def name(cls) -> str:
@@ -61,8 +63,7 @@ class TableSource(DataSource):
 
 class _Reader(DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
-        self.slices = [SegmentSnapshot(c, d, s) for c, d, s in json.loads(options["slices"])]
-        self.query = options["query"]
+        self.slices = [SegmentSnapshot(c, d, s, q) for c, d, s, q in json.loads(options["slices"])]
 
     def partitions(self) -> list[InputPartition]:
         return list(self.slices)
@@ -79,7 +80,7 @@ class _Reader(DataSourceReader):
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(partition.snapshot)))
             with conn.cursor(name="gpcdc_table") as rows:
-                rows.execute(self.query.encode())  # composed and quoted by read_side, from the catalog
+                rows.execute(partition.query.encode())  # composed and quoted by read_side, from the catalog
                 while batch := rows.fetchmany(BATCH_ROWS):
                     columns = list(zip(*batch))
                     yield pa.RecordBatch.from_arrays(
@@ -105,13 +106,12 @@ def read_side(spark: Any, side: Snapshots, info: Table) -> DataFrame:
     conn = side.connections()[0]
     from psycopg import sql
 
-    query = sql.SQL("SELECT {}, {} FROM {}").format(
-        sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.columns),
-        _row(info), info.identifier).as_string(conn)
-    slices = [[node.content, side.cluster.dsn(node), side.names[node.content]] for node in side.cluster.segments]
+    columns = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.columns)
+    slices = [[node.content, side.cluster.dsn(node), side.names[node.content],
+               sql.SQL("SELECT {}, {} FROM {} t").format(columns, _row(info), side.cluster.relation(node, info))
+               .as_string(conn)] for node in side.cluster.segments]
     schema = ", ".join([f"{SEGMENT} int", *(f"{c} string" for c in _names(info)), f"{ROW_TEXT} string"])
-    frame: DataFrame = (spark.read.format(NAME).option("slices", json.dumps(slices)).option("query", query)
-                        .option("schema", schema).load())
+    frame: DataFrame = (spark.read.format(NAME).option("slices", json.dumps(slices)).option("schema", schema).load())
     return frame
 
 
@@ -171,7 +171,8 @@ def compare_spark(spark: Any, source: Snapshots, target: Snapshots, info: Table,
             diff, fix = _by_key(info, target, src, tgt)
         else:
             diff, fix = _multiset_from(diff_df, info, target, src, tgt)
-        misplaced = _misplaced(tgt_df, target_info, target) if placement else []
+        misplaced = (_misplaced(tgt_df, target_info, target) if target.cluster.routes_in_python
+                     else checksum_misplaced(target, target_info)) if placement else []
         fetched = len(src) + len(tgt)
     finally:
         src_df.unpersist()
@@ -191,7 +192,7 @@ def _multiset_from(diff_df: DataFrame, info: Table, target: Snapshots, src: list
     return _as_multiset(info, target, src, tgt)
 
 
-def _misplaced(tgt_df: DataFrame, info: Table, target: Snapshots) -> list[tuple[int, tuple[str | None, ...], str]]:
+def _misplaced(tgt_df: DataFrame, info: Table, target: Snapshots) -> list[tuple[int, Any, tuple[str | None, ...], str]]:
     """Target rows on a segment their distribution key does not name (routed in Spark)."""
     names = _names(info)
     key = [names[info.columns.index(c)] for c in info.distribution_key]
@@ -203,4 +204,4 @@ def _misplaced(tgt_df: DataFrame, info: Table, target: Snapshots) -> list[tuple[
             yield rows[rows[SEGMENT].to_numpy() != routed]
 
     wrong = tgt_df.mapInPandas(misplaced, schema=tgt_df.schema).collect()
-    return [(r[SEGMENT], tuple(r[c] for c in names), r[ROW_TEXT]) for r in wrong]
+    return [(r[SEGMENT], info.identifier, tuple(r[c] for c in names), r[ROW_TEXT]) for r in wrong]

@@ -1,0 +1,222 @@
+"""Validation of targets reached through a front door, on real servers: a plain
+PostgreSQL server read in one snapshot, and a Citus cluster read per shard placement on
+its workers, with placement checked against Citus's shard ranges."""
+
+import random
+import threading
+import uuid
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from gpcdc_toolkit.bootstrap import bootstrap
+from gpcdc_toolkit.cluster import COORDINATOR, CitusCluster, Session
+from gpcdc_toolkit.replay import Replayer
+from gpcdc_toolkit.sandbox import Sandbox
+from gpcdc_toolkit.validate import validate
+from gpcdc_toolkit.validate._checksum import compare_checksums
+from gpcdc_toolkit.validate._snapshots import Snapshots
+
+from .test_cli import gpcdc
+
+TABLE = ("public", "Door Items")
+COLUMNS = '("Id" bigint PRIMARY KEY, "select" text, amount numeric(20,4), ratio float8, doc jsonb) DISTRIBUTED BY ("Id")'
+KEYLESS = ("public", "door log")
+DOORS = ["postgres", pytest.param("citus", marks=pytest.mark.citus)]
+
+
+def _create(cluster, rows, log):
+    with cluster.session() as session:
+        session.ddl('DROP TABLE IF EXISTS "Door Items"')
+        session.ddl('DROP TABLE IF EXISTS "door log"')
+        session.ddl(f'CREATE TABLE "Door Items" {COLUMNS}')
+        session.ddl('CREATE TABLE "door log" (event text, n int) DISTRIBUTED BY (event)')
+        with session.transaction() as tx:
+            tx.insert(TABLE, rows)
+            tx.insert(KEYLESS, log)
+
+
+@pytest.fixture(scope="module", params=DOORS)
+def door(request, source, work_dir):
+    """(source, front-door target): both with the same two tables, equal."""
+    box = Sandbox(f"door-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2, flavour=request.param)
+    target = box.cluster()
+    rng = random.Random(7)
+    rows = [{"Id": i, "select": rng.choice(["", None, "x", "it's", 'say "hi"']),
+             "amount": f"{rng.randint(-10**6, 10**6)}.{rng.randint(0, 9999):04d}", "ratio": rng.random(),
+             "doc": '{"a": [1, 2], "b": null}'} for i in range(2000)]
+    log = [{"event": f"e{i % 40}", "n": i % 5} for i in range(400)]  # twins on purpose
+    for cluster in (source, target):
+        _create(cluster, rows, log)
+    try:
+        yield source, target
+    finally:
+        with Session(source) as session:
+            session.ddl('DROP TABLE IF EXISTS "Door Items"')
+            session.ddl('DROP TABLE IF EXISTS "door log"')
+        box.down(remove=True)
+
+
+@pytest.fixture(params=["checksum", "spark"])
+def compare(request):
+    if request.param == "checksum":
+        return compare_checksums
+    from gpcdc_toolkit.validate._spark import compare_spark
+
+    spark = request.getfixturevalue("spark")
+
+    def by_spark(source, target, table, fetch_rows=None):
+        with Snapshots(source) as s, Snapshots(target) as t:
+            return compare_spark(spark, s, t, source.table(table), target.table(table))
+    return by_spark
+
+
+def at_the_door(target, statement, params=()):
+    with target.coordinator_connection() as conn:
+        return conn.execute(sql.SQL(statement).format(sql.Identifier(*TABLE)), params).rowcount
+
+
+def apply(target, result):
+    """The fix, each section on the node it names (the door, or a Citus worker)."""
+    for content, statements in result.fix.items():
+        node = target.coordinator if content == COORDINATOR else target.segments[content]
+        with target.connect_node(node) as conn, conn.transaction():
+            for statement in statements:
+                conn.execute(statement)
+
+
+def test_a_front_door_target_is_read_where_its_rows_are_stored(door):
+    source, target = door
+    kind = "citus" if isinstance(target, CitusCluster) else "postgres"
+    assert target.kind == kind
+    # Plain PostgreSQL stores every row itself; Citus on its 2 workers, in shards.
+    assert len(target.segments) == (2 if kind == "citus" else 1)
+    for table in (TABLE, KEYLESS):
+        result = compare_checksums(source, target, table)
+        assert result.equal, result.diff.line()
+        assert (result.rounds, result.fetched, result.fix) == (1, 0, {})
+    assert compare_checksums(source, target, TABLE).diff.expected == 2000
+    if kind == "citus":
+        with Snapshots(target) as side:
+            counts = [conn.execute(sql.SQL("SELECT count(*) FROM {} t").format(
+                target.relation(node, target.table(TABLE)))).fetchone()[0] for node, conn in side.segments()]
+        assert sum(counts) == 2000 and all(counts), counts  # each worker holds some, none holds all
+
+
+def test_each_divergence_is_found_exactly_and_the_fix_at_the_door_makes_the_tables_equal(door, tmp_path, compare):
+    source, target = door
+    at_the_door(target, 'DELETE FROM {} WHERE "Id" = 5')
+    at_the_door(target, 'UPDATE {} SET amount = amount + 0.0001 WHERE "Id" = 6')
+    at_the_door(target, "UPDATE {} SET \"select\" = CASE WHEN \"select\" IS NULL THEN '' ELSE NULL END "
+                        'WHERE "Id" = 7')
+    at_the_door(target, 'UPDATE {} SET ratio = ratio * (1 + 1e-15) WHERE "Id" = 8')
+    at_the_door(target, "INSERT INTO {} (\"Id\", \"select\") VALUES (1000000, 'extra')")
+    result = compare(source, target, TABLE, fetch_rows=50)
+    diff = result.diff
+    assert (diff.missing, diff.extra, diff.changed, diff.misplaced) == (1, 1, 3, 0), diff.examples
+    assert diff.expected == 2000 and diff.actual == 2000
+    assert set(result.fix) == {COORDINATOR}, "every fix statement goes through the door"
+    result.write_fix(tmp_path / "fix.sql", target)
+    assert "-- node: coordinator" in (tmp_path / "fix.sql").read_text()
+    apply(target, result)
+    again = compare(source, target, TABLE)
+    assert again.equal, again.diff.examples
+
+
+def test_a_table_without_a_key_compares_as_a_multiset_at_the_door(door, compare):
+    source, target = door
+    with target.coordinator_connection() as conn:
+        conn.execute("DELETE FROM \"door log\" WHERE event = 'e1' AND ctid IN "
+                     "(SELECT ctid FROM \"door log\" WHERE event = 'e1' LIMIT 1)")
+        conn.execute("INSERT INTO \"door log\" VALUES ('e2', 2), ('e3', 3)")
+    result = compare(source, target, KEYLESS)
+    assert (result.diff.missing, result.diff.extra, result.diff.expected) == (1, 2, 400), result.diff.examples
+    apply(target, result)
+    assert compare(source, target, KEYLESS).equal
+
+
+@pytest.mark.parametrize("door", [pytest.param("citus", marks=pytest.mark.citus)], indirect=True)
+def test_a_row_in_a_shard_its_hash_does_not_name_is_found_by_the_worker_and_moved(door, compare):
+    source, target = door
+    info = target.table(TABLE)
+    placements = target._placements(info)
+    with target.coordinator_connection() as conn:
+        shard = conn.execute("SELECT shardid FROM pg_dist_shard WHERE logicalrelid = %s::regclass AND "
+                             "worker_hash(11::bigint) BETWEEN shardminvalue::int AND shardmaxvalue::int",
+                             (info.name,)).fetchone()[0]
+    home = next(p for p in placements if p[1].endswith(f"_{shard}"))
+    wrong = next(p for p in placements if p[0] != home[0])  # a shard on the other worker
+    with target.connect_node(target.segments[home[0]]) as conn:
+        row = conn.execute(sql.SQL('DELETE FROM {} WHERE "Id" = 11 RETURNING *').format(
+            sql.Identifier(info.parts[0], home[1]))).fetchone()
+    with target.connect_node(target.segments[wrong[0]]) as conn:
+        conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s)").format(
+            sql.Identifier(info.parts[0], wrong[1])), [*row[:4], psycopg.types.json.Jsonb(row[4])])
+    result = compare(source, target, TABLE)
+    assert (result.diff.missing, result.diff.extra, result.diff.changed, result.diff.misplaced) == (0, 0, 0, 1)
+    assert any("which its distribution key does not name" in e for e in result.diff.examples)
+    assert set(result.fix) == {wrong[0], COORDINATOR}  # deleted on that worker, inserted at the door
+    apply(target, result)
+    assert compare(source, target, TABLE).equal
+
+
+@pytest.mark.parametrize("replay_target", ["postgres", pytest.param("citus", marks=pytest.mark.citus)],
+                         indirect=True)
+def test_a_sync_point_taken_while_writers_run_verifies_a_front_door_target(source, replay_target, work_dir):
+    """The replayer pauses at the sync point at any target's door; the target read there
+    equals the source's cut; a row changed at the door afterwards is found, exit 1."""
+    box, config, pipeline, group = replay_target
+    table = f"sp door {uuid.uuid4().hex[:4]}"
+    with Session(source) as session:
+        session.ddl(f'CREATE TABLE "{table}" (id int PRIMARY KEY, n bigint) DISTRIBUTED BY (id)')
+        with session.transaction() as tx:
+            tx.insert(("public", table), [{"id": i, "n": 0} for i in [*range(30), *range(100, 110)]])
+    bootstrap(source, pipeline, "snapshot")
+    group.start()
+    target = box.cluster()
+    stop, failures, commits = threading.Event(), [], [0]
+
+    def write():
+        rng = random.Random(3)
+        with Session(source) as session:
+            while not stop.is_set():
+                with session.transaction() as tx:  # one- and two-phase, on the same keys
+                    for key in sorted(rng.sample(range(30), rng.choice((1, 2, 3)))):
+                        tx.update(("public", table), {"id": key}, {"n": rng.randint(0, 10**9)})
+                commits[0] += 1
+
+    def replay():
+        with Replayer(config) as replayer:
+            replayer.run(follow=True, should_stop=stop.is_set)
+
+    def guarded(fn):
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 (reported by the test)
+            failures.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(fn,)) for fn in (write, replay)]
+    for t in threads:
+        t.start()
+    settings = config.with_settings({"validate.expectations": False})
+    try:
+        runs = [validate(settings, tables=[("public", table)], source=source, target=target) for _ in range(2)]
+        for run in runs:
+            assert run.equal and run.verified, run.lines()
+            assert run.syncpoint["replay_hold_ms"] is not None and run.results[0].diff.expected == 40
+        assert runs[1].syncpoint["syncpoint"] > runs[0].syncpoint["syncpoint"]
+        with target.coordinator_connection() as conn:  # a key the writers leave alone
+            conn.execute(sql.SQL("UPDATE {} SET n = -1 WHERE id = 104").format(sql.Identifier("public", table)))
+        cli = gpcdc(work_dir, "--source-sandbox", "source", "--target-sandbox", box.name,
+                    "--kafka-bootstrap-servers", config.kafka.bootstrap_servers,
+                    "--kafka-topic-prefix", config.kafka.topic_prefix, "validate", "--tables", f'"{table}"',
+                    "--no-validate-expectations")
+        assert cli.returncode == 1, (cli.stdout, cli.stderr)
+        assert "1 changed" in cli.stdout, cli.stdout
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert not failures, failures
+    assert commits[0] > 0
