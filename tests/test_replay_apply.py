@@ -178,3 +178,47 @@ def test_a_target_refuses_the_replay_of_a_pipeline_bootstrapped_again(source, re
     target.down()
     line = one_line_error(gpcdc(work_dir, *flags))
     assert f"sandbox {target.name!r} does not answer" in line and f"gpcdc sandbox up --name {target.name}" in line
+
+
+@pytest.mark.parametrize("replay_target", TARGETS[1:], indirect=True)
+def test_a_front_door_table_of_another_shape_is_refused_in_one_line_before_anything_is_written(
+        source, replay_target, work_dir):
+    from gpcdc_toolkit.replay import STATE
+
+    target, config, pipeline, group = replay_target
+    table = f"shape_{uuid.uuid4().hex[:6]}"
+    with Session(source) as session:
+        session.ddl(f'CREATE TABLE {table} (id int PRIMARY KEY, "V" text) DISTRIBUTED BY (id)')
+        with session.transaction() as tx:
+            tx.insert(table, [{"id": 1, "V": "a"}])
+    bootstrap(source, pipeline, "snapshot")
+    group.start()  # the topics
+    with target.cluster().session() as door:
+        door.ddl(f'CREATE TABLE {table} (id int PRIMARY KEY, "V" int) DISTRIBUTED BY (id)')
+    flags = ["--source-sandbox", "source", "--target-sandbox", target.name, "--target-kind", "postgres",
+             "--kafka-bootstrap-servers", config.kafka.bootstrap_servers,
+             "--kafka-topic-prefix", config.kafka.topic_prefix, "replay", "--once"]
+    line = one_line_error(gpcdc(work_dir, *flags))
+    assert f"target table public.{table} has columns [('id', 'integer'), ('V', 'integer')] where the source has " \
+           "[('id', 'integer'), ('V', 'text')]" in line and "then replay again" in line, line
+    with target.cluster().coordinator_connection() as conn:
+        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (STATE,)).fetchone()[0]
+        assert not exists or conn.execute(f"SELECT count(*) FROM {STATE}").fetchone()[0] == 0
+        assert conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0
+
+
+def test_a_wrong_target_kind_or_an_unreachable_door_is_one_line(source, work_dir):
+    from gpcdc_toolkit.cluster import connect_target
+    from gpcdc_toolkit.errors import ClusterError, UnreachableError
+
+    gone = one_line_error(gpcdc(work_dir, "--target-dsn", "host=127.0.0.1 port=1 user=x dbname=y",
+                                "--target-kind", "postgres", "replay", "--once"))
+    assert "cannot reach target 127.0.0.1:1" in gone
+    refused = gpcdc(work_dir, "--target-sandbox", "source", "--target-kind", "postgres", "replay", "--once")
+    assert refused.returncode == 2
+    assert "target is sandbox 'source', a sandbox cluster, but target.kind is postgres" in one_line_error(refused)
+    with pytest.raises(ClusterError, match="is a sandbox's coordinator, whose tables hold no rows"):
+        connect_target(Sandbox("source", work_dir).dsn, "postgres")
+    with pytest.raises(UnreachableError):
+        connect_target("host=127.0.0.1 port=1 user=x dbname=y")
+    assert connect_target(Sandbox("source", work_dir).dsn).kind == "sandbox"

@@ -50,6 +50,7 @@ def prepare_target(session: WriteSession, snapshot: InitialSnapshot) -> None:
                                      fix="create it on the target by hand, empty, then replay again") from None
                 session.ddl(statement)
                 continue
+            _check_shape(session, snapshot, table)
             rows = session.cluster.fetch_all(f"SELECT 1 FROM {table} LIMIT 1")
             if rows:
                 raise ApplyError(f"target table {table} has rows; the initial load needs it empty",
@@ -70,3 +71,17 @@ def load_rows(tx: Writes, snapshot: InitialSnapshot) -> int:
         if batch:
             count += tx.insert(table, batch)
     return count
+
+
+def _check_shape(session: WriteSession, snapshot: InitialSnapshot, table: str) -> None:
+    """Refuse a target table whose columns, types or primary key differ from the source's."""
+    entry = snapshot.manifest["tables"][table]
+    have = session.table((entry["schema"], entry["name"])) if "schema" in entry else session.table(table)
+    want = (list(zip(entry["columns"], entry["types"])), list(entry["primary_key"]))
+    found = (list(zip(have.columns, have.types)), list(have.primary_key))
+    if want != found:
+        said = [f"columns {found[0]} where the source has {want[0]}" if want[0] != found[0] else "",
+                f"primary key {found[1]} where the source has {want[1]}" if want[1] != found[1] else ""]
+        raise ApplyError(f"target table {table} has {' and '.join(x for x in said if x)}",
+                         fix=f"make {table} on the target match the source (or drop it, and the initial load "
+                             "creates it), then replay again")
