@@ -205,6 +205,10 @@ def test_a_front_door_table_of_another_shape_is_refused_in_one_line_before_anyth
         exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (STATE,)).fetchone()[0]
         assert not exists or conn.execute(f"SELECT count(*) FROM {STATE}").fetchone()[0] == 0
         assert conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0
+    status = gpcdc(work_dir, *flags[:-2], "status")
+    kind = target.flavour
+    assert f"target: {kind} at 127.0.0.1:{target.nodes[0].port}" + (", 2 workers" if kind == "citus" else "") \
+        in status.stdout, status.stdout
 
 
 def test_a_wrong_target_kind_or_an_unreachable_door_is_one_line(source, work_dir):

@@ -26,10 +26,7 @@ _ESCAPES = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\
 
 
 def distributed_tables(cluster: Cluster) -> list[Table]:
-    with cluster.coordinator_connection() as conn:
-        names = [r[0] for r in conn.execute(
-            "SELECT localoid::regclass::text FROM gp_distribution_policy ORDER BY 1")]
-    return [cluster.table(name) for name in names]
+    return [cluster.table(name) for name in cluster.table_names()]
 
 
 def _type_oids(conn: psycopg.Connection[Any], table: Table) -> list[int]:

@@ -16,6 +16,7 @@ from ..capture import (
 )
 from ..config import Config
 from ..connect import kafka_client_settings, open_cluster
+from ..errors import GpcdcError
 from ..protocol import StartPoint, format_lsn
 from ._command import Command, say
 
@@ -123,6 +124,7 @@ class Status(Command):
         for r in rows:
             say(f"{r.node:>4} {r.worker:<14} {r.bytes_behind:>12} {r.seconds_behind:>8} {r.events:>10} "
                    f"{r.megabytes:>8.1f} {r.acked_lsn:>12} {r.last_commit:<24}")
+        say(f"target: {_target(config)}")
         troubled = [r for r in rows if r.state.startswith(("reconnecting", "waiting", "failed"))]
         for r in troubled:
             # A live worker that cannot reach Kafka, or one that stopped for good, says why.
@@ -134,3 +136,11 @@ class Status(Command):
                   f"(start them with `gpcdc capture start`)", file=sys.stderr)
             return 3
         return 3 if troubled else 0
+
+
+def _target(config: Config) -> str:
+    """The target as the replayer would write to it; one not reachable now is said, not fatal."""
+    try:
+        return open_cluster(config, "target").describe()
+    except GpcdcError as e:
+        return f"{config.target.describe()}, not reachable now ({e.message})"

@@ -128,6 +128,15 @@ class Cluster:
     def segment_count(self) -> int:
         return len(self.segments)
 
+    def describe(self) -> str:
+        """What the cluster is, for a person: its kind and where its rows are stored."""
+        return f"{self.kind}, {self.segment_count} segments, coordinator {self.coordinator.host}:{self.coordinator.port}"
+
+    def table_names(self) -> list[str]:
+        """The names (as SQL names them) of the tables that hold distributed data."""
+        with self.coordinator_connection() as conn:
+            return [r[0] for r in conn.execute("SELECT localoid::regclass::text FROM gp_distribution_policy ORDER BY 1")]
+
     def dsn(self, node: Node, **overrides: Any) -> str:
         params = conninfo.conninfo_to_dict(self.coordinator_dsn)
         params.update(host=node.host, port=str(node.port), **overrides)

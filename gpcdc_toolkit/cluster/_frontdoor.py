@@ -47,6 +47,19 @@ class FrontDoor(Cluster):
             return self.coordinator_dsn  # the door as given (hostaddr, service, sockets)
         return super().dsn(node, **overrides)
 
+    def describe(self) -> str:
+        return f"{self.kind} at {self.coordinator.host}:{self.coordinator.port}" + (
+            f", {self.segment_count} workers" if self.kind == "citus" else "")
+
+    def table_names(self) -> list[str]:
+        """Every ordinary or partitioned table outside the system's and Citus's schemas."""
+        with self.coordinator_connection() as conn:
+            return [r[0] for r in conn.execute(
+                "SELECT c.oid::regclass::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition AND n.nspname NOT LIKE 'pg\\_%' "
+                "AND n.nspname NOT IN ('information_schema', 'citus', 'citus_internal', 'columnar', "
+                "'columnar_internal') ORDER BY 1")]
+
     # -- writing ------------------------------------------------------------------------
     def session(self) -> FrontDoorSession:
         return FrontDoorSession(self)
