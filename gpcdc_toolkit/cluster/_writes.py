@@ -8,6 +8,7 @@ one connection of a front door, which routes rows itself.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
@@ -85,13 +86,9 @@ class Writes:
         count = 0
         for segment, seg_rows in by_segment.items():
             columns = list(seg_rows[0])
-            query = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
-                table.identifier,
-                sql.SQL(", ").join(map(sql.Identifier, columns)),
-                sql.SQL(", ").join(sql.Placeholder() * len(columns)),
-            )
-            with self._segment(segment).cursor() as cur:
-                cur.executemany(query, [[r[c] for c in columns] for r in seg_rows])
+            head = sql.SQL("INSERT INTO {} ({}) VALUES ").format(
+                table.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)))
+            _values(self._segment(segment), head, columns, seg_rows, sql.SQL(""))
             count += len(seg_rows)
         return count
 
@@ -140,8 +137,8 @@ class Writes:
         return self._segment(self.route(table, key)).execute(query, params).rowcount
 
     def upsert(self, table_name: TableRef, rows: Iterable[Mapping[str, Any]]) -> int:
-        """Insert rows, or overwrite the row with the same primary key; in bulk, one
-        pipelined statement per segment and column set. Returns the rows written."""
+        """Insert rows, or overwrite the row with the same primary key; in bulk, multi-row
+        statements per segment and column set. Returns the rows written."""
         table = self.session.table(table_name)
         if not table.primary_key:
             raise DistributedTransactionError(f"cannot upsert into {table.name}: it has no primary key")
@@ -152,12 +149,11 @@ class Writes:
             others = [c for c in columns if c not in table.primary_key]
             action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
                 sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in others)) if others else sql.SQL("DO NOTHING")
-            query = sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) {}").format(
-                table.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)),
-                sql.SQL(", ").join(sql.Placeholder() * len(columns)),
-                sql.SQL(", ").join(map(sql.Identifier, table.primary_key)), action)
-            with self._segment(segment).cursor() as cur:
-                cur.executemany(query, [[r[c] for c in columns] for r in seg_rows])
+            head = sql.SQL("INSERT INTO {} ({}) VALUES ").format(
+                table.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)))
+            tail = sql.SQL(" ON CONFLICT ({}) {}").format(sql.SQL(", ").join(map(sql.Identifier, table.primary_key)),
+                                                          action)
+            _values(self._segment(segment), head, list(columns), seg_rows, tail)
         return sum(len(r) for r in groups.values())
 
     def delete_keys(self, table_name: TableRef, keys: Iterable[Mapping[str, Any]]) -> None:
@@ -172,6 +168,29 @@ class Writes:
             query = sql.SQL("DELETE FROM {} WHERE {}").format(table.identifier, where)
             with self._segment(segment).cursor() as cur:
                 cur.executemany(query, [[k[c] for c in columns] for k in seg_keys])
+
+
+# Rows per multi-row INSERT: one statement carries many rows (far cheaper than a
+# statement per row, even pipelined), within the protocol's 65,535 parameters.
+_ROWS_PER_STATEMENT = 1000
+_MAX_PARAMETERS = 65_535
+
+
+def _values(conn: psycopg.Connection[Any], head: sql.Composable, columns: Sequence[str],
+            rows: Sequence[Mapping[str, Any]], tail: sql.Composable) -> None:
+    """``head VALUES (row), (row), ... tail`` for every row, in as few statements as the
+    parameter limit allows (one statement text per chunk size, so the server prepares it)."""
+    per = max(1, min(_ROWS_PER_STATEMENT, _MAX_PARAMETERS // max(1, len(columns))))
+    around = (head.as_bytes(conn), tail.as_bytes(conn))
+    for start in range(0, len(rows), per):
+        chunk = rows[start:start + per]
+        conn.execute(_statement(*around, len(columns), len(chunk)), [r[c] for r in chunk for c in columns])
+
+
+@functools.lru_cache(maxsize=256)
+def _statement(head: bytes, tail: bytes, columns: int, rows: int) -> bytes:
+    row = b"(" + b", ".join([b"%s"] * columns) + b")"
+    return head + b", ".join([row] * rows) + tail
 
 
 class WriteSession(Catalog, Protocol):

@@ -144,10 +144,31 @@ _ITEMS = {"segments": int, "prepared": int, "unchanged": str}
 _INT32 = frozenset({"segment", "seq", "event_count", "ddl_count", "segments"})
 
 
+# Per field: the exact types it may have (bool is an int to Python, never to the
+# protocol), and the range of its integers.
+_EXACT = {name: frozenset(allowed) for name, allowed in (*_TYPES.items(), *_SOURCE_TYPES.items())}
+_BOUND = {name: 1 << (31 if name in _INT32 else 63) for name in _EXACT}
+
+
 def _out_of_range(name: str, value: Any) -> bool:
-    bits = 31 if name in _INT32 else 63
+    bound = _BOUND.get(name, 1 << 63)
     values = value if isinstance(value, list) else [value]
-    return any(isinstance(v, int) and not -(1 << bits) <= v < (1 << bits) for v in values)
+    return any(type(v) is int and not -bound <= v < bound for v in values)
+
+
+def _field_problem(what: str, holder: Mapping[str, Any], types: Mapping[str, tuple[type, ...]]) -> str | None:
+    """The first field of ``holder`` of a wrong type or out of range (checked in the
+    order the message has them: a message has fewer fields than are known)."""
+    for name, field in holder.items():
+        if name not in types:
+            continue
+        if type(field) not in _EXACT[name]:
+            return f"{what} whose {name} is {type(field).__name__} {str(field)[:40]!r}"
+        if type(field) is int:
+            bound = _BOUND[name]
+            if not -bound <= field < bound:
+                return f"{what} whose {name} {str(field)[:40]} is out of range"
+    return None
 
 
 def problem_of(value: Any) -> str | None:
@@ -165,13 +186,9 @@ def problem_of(value: Any) -> str | None:
         for name in required:
             if name not in holder:
                 return f"{what} without {name}"
-        for name, allowed in types.items():
-            field = holder.get(name)
-            # bool is an int to Python, never to the protocol.
-            if name in holder and (not isinstance(field, allowed) or (isinstance(field, bool) and bool not in allowed)):
-                return f"{what} whose {name} is {type(field).__name__} {str(field)[:40]!r}"
-            if name in holder and _out_of_range(name, field):
-                return f"{what} whose {name} {str(field)[:40]} is out of range"
+        problem = _field_problem(what, holder, types)
+        if problem is not None:
+            return problem
     for name, wanted in _ITEMS.items():
         items = value.get(name)
         if isinstance(items, list) and not all(isinstance(i, wanted) and not isinstance(i, bool) for i in items):
