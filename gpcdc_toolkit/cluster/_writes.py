@@ -170,21 +170,27 @@ class Writes:
                 cur.executemany(query, [[k[c] for c in columns] for k in seg_keys])
 
 
-# Rows per multi-row INSERT: one statement carries many rows (far cheaper than a
-# statement per row, even pipelined), within the protocol's 65,535 parameters.
-_ROWS_PER_STATEMENT = 1000
-_MAX_PARAMETERS = 65_535
+# Rows per INSERT statement: as many as keep its parameters within the number whose
+# parsing psycopg caches (50); such statements go pipelined, one executemany per chunk
+# size. One statement per row costs a protocol round of its own per row; one statement
+# of thousands of rows is parsed again, in Python, at every execution.
+_CACHED_PARAMETERS = 50
 
 
 def _values(conn: psycopg.Connection[Any], head: sql.Composable, columns: Sequence[str],
             rows: Sequence[Mapping[str, Any]], tail: sql.Composable) -> None:
-    """``head VALUES (row), (row), ... tail`` for every row, in as few statements as the
-    parameter limit allows (one statement text per chunk size, so the server prepares it)."""
-    per = max(1, min(_ROWS_PER_STATEMENT, _MAX_PARAMETERS // max(1, len(columns))))
+    """``head VALUES (row), (row), ... tail`` for every row, a few rows per statement."""
+    per = max(1, _CACHED_PARAMETERS // max(1, len(columns)))
     around = (head.as_bytes(conn), tail.as_bytes(conn))
-    for start in range(0, len(rows), per):
-        chunk = rows[start:start + per]
-        conn.execute(_statement(*around, len(columns), len(chunk)), [r[c] for r in chunk for c in columns])
+    whole = len(rows) - len(rows) % per
+    chunks = [rows[i:i + per] for i in range(0, whole, per)]
+    with conn.cursor() as cur:
+        if chunks:
+            cur.executemany(_statement(*around, len(columns), per),
+                            [[r[c] for r in chunk for c in columns] for chunk in chunks])
+        if whole < len(rows):
+            rest = rows[whole:]
+            cur.execute(_statement(*around, len(columns), len(rest)), [r[c] for r in rest for c in columns])
 
 
 @functools.lru_cache(maxsize=256)
