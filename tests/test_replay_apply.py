@@ -141,12 +141,22 @@ def test_a_table_without_a_primary_key_replays_twins_and_nulls(source, replay_ta
             tx.execute(segment_for([2], 3), f"DELETE FROM {table} WHERE a = 2")
             tx.update(table, {"a": 3, "b": "y"}, {"a": 30})
             tx.execute(segment_for([4], 3), f"UPDATE {table} SET b = 'v' WHERE a = 4")
+        # A table whose every column is its distribution key, updated to what it holds:
+        # the replayed update has nothing to set, yet must find its row.
+        session.ddl(f"CREATE TABLE {table}_tags (tag text) DISTRIBUTED BY (tag)")
+        session.ddl(f"ALTER TABLE {table}_tags REPLICA IDENTITY FULL")
+        with session.transaction() as tx:
+            tx.insert(f"{table}_tags", [{"tag": "t"}, {"tag": "t"}, {"tag": "u"}])
+        with session.transaction() as tx:
+            tx.execute(segment_for(["t"], 3), f"UPDATE {table}_tags SET tag = tag WHERE tag = 't'")
     wait_until_acknowledged(source, pipeline.slot)
     with Replayer(config) as replayer:
         replayer.run()
     target_rows = sorted(sum(target.cluster().rows_by_segment(table).values(), []), key=repr)
     source_rows = sorted(sum(source.rows_by_segment(table).values(), []), key=repr)
     assert target_rows == source_rows == sorted([(1, "w"), (1, "x"), (30, "y"), (4, "v")], key=repr)
+    tags = sorted(sum(target.cluster().rows_by_segment(f"{table}_tags").values(), []))
+    assert tags == sorted(sum(source.rows_by_segment(f"{table}_tags").values(), [])) == [("t",), ("t",), ("u",)]
 
 
 def test_a_target_refuses_the_replay_of_a_pipeline_bootstrapped_again(source, replay_target, work_dir):

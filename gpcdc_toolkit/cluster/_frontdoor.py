@@ -24,7 +24,7 @@ from psycopg import conninfo, sql
 from ..errors import ClusterError, DistributedTransactionError, GpcdcError
 from ..protocol import COORDINATOR, DdlError, parse_create_table
 from ._cluster import Cluster, Node, Table, TableRef, _where, connect_dsn
-from ._writes import Statement, Writes
+from ._writes import Writes
 
 
 class FrontDoor(Cluster):
@@ -36,11 +36,10 @@ class FrontDoor(Cluster):
 
     @classmethod
     def connect(cls, dsn: str) -> FrontDoor:
-        params = conninfo.conninfo_to_dict(dsn)
-        host, port = str(params.get("host") or "localhost"), int(params.get("port") or 5432)
         with connect_dsn(dsn, f"target {_where(dsn)}", autocommit=True):
             pass  # reachable; a front door needs no catalog of its own
-        return cls(dsn, [Node(COORDINATOR, host, port, ""), Node(0, host, port, "")])
+        door = _door(dsn)
+        return cls(dsn, [door, Node(0, door.host, door.port, "")])
 
     def dsn(self, node: Node, **overrides: Any) -> str:
         if node.host == self.coordinator.host and node.port == self.coordinator.port and not overrides:
@@ -48,8 +47,7 @@ class FrontDoor(Cluster):
         return super().dsn(node, **overrides)
 
     def describe(self) -> str:
-        return f"{self.kind} at {self.coordinator.host}:{self.coordinator.port}" + (
-            f", {self.segment_count} workers" if self.kind == "citus" else "")
+        return f"{self.kind} at {self.coordinator.host}:{self.coordinator.port}"
 
     def table_names(self) -> list[str]:
         """Every ordinary or partitioned table outside the system's and Citus's schemas."""
@@ -93,6 +91,8 @@ class FrontDoor(Cluster):
         with self.coordinator_connection() as conn:
             return conn.execute(query, params).fetchall()
 
+    # Read at the door, which sees every store's rows: keyed by the door (-1). A Citus
+    # worker's copy of a distributed table is a shell that would read every worker.
     def rows_by_segment(self, table: str) -> dict[int, list[tuple[Any, ...]]]:
         return {COORDINATOR: self.fetch_all(sql.SQL("SELECT * FROM {}").format(self.table(table).identifier))}
 
@@ -106,30 +106,32 @@ class FrontDoor(Cluster):
 
 
 class CitusCluster(FrontDoor):
-    """A Citus coordinator and its workers: hash-distributed tables split into shards,
-    each shard placed on a worker group (``pg_dist_shard``, ``pg_dist_placement``,
-    ``pg_dist_node``). The workers are the stores, numbered 0..N-1 by group id."""
+    """A Citus coordinator and its workers: distributed tables split into shards, each
+    shard placed on a node group (``pg_dist_shard``, ``pg_dist_placement``,
+    ``pg_dist_node``). The stores are the active primary nodes, numbered 0..N-1 by group
+    id: the workers, and the coordinator itself (group 0) where it is registered, since
+    it may hold shards (reference tables, or a single-node cluster)."""
 
     kind = "citus"
 
     def __init__(self, coordinator_dsn: str, nodes: Sequence[Node], groups: Mapping[int, int]) -> None:
         super().__init__(coordinator_dsn, nodes)
-        self.groups = dict(groups)  # worker group id -> store (segment) content
+        self.groups = dict(groups)  # node group id -> store (segment) content
 
     @classmethod
     def connect(cls, dsn: str) -> CitusCluster:
-        params = conninfo.conninfo_to_dict(dsn)
-        host, port = str(params.get("host") or "localhost"), int(params.get("port") or 5432)
         with connect_dsn(dsn, f"Citus coordinator {_where(dsn)}", autocommit=True) as conn:
-            workers = conn.execute(
-                "SELECT groupid, nodename, nodeport FROM pg_dist_node WHERE noderole = 'primary' AND isactive "
-                "AND groupid <> 0 ORDER BY groupid").fetchall()
-        if not workers:
-            raise ClusterError(f"the Citus coordinator {_where(dsn)} has no active primary workers in pg_dist_node",
+            stores = conn.execute("SELECT groupid, nodename, nodeport FROM pg_dist_node "
+                                  "WHERE noderole = 'primary' AND isactive ORDER BY groupid").fetchall()
+        if not stores:
+            raise ClusterError(f"the Citus coordinator {_where(dsn)} lists no active primary node in pg_dist_node",
                                fix="add workers with citus_add_node(host, port)")
-        nodes = [Node(COORDINATOR, host, port, "")]
-        nodes += [Node(i, str(h), int(p), "") for i, (_group, h, p) in enumerate(workers)]
-        return cls(dsn, nodes, {int(group): i for i, (group, _h, _p) in enumerate(workers)})
+        nodes = [_door(dsn), *(Node(i, str(h), int(p), "") for i, (_group, h, p) in enumerate(stores))]
+        return cls(dsn, nodes, {int(group): i for i, (group, _h, _p) in enumerate(stores)})
+
+    def describe(self) -> str:
+        workers = sum(group != 0 for group in self.groups)
+        return f"{super().describe()}, {workers} workers"
 
     def resolve_in_doubt(self) -> tuple[list[str], list[str]]:
         # Citus's own recovery: a worker's prepared part whose gid the coordinator's
@@ -160,28 +162,30 @@ class CitusCluster(FrontDoor):
                              "WHERE logicalrelid = %s AND partmethod = 'h'", (oid,)).fetchone()
         return (str(found[0]),) if found else ()
 
-    def _placements(self, info: Table) -> list[tuple[int, str, int, int]]:
-        """Each shard of a table: (store content, shard name, hash range low, high)."""
+    def _placements(self, info: Table) -> list[tuple[int, sql.Composable, int, int]]:
+        """Each shard of a table: (store content, the shard's relation, hash range low,
+        high). The shard's name is Citus's own (``shard_name``: qualified and quoted,
+        shortened as Citus shortens long ones)."""
         with self.coordinator_connection() as conn:
+            # One placement of each shard: a reference table's shard, or a shard kept
+            # in several copies, is read once.
             rows = conn.execute(
-                "SELECT p.groupid, s.shardid, s.shardminvalue::bigint, s.shardmaxvalue::bigint "
-                "FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid) "
-                "WHERE s.logicalrelid = %s::regclass AND p.shardstate = 1 ORDER BY s.shardid",
-                (info.name,)).fetchall()
+                "SELECT DISTINCT ON (s.shardid) p.groupid, shard_name(s.logicalrelid, s.shardid), "
+                "s.shardminvalue::bigint, s.shardmaxvalue::bigint FROM pg_dist_shard s "
+                "JOIN pg_dist_placement p USING (shardid) WHERE s.logicalrelid = %s::regclass AND p.shardstate = 1 "
+                "ORDER BY s.shardid, p.groupid", (info.name,)).fetchall()
         if not rows:
             raise ClusterError(f"{info.name} has no shard placements on the Citus workers",
                                fix="distribute it with create_distributed_table()")
         unknown = sorted({g for g, *_ in rows if g not in self.groups})
         if unknown:
-            raise ClusterError(f"shards of {info.name} are placed on groups {unknown}, which are not active workers",
+            raise ClusterError(f"shards of {info.name} are placed on groups {unknown}, which are not active nodes",
                                fix="move them to workers with citus_move_shard_placement(), or activate the nodes")
-        schema, name = info.parts
-        return [(self.groups[group], f"{name}_{shard}", low, high) for group, shard, low, high in rows]
+        return [(self.groups[group], sql.SQL(shard), low, high) for group, shard, low, high in rows]
 
     def relation(self, node: Node, info: Table) -> sql.Composable:
         """The table's rows stored on a worker: its shard placements, together."""
-        schema = info.parts[0]
-        shards = [sql.SQL("SELECT * FROM {}").format(sql.Identifier(schema, shard))
+        shards = [sql.SQL("SELECT * FROM {}").format(shard)
                   for content, shard, _low, _high in self._placements(info) if content == node.content]
         if not shards:  # a worker without a placement of the table: no rows, of the table's type
             shards = [sql.SQL("SELECT {} WHERE false").format(sql.SQL(", ").join(
@@ -198,11 +202,20 @@ class CitusCluster(FrontDoor):
         out: list[tuple[sql.Composable, tuple[Any, ...]]] = []
         for content, shard, low, high in self._placements(info):
             if content == node.content:
-                relation = sql.Identifier(info.parts[0], shard)
-                out += [(relation, row) for row in conn.execute(
+                out += [(shard, row) for row in conn.execute(
                     sql.SQL("SELECT {} FROM {} t WHERE worker_hash({}) NOT BETWEEN %s AND %s").format(
-                        select, relation, column), (low, high)).fetchall()]
+                        select, shard, column), (low, high)).fetchall()]
         return out
+
+
+def _door(dsn: str) -> Node:
+    """The door's node, from its DSN (the first host of several)."""
+    params = conninfo.conninfo_to_dict(dsn)
+    host = str(params.get("host") or params.get("hostaddr") or "localhost").split(",")[0]
+    port = str(params.get("port") or "5432").split(",")[0]
+    if not port.isdigit():
+        raise ClusterError(f"the target DSN's port {port!r} is not a number", fix="correct the DSN")
+    return Node(COORDINATOR, host, int(port), "")
 
 
 class FrontDoorSession:
@@ -308,4 +321,4 @@ class LocalTransaction(Writes):
                 self._conn.close()  # a lost connection ended the transaction with it
 
 
-__all__ = ["FrontDoor", "CitusCluster", "FrontDoorSession", "LocalTransaction", "Statement"]
+__all__ = ["FrontDoor", "CitusCluster", "FrontDoorSession", "LocalTransaction"]

@@ -80,17 +80,14 @@ class Writes:
     def insert(self, table_name: TableRef, rows: Iterable[Mapping[str, Any]]) -> int:
         """Insert rows (mappings of column to value); returns the number inserted."""
         table = self.session.table(table_name)
-        by_segment: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
+        groups: dict[tuple[int, tuple[str, ...]], list[Mapping[str, Any]]] = defaultdict(list)
         for row in rows:
-            by_segment[self.route(table, row)].append(row)
-        count = 0
-        for segment, seg_rows in by_segment.items():
-            columns = list(seg_rows[0])
+            groups[(self.route(table, row), tuple(row))].append(row)
+        for (segment, columns), seg_rows in groups.items():
             head = sql.SQL("INSERT INTO {} ({}) VALUES ").format(
                 table.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)))
             _values(self._segment(segment), head, columns, seg_rows, sql.SQL(""))
-            count += len(seg_rows)
-        return count
+        return sum(len(r) for r in groups.values())
 
     def _where(self, table: Table, key: Mapping[str, Any]) -> tuple[sql.Composable, list[Any]]:
         missing = [c for c in table.distribution_key if c not in key]
@@ -112,12 +109,9 @@ class Writes:
         old_segment = self.route(table, key)
         new_key = {c: values.get(c, key[c]) for c in table.distribution_key}
         if not self.moves(table, key, new_key):
-            query = sql.SQL("UPDATE {} SET {} WHERE {}").format(
-                table.identifier,
-                sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in values),
-                where,
-            )
-            return self._segment(old_segment).execute(query, [*values.values(), *params]).rowcount
+            assign, values_set = assignments(table, key, values)
+            query = sql.SQL("UPDATE {} SET {} WHERE {}").format(table.identifier, assign, where)
+            return self._segment(old_segment).execute(query, [*values_set, *params]).rowcount
         # As PostgreSQL's text: written back, every type reads as it was (a jsonb string,
         # an array, bytes), which Python values of some types would not.
         deleted = self.execute(
@@ -168,6 +162,18 @@ class Writes:
             query = sql.SQL("DELETE FROM {} WHERE {}").format(table.identifier, where)
             with self._segment(segment).cursor() as cur:
                 cur.executemany(query, [[k[c] for c in columns] for k in seg_keys])
+
+
+def assignments(table: Table, old: Mapping[str, Any], values: Mapping[str, Any]) -> tuple[sql.Composable, list[Any]]:
+    """The ``SET`` list writing ``values`` over a row that held ``old``. A distribution-key
+    column whose value stays is left out, since a front door (Citus) refuses to set one
+    at all; an update left with nothing to set sets a column to itself, so that it still
+    finds, and counts, its row."""
+    changed = {c: v for c, v in values.items() if c not in table.distribution_key or c not in old or v != old[c]}
+    if not changed:
+        return sql.SQL("{0} = {0}").format(sql.Identifier(next(iter(values), table.columns[0]))), []
+    return (sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in changed),
+            list(changed.values()))
 
 
 # Rows per INSERT statement: as many as keep its parameters within the number whose

@@ -144,10 +144,11 @@ _ITEMS = {"segments": int, "prepared": int, "unchanged": str}
 _INT32 = frozenset({"segment", "seq", "event_count", "ddl_count", "segments"})
 
 
-# Per field: the exact types it may have (bool is an int to Python, never to the
-# protocol), and the range of its integers.
-_EXACT = {name: frozenset(allowed) for name, allowed in (*_TYPES.items(), *_SOURCE_TYPES.items())}
-_BOUND = {name: 1 << (31 if name in _INT32 else 63) for name in _EXACT}
+# Per field of a message, and of a row event's source: the exact types it may have (bool
+# is an int to Python, never to the protocol), and the range of its integers.
+_EXACT = {name: frozenset(allowed) for name, allowed in _TYPES.items()}
+_SOURCE_EXACT = {name: frozenset(allowed) for name, allowed in _SOURCE_TYPES.items()}
+_BOUND = {name: 1 << (31 if name in _INT32 else 63) for name in (*_TYPES, *_SOURCE_TYPES)}
 
 
 def _out_of_range(name: str, value: Any) -> bool:
@@ -156,13 +157,14 @@ def _out_of_range(name: str, value: Any) -> bool:
     return any(type(v) is int and not -bound <= v < bound for v in values)
 
 
-def _field_problem(what: str, holder: Mapping[str, Any], types: Mapping[str, tuple[type, ...]]) -> str | None:
+def _field_problem(what: str, holder: Mapping[str, Any], exact: Mapping[str, frozenset[type]]) -> str | None:
     """The first field of ``holder`` of a wrong type or out of range (checked in the
     order the message has them: a message has fewer fields than are known)."""
     for name, field in holder.items():
-        if name not in types:
+        allowed = exact.get(name)
+        if allowed is None:
             continue
-        if type(field) not in _EXACT[name]:
+        if type(field) not in allowed:
             return f"{what} whose {name} is {type(field).__name__} {str(field)[:40]!r}"
         if type(field) is int:
             bound = _BOUND[name]
@@ -179,9 +181,9 @@ def problem_of(value: Any) -> str | None:
     kind = kind_of(value)
     if kind is None:
         return "no kind of the protocol (no op, status, type or resolved field)"
-    checks = [(f"a {kind} message", value, _REQUIRED[kind], _TYPES)]
+    checks = [(f"a {kind} message", value, _REQUIRED[kind], _EXACT)]
     if kind == "row" and isinstance(value.get("source"), dict):
-        checks.append(("a row event's source", value["source"], _SOURCE_REQUIRED, _SOURCE_TYPES))
+        checks.append(("a row event's source", value["source"], _SOURCE_REQUIRED, _SOURCE_EXACT))
     for what, holder, required, types in checks:
         for name in required:
             if name not in holder:

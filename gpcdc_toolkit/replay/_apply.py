@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..cluster import Cluster, Table, Writes, quoted
+from ..cluster import Cluster, Table, Writes, assignments, quoted
 from ..errors import ClusterError, GpcdcError, StreamError
 from ..protocol import Topics
 from ._compact import compact, table_of
@@ -202,8 +202,10 @@ class Applier:
             raise ApplyError(f"{_what(batch)} is recorded as applied already: another replayer of pipeline "
                              f"{self.pipeline!r} writes to this target", fix="run one replayer per pipeline and target") from None
         except psycopg.Error as e:  # raised by a statement, so the transaction was rolled back
+            fix = (f"give the target the same change by hand (its way), then replay again with --skip-ddl "
+                   f"{batch[0].gxid}" if ddl else "make the target's tables match the source's, then replay again")
             raise ApplyError(f"{_what(batch)} failed on the target, and nothing of it was applied: {_first_line(e)}",
-                             fix="make the target's tables match the source's, then replay again") from None
+                             fix=fix) from None
         self.stats.transactions += len(batch)
         self.stats.batches += 1
         self.stats.last_commit_ts_ms = max(self.stats.last_commit_ts_ms, *(commit_ts_ms(w) for w in batch))
@@ -313,11 +315,9 @@ class Applier:
         if tx.moves(table, old, new):  # out of one segment (or shard), into another
             tx.execute(segment, sql.SQL("DELETE FROM {} WHERE {} RETURNING 1").format(table.identifier, match), params)
             return tx.insert(table.parts, [new])
-        # An unchanged distribution key is left out: a front door may refuse to set one at all.
-        changed = {c: v for c, v in new.items() if c not in table.distribution_key or v != old[c]}
-        update = sql.SQL("UPDATE {} SET {} WHERE {} RETURNING 1").format(
-            table.identifier, sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in changed), match)
-        return len(tx.execute(segment, update, [*changed.values(), *params]))
+        assign, values = assignments(table, old, new)
+        update = sql.SQL("UPDATE {} SET {} WHERE {} RETURNING 1").format(table.identifier, assign, match)
+        return len(tx.execute(segment, update, [*values, *params]))
 
     def _table(self, table: tuple[str, str], gxid: int | None) -> Table:
         try:

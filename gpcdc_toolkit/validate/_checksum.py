@@ -141,7 +141,7 @@ def _digests(side: Snapshots, info: Table, hashed: sql.Composable, level: int,
         params: list[Any] = []
         query = _within(sql.SQL("SELECT {} AS prefix, count(*), sum(gpcdc_row_hash)::text "
                                 "FROM (SELECT {} AS gpcdc_row_hash FROM {} t) s").format(
-            _prefix(shift), hashed, side.cluster.relation(node, info)), parents, params)
+            _prefix(shift), hashed, side.relation(node, info)), parents, params)
         if level:
             query = sql.SQL("{} GROUP BY 1").format(query)
         queries.append((conn, query, params))
@@ -178,7 +178,7 @@ def _fetch(side: Snapshots, info: Table, hashed: sql.Composable,
         for node, conn in side.segments():
             params: list[Any] = []
             query = _within(sql.SQL("SELECT {}, {} FROM (SELECT *, {} AS gpcdc_row_hash FROM {} t) s").format(
-                columns, _row(info), hashed, side.cluster.relation(node, info)), [c for c in chunks if c.shift == shift],
+                columns, _row(info), hashed, side.relation(node, info)), [c for c in chunks if c.shift == shift],
                 params)
             queries.append((conn, query, params))
     return queries

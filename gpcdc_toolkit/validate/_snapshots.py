@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..cluster import Cluster, Node
+from ..cluster import Cluster, Node, Table
 from ..errors import GpcdcError
 from ..protocol import parse_lsn
 
@@ -31,6 +31,7 @@ class Snapshots:
         self.cluster = cluster
         self.names: dict[int, str] = {}  # segment content -> exported snapshot name
         self._connections: dict[int, psycopg.Connection[Any]] = {}
+        self._relations: dict[tuple[int, str], sql.Composable] = {}
         self._begun = False
         try:
             for node in cluster.segments:
@@ -69,6 +70,14 @@ class Snapshots:
             self.names[content] = name
             lsns[content] = parse_lsn(lsn)
         return lsns
+
+    def relation(self, node: Node, info: Table) -> sql.Composable:
+        """What holds ``info``'s rows on ``node`` (``Cluster.relation``), asked once per
+        table: every read of this side sees the same placement of its rows."""
+        key = (node.content, info.name)
+        if key not in self._relations:
+            self._relations[key] = self.cluster.relation(node, info)
+        return self._relations[key]
 
     @property
     def server_version(self) -> int:

@@ -108,7 +108,7 @@ def read_side(spark: Any, side: Snapshots, info: Table) -> DataFrame:
 
     columns = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.columns)
     slices = [[node.content, side.cluster.dsn(node), side.names[node.content],
-               sql.SQL("SELECT {}, {} FROM {} t").format(columns, _row(info), side.cluster.relation(node, info))
+               sql.SQL("SELECT {}, {} FROM {} t").format(columns, _row(info), side.relation(node, info))
                .as_string(conn)] for node in side.cluster.segments]
     schema = ", ".join([f"{SEGMENT} int", *(f"{c} string" for c in _names(info)), f"{ROW_TEXT} string"])
     frame: DataFrame = (spark.read.format(NAME).option("slices", json.dumps(slices)).option("schema", schema).load())
