@@ -138,3 +138,21 @@ def replay_target(request, source, broker, work_dir):
         group.stop()
         drop_slots(source, pipeline.slot, publication=pipeline.publication)
         target.down(remove=True)
+
+
+@pytest.fixture(params=["checksum", "spark"])
+def compare(request):
+    """compare(source, target, table, **options) by one mode or the other."""
+    from gpcdc_toolkit.validate._checksum import compare_checksums
+
+    if request.param == "checksum":
+        return compare_checksums
+    from gpcdc_toolkit.validate._snapshots import Snapshots
+    from gpcdc_toolkit.validate._spark import compare_spark
+
+    spark = request.getfixturevalue("spark")
+
+    def by_spark(source, target, table, fetch_rows=None):
+        with Snapshots(source) as s, Snapshots(target) as t:
+            return compare_spark(spark, s, t, source.table(table), target.table(table))
+    return by_spark

@@ -62,22 +62,6 @@ def apply(target, result):
                 conn.execute(statement)
 
 
-@pytest.fixture(params=["checksum", "spark"])
-def compare(request):
-    """compare(source, target, table, **options) by one mode or the other."""
-    if request.param == "checksum":
-        return compare_checksums
-    from gpcdc_toolkit.validate._snapshots import Snapshots
-    from gpcdc_toolkit.validate._spark import compare_spark
-
-    spark = request.getfixturevalue("spark")
-
-    def by_spark(source, target, table, fetch_rows=None):
-        with Snapshots(source) as s, Snapshots(target) as t:
-            return compare_spark(spark, s, t, source.table(table), target.table(table))
-    return by_spark
-
-
 def test_equal_tables_are_equal_in_one_round_with_no_row_fetched(clusters):
     source, target = clusters
     for table in (TABLE, KEYLESS):

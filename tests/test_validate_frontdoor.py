@@ -58,20 +58,6 @@ def door(request, source, work_dir):
         box.down(remove=True)
 
 
-@pytest.fixture(params=["checksum", "spark"])
-def compare(request):
-    if request.param == "checksum":
-        return compare_checksums
-    from gpcdc_toolkit.validate._spark import compare_spark
-
-    spark = request.getfixturevalue("spark")
-
-    def by_spark(source, target, table, fetch_rows=None):
-        with Snapshots(source) as s, Snapshots(target) as t:
-            return compare_spark(spark, s, t, source.table(table), target.table(table))
-    return by_spark
-
-
 def at_the_door(target, statement, params=()):
     with target.coordinator_connection() as conn:
         return conn.execute(sql.SQL(statement).format(sql.Identifier(*TABLE)), params).rowcount
