@@ -7,7 +7,7 @@ import re
 import time
 
 from .broker import EmbeddedBroker
-from .cluster import Cluster, connect_target
+from .cluster import Cluster, connect_source, connect_target
 from .config import Config
 from .errors import ConfigError
 from .sandbox import Sandbox
@@ -15,16 +15,19 @@ from .sandbox import Sandbox
 
 def open_cluster(config: Config, role: str) -> Cluster:
     """The source or target cluster, by DSN or by sandbox name. A target may also be
-    reached through a front door (``target.kind``)."""
+    reached through a front door (``target.kind``); a source may be a Citus cluster."""
     ref = config.cluster(role)
-    kind = config.target.kind if role == "target" else "sandbox"
+    kind = config.target.kind if role == "target" else "auto"
     if ref.dsn:
-        return connect_target(ref.dsn, kind) if role == "target" else Cluster.connect(ref.dsn)
+        return connect_target(ref.dsn, kind) if role == "target" else connect_source(ref.dsn)
     assert ref.sandbox is not None
     cluster = Sandbox(ref.sandbox, config.work_dir).cluster()
     if kind != "auto" and (kind == "sandbox") != (cluster.kind == "sandbox"):
         raise ConfigError(f"{role} is sandbox {ref.sandbox!r}, a {cluster.kind} cluster, but {role}.kind is {kind}",
                           fix=f"set target.kind to auto, or name a {kind} sandbox")
+    if role == "source" and cluster.kind == "postgres":
+        raise ConfigError(f"source is sandbox {ref.sandbox!r}, one plain PostgreSQL server: capture reads a "
+                          "Greenplum-style or Citus cluster", fix="name a greenplum or citus sandbox as the source")
     return cluster
 
 

@@ -60,3 +60,20 @@ def message(prefix, content: str, lsn=0, transactional=True):
 
 def truncate(relids, cascade=False):
     return b"T" + struct.pack(">IB", len(relids), 1 if cascade else 0) + b"".join(struct.pack(">I", r) for r in relids)
+
+
+def begin_prepare(prepare_lsn, end_lsn, xid, gid, ts_us=1_700_000_000_000_000):
+    return b"b" + struct.pack(">QQqI", prepare_lsn, end_lsn, ts_us - PG_EPOCH_US, xid) + _s(gid)
+
+
+def prepare(prepare_lsn, end_lsn, xid, gid, ts_us=1_700_000_000_000_000):
+    return b"P" + struct.pack(">BQQqI", 0, prepare_lsn, end_lsn, ts_us - PG_EPOCH_US, xid) + _s(gid)
+
+
+def commit_prepared(commit_lsn, end_lsn, xid, gid, ts_us=1_700_000_000_000_000):
+    return b"K" + struct.pack(">BQQqI", 0, commit_lsn, end_lsn, ts_us - PG_EPOCH_US, xid) + _s(gid)
+
+
+def rollback_prepared(prepare_end_lsn, end_lsn, xid, gid, ts_us=1_700_000_000_000_000):
+    return b"r" + struct.pack(">BQQqqI", 0, prepare_end_lsn, end_lsn, ts_us - PG_EPOCH_US, ts_us - PG_EPOCH_US,
+                              xid) + _s(gid)

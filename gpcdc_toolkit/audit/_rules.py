@@ -136,7 +136,10 @@ def _parts(events: DataFrame) -> DataFrame:
         # The END's gxid and flag: row events of a part streamed before its end carry no flag.
         F.coalesce(F.max(F.when(is_end, col("gxid"))), F.max("gxid")).alias("gxid"),
         F.max(F.when(is_end, col("one_phase").cast("int"))).alias("one_phase"),
-        F.max(F.when(is_end & (col("gxid").isNull() | col("one_phase").isNull()), lit(1))).alias("legacy"),
+        # Legacy: no one-phase flag, or no gxid on a part that is not one-phase (a
+        # one-phase part needs none: Citus's single-node commits have none).
+        F.max(F.when(is_end & (col("one_phase").isNull() | (col("gxid").isNull() & ~col("one_phase"))),
+                     lit(1))).alias("legacy"),
         F.max(F.when(is_end, col("event_count"))).alias("event_count"),
         F.sum((col("kind") == "row").cast("int")).alias("rows"),
         F.min("seq").alias("min_seq"),

@@ -116,34 +116,13 @@ def _existing_slots(cluster: Cluster, slot: str) -> dict[int, int]:
 
 
 def _ensure_publications(cluster: Cluster, publication: str) -> None:
-    """Segments publish every table; the coordinator nothing but its messages."""
+    """Each node's publication, as the cluster scopes it (``publication_scope``)."""
     for node in cluster.nodes:
         with cluster.connect_node(node) as conn:
             if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone():
                 continue
-            scope = "" if node.content == COORDINATOR else " FOR ALL TABLES"
-            conn.execute(f'CREATE PUBLICATION "{publication}"{scope}')
-
-
-def _orphaned_prepared(cluster: Cluster) -> list[str]:
-    """Prepared transactions that no running distributed transaction owns.
-
-    Read prepared, then running, then prepared again: a transaction that prepares or
-    finishes meanwhile is not mistaken for an orphan; a real orphan stays put.
-    """
-    first = {(node.content, gid): node for node, gid, _ in cluster.prepared_transactions()}
-    if not first:
-        return []
-    with cluster.coordinator_connection() as conn:
-        running = {r[0] for r in conn.execute("SELECT gp_dist.running_gxids()")}
-    still = {(node.content, gid) for node, gid, _ in cluster.prepared_transactions()}
-    orphans = []
-    for (content, gid), node in sorted(first.items(), key=lambda kv: kv[0]):
-        m = re.fullmatch(r"gpcdc_(\d+)", gid)
-        owned = m is not None and int(m[1]) in running
-        if (content, gid) in still and not owned:
-            orphans.append(f"{gid!r} on {node}")
-    return orphans
+            cluster.local_ddl(conn)
+            conn.execute(f'CREATE PUBLICATION "{publication}" {cluster.publication_scope(node)}')
 
 
 class _Slot:
@@ -162,9 +141,11 @@ class _Slot:
         timer = threading.Timer(timeout, self.conn.cancel)
         timer.start()
         try:
+            options = [f"SNAPSHOT '{'export' if export else 'nothing'}'"]
+            if self.cluster.two_phase_decoding:
+                options.append("TWO_PHASE")
             with self.conn.cursor() as cur:
-                cur.execute(f'CREATE_REPLICATION_SLOT "{self.name}" LOGICAL {PLUGIN} '
-                            f'{"EXPORT_SNAPSHOT" if export else "NOEXPORT_SNAPSHOT"}')
+                cur.execute(f'CREATE_REPLICATION_SLOT "{self.name}" LOGICAL {PLUGIN} ({", ".join(options)})')
                 _, lsn, snapshot, _ = cur.fetchone()
         except psycopg2.errors.QueryCanceled:
             raise BootstrapError(
@@ -209,6 +190,7 @@ def drop_slots(cluster: Cluster, slot: str, *, publication: str | None = None) -
                 _drop_when_released(conn, slot)
                 dropped.append(node.content)
             if publication:
+                cluster.local_ddl(conn)
                 conn.execute(f'DROP PUBLICATION IF EXISTS "{publication}"')
     return dropped
 
@@ -259,14 +241,18 @@ def bootstrap(
     """
     if method not in METHODS:
         raise BootstrapError(f"unknown bootstrap method {method!r}", fix=f"use one of {', '.join(METHODS)}")
+    if method not in cluster.bootstrap_methods:
+        raise BootstrapError(f"a {cluster.kind} cluster has no gate that holds distributed transactions at their "
+                             f"start, which the {method} method needs",
+                             fix=f"use --method {' or '.join(cluster.bootstrap_methods)}")
     if not 0 < timeout < math.inf:
         raise BootstrapError(f"the timeout must be a positive number of seconds, not {timeout}",
                              fix="give --timeout in seconds, e.g. 60")
-    cluster.check_logical_decoding()
+    cluster.check_source()
     existing = _existing_slots(cluster, pipeline.slot)
     if existing:
         return _reuse(cluster, pipeline, existing, on_reuse)
-    orphans = _orphaned_prepared(cluster)  # before anything is created: a refusal leaves nothing behind
+    orphans = cluster.unowned_prepared()  # before anything is created: a refusal leaves nothing behind
     if orphans:
         raise BootstrapError(
             f"orphaned prepared transactions would hold slot creation back forever: {', '.join(orphans)}",
@@ -325,7 +311,8 @@ def _export_initial_snapshot(cluster: Cluster, pipeline: Pipeline, snapshots: di
             conn = stack.enter_context(cluster.connect_node(node, autocommit=False))
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshots[node.content])))
-            export_tables(conn, node.content, tables, pipeline.snapshot_dir, manifest)
+            export_tables(conn, node.content, [(t, cluster.relation(node, t)) for t in tables], pipeline.snapshot_dir,
+                          manifest)
             conn.rollback()
     write_manifest(pipeline.snapshot_dir, manifest)
 
@@ -379,29 +366,22 @@ def _snapshot_filter(cluster: Cluster, pipeline: Pipeline, slots: list[_Slot], t
     with ExitStack() as stack:
         controller = stack.enter_context(cluster.coordinator_connection())
         holders = {node.content: stack.enter_context(cluster.connect_node(node, autocommit=False)) for node in cluster.nodes}
-        _set_lock_timeout(controller, timeout)
         cut_started = time.monotonic()
-        controller.execute("SELECT gp_acquire_commit_lock()")
-        try:
-            # No commit phase and no gxid assignment runs now: read xmax before the
-            # running set, then pin each node's snapshot and WAL position.
-            xmax = controller.execute("SELECT gp_dist.next_gxid()").fetchone()[0]  # type: ignore[index]
-            running = frozenset(r[0] for r in controller.execute("SELECT gp_dist.running_gxids()"))
-            exported: dict[int, tuple[str, int]] = {}
+        with cluster.commit_pause(controller, timeout) as snapshot:
+            # Pin each node's snapshot, its WAL position, and what the snapshot sees.
+            exported: dict[int, tuple[str, int, str]] = {}
             for content, conn in holders.items():
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                name, lsn = conn.execute("SELECT pg_export_snapshot(), pg_current_wal_lsn()::text").fetchone()  # type: ignore[misc]
-                exported[content] = (name, parse_lsn(lsn))
-        finally:
-            controller.execute("SELECT gp_release_commit_lock()")
+                name, lsn, visible = conn.execute(  # type: ignore[misc]
+                    "SELECT pg_export_snapshot(), pg_current_wal_lsn()::text, pg_current_snapshot()::text").fetchone()
+                exported[content] = (name, parse_lsn(lsn), visible)
         cut_ms = (time.monotonic() - cut_started) * 1000
         _export_initial_snapshot(cluster, pipeline, {c: e[0] for c, e in exported.items()},
                                  {c: e[1] for c, e in exported.items()})
     return StartPoint(
-        method="snapshot", created_at=_now(), publication=pipeline.publication,
-        snapshot=DistributedSnapshot(int(xmax), running),
+        method="snapshot", created_at=_now(), publication=pipeline.publication, snapshot=snapshot,
         nodes=tuple(NodeStart(s.node.content, s.name, s.consistent_lsn, exported[s.node.content][1],
-                              exported[s.node.content][0]) for s in slots),
+                              exported[s.node.content][0], exported[s.node.content][2]) for s in slots),
         extra={"cut_ms": round(cut_ms, 1)},
     )
 

@@ -35,12 +35,14 @@ def _type_oids(conn: psycopg.Connection[Any], table: Table) -> list[int]:
         "AND NOT attisdropped AND attgenerated = '' ORDER BY attnum", (table.name,))]
 
 
-def export_tables(conn: psycopg.Connection[Any], content: int, tables: list[Table], directory: Path,
-                  manifest: dict[str, Any]) -> None:
-    """COPY every table from ``conn`` (already in the snapshot to export) into files."""
+def export_tables(conn: psycopg.Connection[Any], content: int, tables: list[tuple[Table, sql.Composable]],
+                  directory: Path, manifest: dict[str, Any]) -> None:
+    """COPY every table's rows on a node from ``conn`` (already in the snapshot to
+    export) into files. Each table comes with what holds its rows there (the table, or
+    a Citus worker's shards: ``Cluster.relation``)."""
     node_dir = directory / f"seg{content}"
     node_dir.mkdir(parents=True, exist_ok=True)
-    for table in tables:
+    for table, relation in tables:
         entry = manifest["tables"].setdefault(table.name, {
             "schema": table.parts[0], "name": table.parts[1], "columns": list(table.columns),
             "generated": dict(table.generated), "types": list(table.types), "type_oids": _type_oids(conn, table),
@@ -49,8 +51,8 @@ def export_tables(conn: psycopg.Connection[Any], content: int, tables: list[Tabl
         path = node_dir / _file_name(table)
         rows = 0
         # The columns named: generated ones are the server's to compute.
-        with path.open("wb") as f, conn.cursor().copy(sql.SQL("COPY {} ({}) TO STDOUT").format(
-            table.identifier, sql.SQL(", ").join(map(sql.Identifier, table.writable)))
+        with path.open("wb") as f, conn.cursor().copy(sql.SQL("COPY (SELECT {} FROM {} t) TO STDOUT").format(
+            sql.SQL(", ").join(map(sql.Identifier, table.writable)), relation)
         ) as copy:
             for chunk in copy:
                 f.write(chunk)

@@ -36,7 +36,7 @@ import psycopg2.extras
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from .._runtime import write_json
-from ..cluster import Cluster, Node, gxid_of
+from ..cluster import Cluster, Node
 from ..config import CaptureSettings
 from ..connect import kafka_logger
 from ..errors import GpcdcError, StreamError
@@ -48,7 +48,6 @@ from ..protocol import (
     ProtocolError,
     StartPoint,
     Topics,
-    TransactionAssembler,
     format_lsn,
     is_pipeline_marker,
     parse_lsn,
@@ -87,6 +86,7 @@ class WorkerStats:
     bytes: int = 0
     transactions: int = 0
     dropped_transactions: int = 0
+    rolled_back_parts: int = 0  # prepared parts rolled back: never committed, never sent
     acked_lsn: int = 0
     resolved_lsn: int = 0
     resolved_ts_ms: int = 0
@@ -193,7 +193,7 @@ class CaptureWorker:
             self._check_history(producer, acked)
             cur = conn.cursor()
             cur.start_replication(slot_name=self.slot, decode=False, options={
-                "proto_version": "1", "publication_names": self.start.publication, "messages": "true"})
+                **self.cluster.decoding_options(), "publication_names": self.start.publication})
             self._loop(stop, cur, conn, producer, probe, acked)
         finally:
             try:
@@ -246,8 +246,8 @@ class CaptureWorker:
     def _loop(self, stop: threading.Event, cur: Any, conn: Any, producer: Producer,
               probe: psycopg.Connection[Any], acked: int) -> None:
         settings, stats = self.settings, self.stats
-        assembler = TransactionAssembler(self.node.content, source_name=settings.prefix, database=self.database,
-                                         start=self.start, max_buffered=settings.capture.max_buffered)
+        assembler = self.cluster.translator(self.node, source_name=settings.prefix, database=self.database,
+                                            start=self.start, max_buffered=settings.capture.max_buffered)
         produced_end = acked  # end LSN of the last transaction whose events were all produced
         resolved = acked
         # (flush LSN, server ms, ms before the prepared list was read, gxids prepared), oldest first
@@ -268,6 +268,8 @@ class CaptureWorker:
                 next_beat = now + settings.capture.heartbeat_interval
                 clock_probes.append(self._probe(probe))
                 candidate = max(produced_end, cur.wal_end if caught_up else 0)
+                if (held := assembler.held_from) is not None:
+                    candidate = min(candidate, held - 1)  # commits decoded but held back are not in Kafka yet
                 resolved = max(resolved, candidate)
                 covered = [p for p in clock_probes if p[0] <= resolved]
                 if covered and covered[-1][1] >= stats.resolved_ts_ms:
@@ -282,16 +284,22 @@ class CaptureWorker:
                 self._write_status()
             if now >= next_ack:
                 next_ack = now + settings.capture.ack_interval
-                target = max(produced_end, resolved)
-                acked = self._acknowledge(producer, cur, acked, target)
+                acked = self._acknowledge(producer, cur, acked, self._ack_target(assembler, produced_end, resolved))
                 stats.transactions = assembler.transactions
                 stats.last_commit_ts_ms = assembler.last_commit_ts_ms
                 stats.dropped_transactions = assembler.dropped_transactions
+                stats.rolled_back_parts = assembler.rolled_back_parts
             if caught_up:
                 producer.poll(0)
                 wait = max(0.0, min(next_ack, next_beat) - time.monotonic())
                 select.select([conn], [], [], wait)
-        self._acknowledge(producer, cur, acked, max(produced_end, resolved))
+        self._acknowledge(producer, cur, acked, self._ack_target(assembler, produced_end, resolved))
+
+    @staticmethod
+    def _ack_target(assembler: Any, produced_end: int, resolved: int) -> int:
+        target = max(produced_end, resolved)
+        limit = assembler.ack_limit  # parts decoded but not handed out must be decoded again after a restart
+        return target if limit is None else min(target, limit)
 
     def _probe(self, probe: psycopg.Connection[Any]) -> tuple[int, int, int, list[int]]:
         """The node's clock, then the parts it holds prepared, then its flush LSN and
@@ -300,7 +308,7 @@ class CaptureWorker:
         prepared_ms = probe.execute(f"SELECT {_CLOCK_MS}").fetchone()[0]  # type: ignore[index]
         gxids = [g for (name,) in probe.execute(
             "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")
-            if (g := gxid_of(name)) is not None]
+            if (g := self.cluster.gxid_of(name)) is not None]
         lsn, server_ms = probe.execute(f"SELECT pg_current_wal_flush_lsn()::text, {_CLOCK_MS}").fetchone()  # type: ignore[misc]
         return parse_lsn(lsn), int(server_ms), int(prepared_ms), gxids
 

@@ -18,7 +18,7 @@ import psycopg
 from psycopg import conninfo, sql
 
 from ..errors import ClusterError, UnreachableError
-from ..protocol import COORDINATOR
+from ..protocol import COORDINATOR, DistributedSnapshot, TransactionAssembler
 from ._routing import segment_for
 
 if TYPE_CHECKING:
@@ -237,6 +237,68 @@ class Cluster:
             raise ClusterError(f"table {qualified} has no distribution policy on the coordinator",
                                fix="create it through the toolkit with DISTRIBUTED BY (...)")
         return tuple(c for c, in distkey)
+
+    # -- capturing: what a source needs ---------------------------------------------
+    # The bootstrap methods this cluster supports (see gpcdc_toolkit.bootstrap).
+    bootstrap_methods: tuple[str, ...] = ("peaceful", "snapshot")
+    # Whether slots decode prepared transactions at their PREPARE (two-phase decoding).
+    two_phase_decoding = False
+
+    def check_source(self) -> None:
+        """Raise ClusterError naming the fix when the cluster cannot be captured."""
+        self.check_logical_decoding()
+
+    def local_ddl(self, conn: psycopg.Connection[Any]) -> None:
+        """Make DDL on ``conn`` stay on its node (for a node's own publication)."""
+
+    def publication_scope(self, node: Node) -> str:
+        """What a node's publication holds: segments every table, the coordinator
+        nothing (its records are logical messages)."""
+        return "" if node.content == COORDINATOR else "FOR ALL TABLES"
+
+    def decoding_options(self) -> dict[str, str]:
+        """pgoutput's options beyond the publication (protocol 1, logical messages)."""
+        return {"proto_version": "1", "messages": "true"}
+
+    def translator(self, node: Node, **settings: Any) -> TransactionAssembler:
+        """What turns the node's decoding stream into protocol events."""
+        return TransactionAssembler(node.content, **settings)
+
+    def gxid_of(self, gid: str) -> int | None:
+        """The gxid of a prepared part, from its gid (None: not a distributed transaction's)."""
+        from ._dtx import gxid_of
+
+        return gxid_of(gid)
+
+    def unowned_prepared(self) -> list[str]:
+        """Prepared transactions that no running distributed transaction owns (they
+        would hold a slot's creation back forever), named with their nodes.
+
+        Read prepared, then running, then prepared again: a transaction that prepares or
+        finishes meanwhile is not mistaken for an orphan; a real orphan stays put."""
+        first = {(node.content, gid): node for node, gid, _ in self.prepared_transactions()}
+        if not first:
+            return []
+        with self.coordinator_connection() as conn:
+            running = {r[0] for r in conn.execute("SELECT gp_dist.running_gxids()")}
+        still = {(node.content, gid) for node, gid, _ in self.prepared_transactions()}
+        return [f"{gid!r} on {node}" for (content, gid), node in sorted(first.items(), key=lambda kv: kv[0])
+                if (content, gid) in still and self.gxid_of(gid) not in running]
+
+    @contextmanager
+    def commit_pause(self, controller: psycopg.Connection[Any], timeout: float) -> Iterator[DistributedSnapshot | None]:
+        """Hold every distributed commit phase back (those in flight finish first) for
+        as long as the block runs: a consistent cut. Yields the distributed snapshot at
+        the cut, when the cluster has one."""
+        controller.execute("SELECT set_config('lock_timeout', %s, false)", (f"{int(timeout * 1000)}ms",))
+        controller.execute("SELECT gp_acquire_commit_lock()")
+        try:
+            # No commit phase and no gxid assignment runs now: xmax before the running set.
+            xmax = controller.execute("SELECT gp_dist.next_gxid()").fetchone()[0]  # type: ignore[index]
+            running = frozenset(r[0] for r in controller.execute("SELECT gp_dist.running_gxids()"))
+            yield DistributedSnapshot(int(xmax), running)
+        finally:
+            controller.execute("SELECT gp_release_commit_lock()")
 
     # -- writing: what a replay needs of a target ------------------------------------
     def session(self) -> WriteSession:

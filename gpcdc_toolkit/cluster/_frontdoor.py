@@ -15,14 +15,19 @@ commits by itself), with ``DISTRIBUTED BY`` kept and ``gp_distribution_policy`` 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from psycopg import conninfo, sql
 
+from ..citus import COORDINATOR_GROUP, DECISIONS, CitusGidError, CitusStream, gxid_of_gid
+
 from ..errors import ClusterError, DistributedTransactionError, GpcdcError
-from ..protocol import COORDINATOR, DdlError, parse_create_table
+from ..protocol import COORDINATOR, DdlError, DistributedSnapshot, TransactionAssembler, parse_create_table
 from ._cluster import Cluster, Node, Table, TableRef, _where, connect_dsn
 from ._writes import Writes
 
@@ -109,10 +114,17 @@ class CitusCluster(FrontDoor):
     """A Citus coordinator and its workers: distributed tables split into shards, each
     shard placed on a node group (``pg_dist_shard``, ``pg_dist_placement``,
     ``pg_dist_node``). The stores are the active primary nodes, numbered 0..N-1 by group
-    id: the workers, and the coordinator itself (group 0) where it is registered, since
-    it may hold shards (reference tables, or a single-node cluster)."""
+    id: the workers, and the coordinator itself (group 0) where it holds placements
+    (reference tables, or a single-node cluster).
+
+    As a source, each worker's slot decodes two-phase (``gpcdc_toolkit.citus``): a part's
+    gxid comes from its gid, and the coordinator's ``pg_dist_transaction`` inserts are
+    the commit records. There is no gate at a distributed transaction's start, so only
+    the snapshot method bootstraps it, under :meth:`commit_pause`."""
 
     kind = "citus"
+    bootstrap_methods = ("snapshot",)
+    two_phase_decoding = True
 
     def __init__(self, coordinator_dsn: str, nodes: Sequence[Node], groups: Mapping[int, int]) -> None:
         super().__init__(coordinator_dsn, nodes)
@@ -121,8 +133,11 @@ class CitusCluster(FrontDoor):
     @classmethod
     def connect(cls, dsn: str) -> CitusCluster:
         with connect_dsn(dsn, f"Citus coordinator {_where(dsn)}", autocommit=True) as conn:
-            stores = conn.execute("SELECT groupid, nodename, nodeport FROM pg_dist_node "
-                                  "WHERE noderole = 'primary' AND isactive ORDER BY groupid").fetchall()
+            # The coordinator's group is a store only where it holds placements.
+            stores = conn.execute("SELECT groupid, nodename, nodeport FROM pg_dist_node n "
+                                  "WHERE noderole = 'primary' AND isactive AND (groupid <> 0 OR EXISTS "
+                                  "(SELECT FROM pg_dist_placement p WHERE p.groupid = n.groupid)) "
+                                  "ORDER BY groupid").fetchall()
         if not stores:
             raise ClusterError(f"the Citus coordinator {_where(dsn)} lists no active primary node in pg_dist_node",
                                fix="add workers with citus_add_node(host, port)")
@@ -132,6 +147,112 @@ class CitusCluster(FrontDoor):
     def describe(self) -> str:
         workers = sum(group != 0 for group in self.groups)
         return f"{super().describe()}, {workers} workers"
+
+    def table_names(self) -> list[str]:
+        """The hash-distributed tables (``pg_dist_partition``)."""
+        with self.coordinator_connection() as conn:
+            return [r[0] for r in conn.execute("SELECT logicalrelid::regclass::text FROM pg_dist_partition "
+                                               "WHERE partmethod = 'h' ORDER BY 1")]
+
+    # -- capturing -------------------------------------------------------------------------
+    def check_source(self) -> None:
+        super().check_source()
+        if COORDINATOR_GROUP in self.groups:
+            raise ClusterError(
+                f"the Citus coordinator {_where(self.coordinator_dsn)} holds shard placements (reference tables, or "
+                "distributed tables on a coordinator with shards), whose writes commit inside its own transactions: "
+                "capture reads the workers' shards only",
+                fix="move them to workers (SELECT citus_drain_node(...) on a coordinator set to have no shards), or "
+                    "capture a cluster without reference tables")
+
+    def local_ddl(self, conn: psycopg.Connection[Any]) -> None:
+        # A publication made on one node stays there: Citus would propagate it to all.
+        conn.execute("SET citus.enable_ddl_propagation TO off")
+
+    def publication_scope(self, node: Node) -> str:
+        if node.content == COORDINATOR:
+            return "FOR TABLE {}.{}".format(*DECISIONS)  # the commit decisions
+        return "FOR ALL TABLES"  # the shards, named back to their tables by the stream
+
+    def decoding_options(self) -> dict[str, str]:
+        return {"proto_version": "3", "two_phase": "on", "messages": "true"}
+
+    def translator(self, node: Node, **settings: Any) -> TransactionAssembler:
+        return CitusStream(node.content, shards=self.shard_tables(), groups=self.groups, **settings)
+
+    def gxid_of(self, gid: str) -> int | None:
+        try:
+            return gxid_of_gid(gid)
+        except CitusGidError:
+            return None  # another node's transaction: not one the records can name
+
+    def unowned_prepared(self) -> list[str]:
+        return []  # Citus's own recovery finishes them; a slot's creation names any it waits on
+
+    def shard_tables(self) -> Callable[[str, str], tuple[str, str] | None]:
+        """``(schema, relation) -> (schema, table)`` of a worker's shard relation, None
+        for any other relation. A shard is ``<table>_<shard id>`` in its table's schema
+        (Citus shortens a long table name, never the id); the map of shard ids is read
+        from the coordinator, and again when a relation names an unknown one (a table
+        distributed since)."""
+        shards: dict[int, tuple[str, str]] = {}
+
+        def load() -> None:
+            with self.coordinator_connection() as conn:
+                shards.update({int(shard): (str(schema), str(table)) for shard, schema, table in conn.execute(
+                    "SELECT s.shardid, n.nspname, c.relname FROM pg_dist_shard s JOIN pg_dist_partition p "
+                    "USING (logicalrelid) JOIN pg_class c ON c.oid = s.logicalrelid "
+                    "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE p.partmethod = 'h'")})
+
+        def table_of(schema: str, relation: str) -> tuple[str, str] | None:
+            match = re.search(r"_(\d+)$", relation)
+            if match is None:
+                return None
+            shard = int(match[1])
+            if shard not in shards:
+                load()
+            table = shards.get(shard)
+            return table if table is not None and table[0] == schema else None
+
+        return table_of
+
+    @contextmanager
+    def commit_pause(self, controller: psycopg.Connection[Any], timeout: float) -> Iterator[DistributedSnapshot | None]:
+        """Hold Citus's two-phase commits back, as ``citus_create_restore_point`` does:
+        ``pg_dist_transaction`` locked exclusively, so a commit waits before its first
+        PREPARE (it logs each part there first); then wait until the workers hold no
+        prepared part of a decided transaction (its COMMIT PREPARED in flight). A
+        single-shard commit is not held: it is one local transaction, split exactly by
+        each node's own snapshot. Citus has no distributed snapshot: yields None."""
+        controller.execute("SELECT set_config('lock_timeout', %s, false)", (f"{int(timeout * 1000)}ms",))
+        with controller.transaction():
+            controller.execute("LOCK TABLE pg_catalog.pg_dist_transaction IN EXCLUSIVE MODE")
+            self._wait_decided_parts(controller, timeout)
+            yield None
+
+    def _wait_decided_parts(self, controller: psycopg.Connection[Any], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        workers = [n for n in self.segments]
+        while True:
+            prepared = [(self.group_of(node), gid) for node in workers
+                        for gid, in self.fetch_on(node, "SELECT gid FROM pg_prepared_xacts WHERE left(gid, 6) = 'citus_'")]
+            decided = [(g, gid) for g, gid in prepared if controller.execute(
+                "SELECT FROM pg_catalog.pg_dist_transaction WHERE groupid = %s AND gid = %s", (g, gid)).fetchone()]
+            if not decided:
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"{len(decided)} parts of committed Citus transactions are still prepared on the workers after "
+                    f"{timeout:g} s: {', '.join(repr(gid) for _g, gid in decided[:5])}",
+                    fix="run SELECT recover_prepared_transactions() on the coordinator, then try again")
+            time.sleep(0.01)  # their COMMIT PREPARED is on its way
+
+    def group_of(self, node: Node) -> int:
+        return next(group for group, content in self.groups.items() if content == node.content)
+
+    def fetch_on(self, node: Node, query: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        with self.connect_node(node) as conn:
+            return conn.execute(query, params).fetchall()
 
     def resolve_in_doubt(self) -> tuple[list[str], list[str]]:
         # Citus's own recovery: a worker's prepared part whose gid the coordinator's

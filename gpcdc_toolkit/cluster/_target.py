@@ -1,4 +1,5 @@
-"""A replay target from its DSN: a Greenplum-style sandbox, or a front door.
+"""A cluster from its DSN: a replay target (a Greenplum-style sandbox, or a front
+door), or a capture source (a Greenplum-style coordinator, or a Citus coordinator).
 
 ``target.kind`` says which; ``auto`` tells them apart by the catalog: a coordinator
 with ``gp_segment_configuration`` and the sandbox's ``gp_dist`` schema is a sandbox,
@@ -14,15 +15,27 @@ from ._cluster import Cluster, _where, connect_dsn
 from ._frontdoor import CitusCluster, FrontDoor
 
 
+def _kind_of(dsn: str, role: str) -> tuple[bool, bool]:
+    """(a sandbox coordinator, a Citus coordinator), from the catalog."""
+    with connect_dsn(dsn, f"{role} {_where(dsn)}", autocommit=True) as conn:
+        return conn.execute(  # type: ignore[return-value]
+            "SELECT to_regclass('gp_segment_configuration') IS NOT NULL "
+            "AND EXISTS (SELECT FROM pg_namespace WHERE nspname = 'gp_dist'), "
+            "EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')").fetchone()
+
+
+def connect_source(dsn: str) -> Cluster:
+    """The source cluster behind ``dsn``: a Citus coordinator (the ``citus``
+    extension), else a Greenplum-style coordinator."""
+    _sandbox, citus = _kind_of(dsn, "source")
+    return CitusCluster.connect(dsn) if citus else Cluster.connect(dsn)
+
+
 def connect_target(dsn: str, kind: str = "auto") -> Cluster:
     """The target cluster behind ``dsn``, of ``kind`` (one of :data:`TARGET_KINDS`)."""
     if kind not in TARGET_KINDS:
         raise ClusterError(f"unknown target kind {kind!r}", fix=f"use one of {', '.join(TARGET_KINDS)}")
-    with connect_dsn(dsn, f"target {_where(dsn)}", autocommit=True) as conn:
-        sandbox, citus = conn.execute(
-            "SELECT to_regclass('gp_segment_configuration') IS NOT NULL "
-            "AND EXISTS (SELECT FROM pg_namespace WHERE nspname = 'gp_dist'), "
-            "EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')").fetchone()  # type: ignore[misc]
+    sandbox, citus = _kind_of(dsn, "target")
     if kind == "sandbox" or (kind == "auto" and sandbox):
         return Cluster.connect(dsn)
     if sandbox:

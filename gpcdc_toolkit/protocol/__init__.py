@@ -22,7 +22,7 @@ from ._events import (
 )
 from ._markers import CommitRecord, DdlRecord, GxidMarker, MarkerError, OnePhaseMarker
 from ._pgoutput import UNCHANGED_TOAST, PgoutputError, convert, parse
-from ._startpoint import DistributedSnapshot, NodeStart, StartPoint, format_lsn, parse_lsn
+from ._startpoint import DistributedSnapshot, LocalSnapshot, NodeStart, StartPoint, format_lsn, parse_lsn
 from ._topics import Dispatcher, Topics
 
 __all__ = [
@@ -32,6 +32,6 @@ __all__ = [
     "CreateTable", "DdlError", "parse_create_table",
     "CommitRecord", "DdlRecord", "GxidMarker", "MarkerError", "OnePhaseMarker",
     "UNCHANGED_TOAST", "PgoutputError", "convert", "parse",
-    "DistributedSnapshot", "NodeStart", "StartPoint", "format_lsn", "parse_lsn",
+    "DistributedSnapshot", "LocalSnapshot", "NodeStart", "StartPoint", "format_lsn", "parse_lsn",
     "Dispatcher", "Topics",
 ]

@@ -46,6 +46,10 @@ def pipeline_marker(identity: str, content: int) -> Outbound:
                                                     "version": PROTOCOL_VERSION}))
 
 
+def _qualified(schema: str, name: str) -> str:
+    return f"{schema}.{name}"
+
+
 def _converter(type_oid: int) -> Callable[[str | None], Any]:
     return lambda text: pg.convert(type_oid, text)
 
@@ -76,6 +80,7 @@ class _Txn:
     decided: bool = False  # whether the start point's filter has judged it
     dropped: bool = False
     streaming: bool = False  # buffer overflowed: events go out as they come
+    held: bool = False  # its fate comes later (a prepared part): never streamed before it
     seq: int = 0
     pending: list[tuple[dict[str, Any], bytes | None]] | None = None  # row events held back
     counts: dict[str, int] | None = None
@@ -99,16 +104,35 @@ class TransactionAssembler:
         self.max_buffered = max_buffered
         self.clock = clock
         self._tables: dict[int, _Table] = {}
+        self._ignored: set[int] = set()  # relations whose changes are not the stream's (see table_of)
         self._txn: _Txn | None = None
         self.completed_end_lsn: int | None = None  # end LSN of the last commit fully handled
         self.last_commit_ts_ms: int | None = None  # commit time of the last transaction handed out
         self.transactions = 0
         self.dropped_transactions = 0
+        self.rolled_back_parts = 0  # prepared parts rolled back (two-phase decoding only)
         self.row_events = 0
 
     @property
     def in_transaction(self) -> bool:
         return self._txn is not None
+
+    @property
+    def ack_limit(self) -> int | None:
+        """The furthest LSN the slot may be acknowledged to while transactions decoded
+        but not yet handed out are held (None: no limit beyond what was handed out)."""
+        return None
+
+    @property
+    def held_from(self) -> int | None:
+        """The commit LSN of the first commit decoded but held back (None: none is):
+        a watermark must stay below it."""
+        return None
+
+    def table_of(self, schema: str, relation: str) -> tuple[str, str] | None:
+        """The table whose changes a relation's are (schema, name), or None when its
+        changes are not the stream's. Every relation is its own table here."""
+        return schema, relation
 
     # -- the stream ------------------------------------------------------------------
     def feed(self, payload: bytes) -> list[Outbound]:
@@ -125,8 +149,15 @@ class TransactionAssembler:
         if isinstance(message, pg.Message):
             return self._message(message)
         if isinstance(message, pg.Relation):
+            named = self.table_of(message.schema, message.table)
+            if named is None:
+                self._tables.pop(message.relid, None)
+                self._ignored.add(message.relid)
+                return []
+            self._ignored.discard(message.relid)
+            schema, name = named
             self._tables[message.relid] = _Table(
-                message.qualified_name, message.schema, message.table,
+                _qualified(schema, name), schema, name,
                 tuple(c.name for c in message.columns),
                 tuple(_converter(c.type_oid) for c in message.columns),
                 tuple(i for i, c in enumerate(message.columns) if c.is_key),
@@ -144,7 +175,8 @@ class TransactionAssembler:
     def _decide(self, txn: _Txn) -> None:
         if not txn.decided:
             txn.decided = True
-            if self.start is not None and not self.start.captures(self.content, txn.begin.final_lsn, txn.gxid):
+            if self.start is not None and not self.start.captures(self.content, txn.begin.final_lsn, txn.gxid,
+                                                                  txn.begin.xid):
                 txn.dropped = True
 
     def _message(self, message: pg.Message) -> list[Outbound]:
@@ -187,6 +219,8 @@ class TransactionAssembler:
         txn = self._current("a row change")
         if self.content == COORDINATOR:
             return []  # the coordinator stores no user rows
+        if message.relid in self._ignored:
+            return []
         self._decide(txn)
         if txn.dropped:
             return []
@@ -231,6 +265,8 @@ class TransactionAssembler:
         self._decide(txn)
         out: list[Outbound] = []
         for relid in message.relids:
+            if relid in self._ignored:
+                continue
             table = self._tables.get(relid)
             if table is None:
                 raise ProtocolError(f"node {self.content}: TRUNCATE of relation {relid} before its RELATION message")
@@ -263,7 +299,7 @@ class TransactionAssembler:
         if txn.streaming:
             return [Outbound("row", key, orjson.dumps(event))]
         txn.pending.append((event, key))  # type: ignore[union-attr]
-        if len(txn.pending) < self.max_buffered:  # type: ignore[arg-type]
+        if txn.held or len(txn.pending) < self.max_buffered:  # type: ignore[arg-type]
             return []
         # Too large to hold back: send what is held, and stream the rest.
         txn.streaming = True
@@ -289,6 +325,11 @@ class TransactionAssembler:
                 f"but its BEGIN announced {txn.begin.final_lsn}"
             )
         self.completed_end_lsn = commit.end_lsn
+        return self._finish(txn, commit.end_lsn)
+
+    def _finish(self, txn: _Txn, end_lsn: int) -> list[Outbound]:
+        """The messages of a committed local transaction (none when the start point
+        puts it in the initial snapshot)."""
         self._decide(txn)
         if txn.dropped:
             self.dropped_transactions += 1
@@ -304,7 +345,8 @@ class TransactionAssembler:
             return [Outbound(body["type"], None, orjson.dumps(body)) for body in bodies]
         if txn.seq == 0 and txn.gxid is None:
             return []  # nothing of ours: an empty or catalog-only local transaction
-        one_phase = txn.one_phase if txn.gxid is not None else None  # unknown without markers
+        # Unknown for a part without a gxid that is not marked one-phase (legacy markers).
+        one_phase = True if txn.one_phase else (False if txn.gxid is not None else None)
         out = [] if txn.streaming else [self._begin(txn)]
         for event, key in txn.pending or []:
             event["source"]["one_phase"] = one_phase
@@ -312,7 +354,7 @@ class TransactionAssembler:
         end = {"status": "END", "id": self._txid(txn), "ts_ms": txn.begin.commit_ts_us // 1000,
                "event_count": txn.seq,
                "data_collections": [{"data_collection": t, "event_count": n} for t, n in (txn.counts or {}).items()],
-               "gxid": txn.gxid, "one_phase": one_phase, "end_lsn": commit.end_lsn, **self._position(txn)}
+               "gxid": txn.gxid, "one_phase": one_phase, "end_lsn": end_lsn, **self._position(txn)}
         out.append(Outbound("end", None, orjson.dumps(end)))
         return out
 

@@ -1,4 +1,8 @@
-"""A decoder of PostgreSQL's pgoutput logical replication messages (pure, protocol 1).
+"""A decoder of PostgreSQL's pgoutput logical replication messages (pure, protocols 1 and 3).
+
+Protocol 3 with ``two_phase`` adds the messages of prepared transactions: a
+transaction is decoded at its PREPARE (``BeginPrepare``, its changes, ``Prepare``) and
+its fate comes later, as ``CommitPrepared`` or ``RollbackPrepared``.
 
 ``parse(payload)`` turns the bytes of one CopyData ``XLogData`` payload into a
 message object. Tuple values stay in PostgreSQL's text form, converted to Python
@@ -21,6 +25,9 @@ _U64 = struct.Struct(">Q")
 _I64 = struct.Struct(">q")
 _BEGIN = struct.Struct(">QqI")
 _COMMIT = struct.Struct(">BQQq")
+_BEGIN_PREPARE = struct.Struct(">QQqI")
+_PREPARED = struct.Struct(">BQQqI")  # Prepare and CommitPrepared
+_ROLLBACK_PREPARED = struct.Struct(">BQQqqI")
 
 # Microseconds between the Unix epoch and PostgreSQL's (2000-01-01).
 PG_EPOCH_US = 946_684_800_000_000
@@ -113,13 +120,51 @@ class Message:
 
 
 @dataclass(frozen=True, slots=True)
+class BeginPrepare:
+    prepare_lsn: int  # the PREPARE record's LSN
+    end_lsn: int
+    prepare_ts_us: int
+    xid: int
+    gid: str
+
+
+@dataclass(frozen=True, slots=True)
+class Prepare:
+    prepare_lsn: int
+    end_lsn: int
+    prepare_ts_us: int
+    xid: int
+    gid: str
+
+
+@dataclass(frozen=True, slots=True)
+class CommitPrepared:
+    commit_lsn: int  # the COMMIT PREPARED record's LSN
+    end_lsn: int
+    commit_ts_us: int
+    xid: int
+    gid: str
+
+
+@dataclass(frozen=True, slots=True)
+class RollbackPrepared:
+    prepare_end_lsn: int
+    end_lsn: int  # of the ROLLBACK PREPARED record
+    prepare_ts_us: int
+    rollback_ts_us: int
+    xid: int
+    gid: str
+
+
+@dataclass(frozen=True, slots=True)
 class Other:
     """Origin and Type messages: carried, not used."""
 
     kind: str
 
 
-PgoutputMessage = Begin | Commit | Relation | Insert | Update | Delete | Truncate | Message | Other
+PgoutputMessage = (Begin | Commit | Relation | Insert | Update | Delete | Truncate | Message | BeginPrepare | Prepare
+                   | CommitPrepared | RollbackPrepared | Other)
 
 
 def _string(buf: bytes, pos: int) -> tuple[str, int]:
@@ -205,6 +250,17 @@ def parse(buf: bytes) -> PgoutputMessage:
             options = buf[5]
             relids = struct.unpack_from(f">{count}I", buf, 6)
             return Truncate(tuple(relids), bool(options & 1), bool(options & 2))
+        if kind == 0x62:  # 'b'
+            lsn, end, ts, xid = _BEGIN_PREPARE.unpack_from(buf, 1)
+            return BeginPrepare(lsn, end, ts + PG_EPOCH_US, xid, _string(buf, 1 + _BEGIN_PREPARE.size)[0])
+        if kind in (0x50, 0x4B):  # 'P' prepare, 'K' commit prepared
+            _flags, lsn, end, ts, xid = _PREPARED.unpack_from(buf, 1)
+            gid = _string(buf, 1 + _PREPARED.size)[0]
+            return (Prepare if kind == 0x50 else CommitPrepared)(lsn, end, ts + PG_EPOCH_US, xid, gid)
+        if kind == 0x72:  # 'r'
+            _flags, prepare_end, end, prepare_ts, ts, xid = _ROLLBACK_PREPARED.unpack_from(buf, 1)
+            return RollbackPrepared(prepare_end, end, prepare_ts + PG_EPOCH_US, ts + PG_EPOCH_US, xid,
+                                    _string(buf, 1 + _ROLLBACK_PREPARED.size)[0])
         if kind in (0x4F, 0x59):  # 'O' origin, 'Y' type
             return Other(chr(kind))
     except (struct.error, IndexError, ValueError) as e:

@@ -3,6 +3,7 @@ and the replayer read (pure)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
@@ -25,12 +26,44 @@ class DistributedSnapshot:
 
 
 @dataclass(frozen=True)
+class LocalSnapshot:
+    """Which local transactions of one node had committed when its initial snapshot
+    was taken: PostgreSQL's own snapshot (``pg_current_snapshot()``, 64-bit xids)."""
+
+    xmin: int
+    xmax: int
+    in_progress: frozenset[int]
+
+    @classmethod
+    def parse(cls, text: str) -> LocalSnapshot:
+        """From the text ``pg_current_snapshot()`` prints: ``xmin:xmax:xip,xip,...``."""
+        xmin, xmax, xip = text.split(":")
+        return cls(int(xmin), int(xmax), frozenset(int(x) for x in xip.split(",") if x))
+
+    def __str__(self) -> str:
+        return f"{self.xmin}:{self.xmax}:{','.join(map(str, sorted(self.in_progress)))}"
+
+    def sees(self, xid: int) -> bool:
+        """Whether the local transaction ``xid`` (32 bits, as logical decoding gives it)
+        had committed. Decoded transactions are close to the snapshot in xid order, so
+        the 64-bit xid is the one within 2^31 of ``xmax``."""
+        full = (self.xmax & ~0xFFFFFFFF) | (xid & 0xFFFFFFFF)
+        if full > self.xmax + 0x7FFFFFFF:
+            full -= 1 << 32
+        elif full < self.xmax - 0x80000000:
+            full += 1 << 32
+        return full < self.xmin or (full < self.xmax and full not in self.in_progress)
+
+
+@dataclass(frozen=True)
 class NodeStart:
     content: int
     slot: str
     consistent_lsn: int  # the slot's consistent point
     snapshot_lsn: int  # the WAL position the initial snapshot corresponds to
     snapshot_name: str | None  # the exported snapshot, valid only while bootstrap runs
+    # The initial snapshot's own visibility ("xmin:xmax:xip,..."), where the cut recorded it.
+    local_snapshot: str | None = None
 
 
 @dataclass(frozen=True)
@@ -53,23 +86,31 @@ class StartPoint:
                 return n
         raise KeyError(f"the start point has no node with content {content}")
 
-    def captures(self, content: int, commit_lsn: int, gxid: int | None) -> bool:
+    def captures(self, content: int, commit_lsn: int, gxid: int | None, xid: int | None = None) -> bool:
         """Whether a local transaction belongs to the stream (False: it is in the
         initial snapshot already).
 
         Peaceful slots start where no distributed transaction ran, so every transaction
         they decode belongs. Snapshot-filter slots started before the cut: a part is
-        dropped when the distributed snapshot sees its gxid; a part without a gxid
-        (legacy markers) is dropped when it committed before the node's WAL position at
-        the cut, which is exact because no commit phase ran during the cut. A local
-        transaction outside any distributed one (a utility-mode write) takes no commit
-        lock, so one committing during the cut itself may land on the wrong side.
+        dropped when the distributed snapshot sees its gxid. Without a gxid (legacy
+        markers, or a cluster with no distributed snapshot) it is dropped when the node's
+        own snapshot at the cut saw its local ``xid``: exact, because no commit phase of
+        a distributed transaction ran during the cut, so every such transaction is seen
+        on all its nodes or on none. Without a recorded local snapshot, by the node's WAL
+        position at the cut; a local transaction outside any distributed one (a
+        utility-mode write) takes no commit lock, so one committing during the cut
+        itself may then land on the wrong side.
         """
-        if self.method != "snapshot" or self.snapshot is None:
+        if self.method != "snapshot":
             return True
-        if gxid is not None:
+        if gxid is not None and self.snapshot is not None:
             return not self.snapshot.sees(gxid)
-        return commit_lsn > self.node(content).snapshot_lsn
+        node = self.node(content)
+        if xid is not None and node.local_snapshot is not None:
+            return not _local_snapshot(node.local_snapshot).sees(xid)
+        if self.snapshot is None:
+            return True
+        return commit_lsn > node.snapshot_lsn
 
     @property
     def identity(self) -> str:
@@ -97,6 +138,11 @@ class StartPoint:
             publication=data.get("publication", "gpcdc"),
             extra=data.get("extra", {}),
         )
+
+
+@functools.lru_cache(maxsize=256)
+def _local_snapshot(text: str) -> LocalSnapshot:
+    return LocalSnapshot.parse(text)
 
 
 def format_lsn(lsn: int) -> str:

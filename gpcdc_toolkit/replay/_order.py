@@ -134,9 +134,13 @@ class Reassembler:
     the record's commit time.
     """
 
-    def __init__(self, segments: int, *, clock_skew_ms: int = 1000, applied: Container[int] = frozenset()) -> None:
+    def __init__(self, segments: int, *, clock_skew_ms: int = 1000, applied: Container[int] = frozenset(),
+                 applied_lsn: Mapping[int, int] | None = None) -> None:
         self.segments = [_Segment() for _ in range(segments)]
         self.applied = applied
+        # Per segment, the commit LSN up to which its one-phase parts without a gxid are
+        # applied: they go out in their segment's order, so that order names them.
+        self.applied_lsn = dict(applied_lsn or {})
         self.clock_skew_ms = clock_skew_ms
         self._records: deque[Record] = deque()  # not handed out yet; the first is at position _next
         self._position: dict[int, int] = {}  # gxid -> coordinator position (counted from 0)
@@ -160,6 +164,8 @@ class Reassembler:
                 "pipeline again")
         segment.last_lsn = part.commit_lsn
         segment.recent.add(part.commit_lsn)
+        if part.gxid is None and part.one_phase and part.commit_lsn <= self.applied_lsn.get(part.segment, -1):
+            return
         if part.gxid in self.applied:
             if not part.one_phase:
                 segment.log.append(part)  # passed over in its place, see _advance

@@ -245,7 +245,7 @@ class _Run:
         self.consumer.assign([TopicPartition(self.topics.changes, p, self.next[p]) for p in segments]
                              + [TopicPartition(self.topics.dtx, 0, self.next[COORDINATOR])])
         self.reassembler: Reassembler | SegmentOrder | None = None
-        self.applied_lsn = dict(checkpoint.applied_lsn)  # legacy replay: everything up to these is applied
+        self.applied_lsn = dict(checkpoint.applied_lsn)  # parts without a gxid up to these are applied
         self.window: list[Part | Record | Watermark] = []  # framed while reading the window
         self.in_hand: deque[Whole] = deque()  # handed out by the reassembler, not applied yet
         self.syncpoints: list[tuple[int, float]] = []  # (gxid, ms held there) of the sync points passed
@@ -354,7 +354,8 @@ class _Run:
         else:
             gxids = {f.gxid for f in self.window if isinstance(f, (Part, Record)) and f.gxid is not None}
             self.reassembler = Reassembler(self.segments, clock_skew_ms=self.settings.clock_skew_ms,
-                                           applied=self.applier.applied_among(gxids) if gxids else set())
+                                           applied=self.applier.applied_among(gxids) if gxids else set(),
+                                           applied_lsn=self.applied_lsn)
         for framed in self.window:
             self._add(framed)
         self.window = []
@@ -441,12 +442,16 @@ class _Run:
         unapplied = list(self.in_hand)[after:]
         resume = resume_point(self.next, self.reassembler, unapplied, self.framer.resume_offsets())
         applied_lsn = dict(self.applied_lsn)
-        if self.settings.legacy_per_segment:
-            for whole in list(self.in_hand)[:after]:
+        for whole in list(self.in_hand)[:after]:
+            if self.settings.legacy_per_segment:
                 lsns = [(p.segment, p.commit_lsn) for p in whole.parts]
                 lsns += [(COORDINATOR, whole.record.commit_lsn)] if whole.record is not None else []
-                for partition, lsn in lsns:
-                    applied_lsn[partition] = max(applied_lsn.get(partition, -1), lsn)
+            elif whole.gxid is None:  # one-phase, without a gxid: applied in its segment's order
+                lsns = [(p.segment, p.commit_lsn) for p in whole.parts]
+            else:
+                continue  # named by its gxid in the target's applied table
+            for partition, lsn in lsns:
+                applied_lsn[partition] = max(applied_lsn.get(partition, -1), lsn)
         return Checkpoint(resume, dict(self.next), dict(self.framer.last_lsn), applied_lsn)
 
     def progress(self) -> Progress:

@@ -194,7 +194,9 @@ class Framer:
             self._open.setdefault(key, _Open(offset))
             return None
         opened = self._open.pop(key, None) or _Open(offset)
-        if (value["gxid"] is None or value["one_phase"] is None) and not self.legacy:
+        # A one-phase part needs no gxid (Citus's single-node commits have none); any
+        # other part without one, or without the flag, was written with legacy markers.
+        if (value["one_phase"] is None or (value["gxid"] is None and not value["one_phase"])) and not self.legacy:
             raise LegacyStreamError(
                 f"segment {partition}'s transaction at offset {opened.offset} of {self.topic_prefix}.changes has no "
                 f"{'gxid' if value['gxid'] is None else 'one-phase flag'} (legacy markers): "

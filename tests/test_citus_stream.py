@@ -1,0 +1,190 @@
+"""The Citus stream translation (pure): a worker's two-phase decoding stream and the
+coordinator's commit decisions, turned into the protocol the sandbox's capture writes."""
+
+import re
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpcdc_toolkit.citus import CitusGidError, CitusStream, gxid_of_gid
+from gpcdc_toolkit.protocol import COORDINATOR, LocalSnapshot, NodeStart, ProtocolError, StartPoint
+from tests import _pgwire as w
+
+PID = 4242
+SHARD_RELID = 700
+COLUMNS = [("id", 23, True), ("v", 25, False)]
+
+
+def shards(schema, relation):
+    return ("public", "acct") if schema == "public" and re.fullmatch(r"acct_\d+", relation) else None
+
+
+def worker(start=None):
+    return CitusStream(1, shards=shards, groups={1: 0, 2: 1}, source_name="t", database="db", start=start)
+
+
+def decode(outbound):
+    return [orjson.loads(o.value) for o in outbound]
+
+
+def test_gxids_name_the_distributed_transaction_not_the_connection():
+    assert gxid_of_gid("citus_0_3756_7_6") == gxid_of_gid("citus_0_3756_7_1")
+    assert gxid_of_gid("citus_0_3756_7_6") != gxid_of_gid("citus_0_3756_8_6")
+    assert gxid_of_gid("citus_0_3756_7_6") != gxid_of_gid("citus_0_3757_7_6")
+    assert gxid_of_gid("gpcdc_12") is None and gxid_of_gid("citus_0_1_2") is None
+    with pytest.raises(CitusGidError, match="node group 2, not the coordinator"):
+        gxid_of_gid("citus_2_3756_7_6")
+
+
+@st.composite
+def worker_wal(draw):
+    """A worker's decoding stream: distributed transactions with 1-3 parts each
+    (prepared, then committed in any order, or all rolled back), and one-phase
+    commits, interleaved as the server may write them. Returns (messages, expected):
+    expected is, in the order capture must hand them out, (gxid or None, sorted ids)."""
+    count = draw(st.integers(1, 5))
+    steps = []  # (dtx index or None, kind, part number)
+    for i in range(count):
+        parts = draw(st.integers(1, 3))
+        outcome = draw(st.sampled_from(["commit", "commit", "rollback"]))
+        steps.append([(i, "prepare", c) for c in range(parts)]
+                     + [(i, outcome, c) for c in draw(st.permutations(range(parts)))])
+    steps += [[(None, "one_phase", j)] for j in range(draw(st.integers(0, 3)))]
+    order: list[tuple] = []
+    queues = [list(s) for s in steps]
+    while any(queues):  # interleave, keeping each transaction's own order
+        live = [q for q in queues if q]
+        order.append(draw(st.sampled_from(live)).pop(0))
+    messages, slots, committed = [], [], set()
+    lsn, next_id, xid = 1000, 1, 500
+    rows: dict[int, list[int]] = {}
+    for dtx, kind, part in order:
+        lsn += 100
+        gid = f"citus_0_{PID}_{dtx}_{part}" if dtx is not None else None
+        if kind in ("prepare", "one_phase"):
+            xid += 1
+            ids = list(range(next_id, next_id + draw(st.integers(0, 3))))
+            next_id += len(ids)
+            messages.append(w.begin_prepare(lsn, lsn + 50, xid, gid) if gid else w.begin(lsn, xid))
+            messages.append(w.relation(SHARD_RELID, "public", f"acct_{102008 + part}", COLUMNS))
+            messages += [w.insert(SHARD_RELID, [str(i), f"v{i}"]) for i in ids]
+            if gid:
+                messages.append(w.prepare(lsn, lsn + 50, xid, gid))
+                rows.setdefault(dtx, []).extend(ids)
+            else:
+                messages.append(w.commit(lsn, lsn + 50))
+                if ids:  # an empty local transaction is nothing to the stream
+                    slots.append((None, ids))
+        elif kind == "commit":
+            messages.append(w.commit_prepared(lsn, lsn + 50, 0, gid))
+            if dtx not in committed:  # handed out at its first commit
+                committed.add(dtx)
+                slots.append((dtx, None))
+        else:
+            messages.append(w.rollback_prepared(lsn - 50, lsn + 50, 0, gid))
+    expected = [(gxid_of_gid(f"citus_0_{PID}_{dtx}_0"), sorted(rows[dtx])) if dtx is not None else (None, ids)
+                for dtx, ids in slots]
+    rolled_back = sum(1 for dtx, kind, _ in order if kind == "rollback")
+    return messages, expected, rolled_back
+
+
+@settings(max_examples=300, deadline=None)
+@given(worker_wal())
+def test_a_worker_hands_out_each_distributed_transaction_whole_at_its_first_commit(case):
+    messages, expected, rolled_back = case
+    stream = worker()
+    out = []
+    prepared_at: dict[str, int] = {}
+    for payload in messages:
+        if payload[:1] == b"b":
+            prepared_at[payload[29:-1].decode()] = int.from_bytes(payload[1:9], "big")
+        out += decode(stream.feed(payload))
+        # Never acknowledged past a part that is not handed out yet.
+        waiting = [prepared_at[g] for g in stream._prepared] + [
+            p.begin.final_lsn for m in stream._merges.values() for p in m.parts]
+        if waiting:
+            assert stream.ack_limit is not None and stream.ack_limit <= min(waiting)
+    parts, current = [], None
+    for event in out:
+        if event.get("status") == "BEGIN":
+            current = (event["gxid"], [])
+        elif event.get("op") == "c":
+            assert event["source"]["table"] == "acct" and event["source"]["gxid"] == current[0]
+            assert event["source"]["seq"] == len(current[1]) + 1
+            current[1].append(event["after"]["id"])
+        elif event.get("status") == "END":
+            assert event["event_count"] == len(current[1])
+            assert event["one_phase"] is (current[0] is None)
+            parts.append((current[0], sorted(current[1])))
+    assert parts == expected
+    assert stream.rolled_back_parts == rolled_back
+    assert stream.held_from is None and stream.ack_limit is None
+
+
+def test_a_rollback_after_a_sibling_committed_stops_capture():
+    stream = worker()
+    for part in (1, 2):
+        stream.feed(w.begin_prepare(100 * part, 100 * part + 50, 10 + part, f"citus_0_{PID}_9_{part}"))
+        stream.feed(w.prepare(100 * part, 100 * part + 50, 10 + part, f"citus_0_{PID}_9_{part}"))
+    stream.feed(w.commit_prepared(400, 450, 0, f"citus_0_{PID}_9_1"))
+    with pytest.raises(ProtocolError, match="rolled back after another part"):
+        stream.feed(w.rollback_prepared(250, 550, 0, f"citus_0_{PID}_9_2"))
+
+
+def test_a_commit_prepared_without_its_prepare_is_refused():
+    with pytest.raises(ProtocolError, match="whose PREPARE was not decoded"):
+        worker().feed(w.commit_prepared(400, 450, 0, f"citus_0_{PID}_9_1"))
+
+
+def test_relations_that_are_not_shards_are_not_the_streams():
+    stream = worker()
+    stream.feed(w.begin(100, 7))
+    stream.feed(w.relation(900, "public", "local_table", COLUMNS))
+    stream.feed(w.insert(900, ["1", "x"]))
+    assert stream.feed(w.commit(100, 150)) == []
+
+
+def coordinator(start=None):
+    return CitusStream(COORDINATOR, shards=shards, groups={1: 0, 2: 1}, source_name="t", database="db", start=start)
+
+
+DECISION_COLUMNS = [("groupid", 23, False), ("outer_xid", 5069, False), ("gid", 25, False)]
+
+
+def decisions(stream, lsn, xid, rows, relid=12345):
+    stream.feed(w.begin(lsn, xid))
+    stream.feed(w.relation(relid, "pg_catalog", "pg_dist_transaction", DECISION_COLUMNS))
+    for group, gid in rows:
+        stream.feed(w.insert(relid, [str(group), "1234", gid]))
+    return decode(stream.feed(w.commit(lsn, lsn + 50)))
+
+
+def test_the_coordinators_decision_is_the_commit_record():
+    stream = coordinator()
+    gids = [f"citus_0_{PID}_5_{c}" for c in (3, 4, 7)]
+    [record] = decisions(stream, 800, 77, [(2, gids[0]), (2, gids[1]), (1, gids[2])])
+    assert record["type"] == "commit" and record["gxid"] == gxid_of_gid(gids[0])
+    assert record["segments"] == [0, 1] and record["ddl_count"] == 0 and record["commit_lsn"] == 800
+    # Recovery deleting carried-out decisions is nothing to the stream.
+    stream.feed(w.begin(900, 78))
+    stream.feed(w.delete(12345, ["2", None, gids[0]], old_kind="O"))
+    assert stream.feed(w.commit(900, 950)) == []
+
+
+def test_a_decision_for_an_unknown_node_group_is_refused():
+    with pytest.raises(ProtocolError, match="node groups \\[5\\]"):
+        decisions(coordinator(), 800, 77, [(5, f"citus_0_{PID}_5_1")])
+
+
+def test_the_start_point_filters_by_each_nodes_own_snapshot():
+    # xid 600 committed before the cut (seen), 601 was running at it, 602 came after.
+    start = StartPoint("snapshot", "now", (
+        NodeStart(COORDINATOR, "s", 0, 0, None, "600:602:601"), NodeStart(0, "s", 0, 0, None, "600:602:601")))
+    assert LocalSnapshot.parse("600:602:601").sees(599) and not LocalSnapshot.parse("600:602:601").sees(601)
+    stream = coordinator(start)
+    assert decisions(stream, 800, 599, [(1, f"citus_0_{PID}_5_1")]) == []
+    assert len(decisions(stream, 900, 601, [(1, f"citus_0_{PID}_6_1")])) == 1
+    assert len(decisions(stream, 1000, 602, [(1, f"citus_0_{PID}_7_1")])) == 1
+    assert stream.dropped_transactions == 1
