@@ -155,7 +155,7 @@ DECISION_COLUMNS = [("groupid", 23, False), ("outer_xid", 5069, False), ("gid", 
 
 def decisions(stream, lsn, xid, rows, relid=12345):
     stream.feed(w.begin(lsn, xid))
-    stream.feed(w.relation(relid, "pg_catalog", "pg_dist_transaction", DECISION_COLUMNS))
+    stream.feed(w.relation(relid, "", "pg_dist_transaction", DECISION_COLUMNS))  # pgoutput: pg_catalog is ""
     for group, gid in rows:
         stream.feed(w.insert(relid, [str(group), "1234", gid]))
     return decode(stream.feed(w.commit(lsn, lsn + 50)))

@@ -153,7 +153,7 @@ def copy_dropping(config, drop, suffix="x"):
     shutil.copytree(Pipeline(config.work_dir, old.prefix).directory, Pipeline(config.work_dir, new.prefix).directory,
                     ignore=shutil.ignore_patterns("*.tmp"))
     return load_config({"work_dir": str(config.work_dir), "kafka.bootstrap_servers": config.kafka.bootstrap_servers,
-                        "kafka.topic_prefix": new.prefix, "source.sandbox": "source",
+                        "kafka.topic_prefix": new.prefix, "source.sandbox": config.source.sandbox,
                         "target.sandbox": config.target.sandbox}, environ={}), dropped
 
 

@@ -46,6 +46,11 @@ COORDINATOR_GROUP = 0
 _PID_BITS = 22  # Linux's pid_max is at most 2^22
 
 
+def _is_decisions(schema: str, relation: str) -> bool:
+    # pgoutput names pg_catalog's relations with an empty schema.
+    return relation == DECISIONS[1] and schema in ("", DECISIONS[0])
+
+
 class CitusGidError(ProtocolError):
     """A prepared transaction's gid that capture cannot take as a coordinator's part."""
 
@@ -114,7 +119,7 @@ class CitusStream(TransactionAssembler):
 
     def table_of(self, schema: str, relation: str) -> tuple[str, str] | None:
         if self.content == COORDINATOR:
-            return (schema, relation) if (schema, relation) == DECISIONS else None
+            return DECISIONS if _is_decisions(schema, relation) else None
         return self.shards(schema, relation)
 
     # -- the stream ---------------------------------------------------------------------
@@ -146,7 +151,8 @@ class CitusStream(TransactionAssembler):
             return []
         if self.content == COORDINATOR and isinstance(message, (pg.Insert, pg.Update, pg.Delete)):
             return self._decision_row(message)
-        if isinstance(message, pg.Relation) and self.content == COORDINATOR and (message.schema, message.table) == DECISIONS:
+        if isinstance(message, pg.Relation) and self.content == COORDINATOR and _is_decisions(message.schema,
+                                                                                               message.table):
             names = [c.name for c in message.columns]
             if "groupid" not in names or "gid" not in names:
                 raise ProtocolError(f"node {self.content}: pg_dist_transaction has no groupid or gid column ({names})")

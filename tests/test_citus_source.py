@@ -1,0 +1,275 @@
+"""Citus as a source, against real Citus (coordinator + 2 workers): bootstrap at a
+consistent cut while writers run, checked by an independent test_decoding oracle on
+every worker; capture; replay into a target equal to the source; a part rolled back
+after PREPARE dropped and counted; a worker's part removed from a copy of the topics
+proven missing."""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+import time
+import uuid
+
+import psycopg
+import pytest
+
+from gpcdc_toolkit.bootstrap import BootstrapError, InitialSnapshot, Pipeline, bootstrap, drop_slots
+from gpcdc_toolkit.capture import CaptureGroup, wait_until_acknowledged
+from gpcdc_toolkit.citus import gxid_of_gid
+from gpcdc_toolkit.config import load_config
+from gpcdc_toolkit.protocol import StartPoint
+from gpcdc_toolkit.replay import APPLIED, MissingPartError, Replayer, ReplaySettings
+from gpcdc_toolkit.sandbox import Sandbox
+from gpcdc_toolkit.validate import read_captured, table_rows
+
+from .test_replay_faults import copy_dropping, gxid_of
+
+pytestmark = pytest.mark.citus
+
+
+@pytest.fixture(scope="module")
+def citus_source(work_dir):
+    sandbox = Sandbox("citus-src", work_dir).up(segments=2, flavour="citus")
+    try:
+        yield sandbox
+    finally:
+        sandbox.down()
+
+
+@pytest.fixture
+def pipeline_on(citus_source, broker, work_dir, table_name):
+    """A distributed table and a fresh pipeline of the Citus source; (cluster, config,
+    pipeline, group not yet started, table). All dropped and stopped afterwards."""
+    cluster = citus_source.cluster()
+    with psycopg.connect(citus_source.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table_name} (id int PRIMARY KEY, v int NOT NULL, note text)")
+        conn.execute("SELECT create_distributed_table(%s, 'id')", (table_name,))
+    config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
+                          "kafka.topic_prefix": f"c{uuid.uuid4().hex[:8]}", "source.sandbox": citus_source.name},
+                         environ={})
+    pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+    group = CaptureGroup(config.with_settings({"capture.heartbeat_interval": 0.3}))
+    try:
+        yield cluster, config, pipeline, group, table_name
+    finally:
+        group.stop()
+        drop_slots(cluster, pipeline.slot, publication=pipeline.publication)
+        with psycopg.connect(citus_source.dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {table_name}")
+
+
+class Writers:
+    """Threads writing through the coordinator until stopped: multi-shard inserts (two
+    phases over both workers, several connections each), single-shard inserts (one
+    phase), and, unless ``inserts_only``, updates and deletes across shards. Every id
+    is written by one thread only, so the final table is the writers' alone."""
+
+    def __init__(self, dsn: str, table: str, threads: int = 3, *, inserts_only: bool = False) -> None:
+        self.dsn, self.table, self.inserts_only = dsn, table, inserts_only
+        self.stop_event = threading.Event()
+        self.commits = [0] * threads
+        self.errors: list[BaseException] = []
+        self.threads = [threading.Thread(target=self._run, args=(i,)) for i in range(threads)]
+
+    def _run(self, index: int) -> None:
+        rng = random.Random(index)
+        next_id, mine = 1_000_000 * (index + 1), []
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                while not self.stop_event.is_set():
+                    choice = rng.random()
+                    if choice < 0.4 or self.inserts_only and choice < 0.7:
+                        ids = list(range(next_id, next_id + rng.randint(2, 12)))
+                        conn.execute(f"INSERT INTO {self.table} (id, v) SELECT g, 0 FROM unnest(%s::int[]) g", (ids,))
+                    elif choice < 0.7 or self.inserts_only:
+                        ids = [next_id]
+                        conn.execute(f"INSERT INTO {self.table} (id, v, note) VALUES (%s, 1, 'one')", (next_id,))
+                    elif not mine:
+                        continue  # (an update matching no row on a worker leaves that worker no part to decode)
+                    elif choice < 0.9:
+                        ids, some = [], rng.sample(mine, min(len(mine), 6))
+                        with conn.transaction():
+                            conn.execute(f"UPDATE {self.table} SET v = v + 1 WHERE id = ANY(%s)", (some,))
+                            conn.execute(f"UPDATE {self.table} SET note = 'u' WHERE id = %s", some[:1])
+                    else:
+                        ids, gone = [], rng.sample(mine, min(len(mine), 3))
+                        conn.execute(f"DELETE FROM {self.table} WHERE id = ANY(%s)", (gone,))
+                        mine = [i for i in mine if i not in gone]
+                    next_id += len(ids)
+                    mine += ids
+                    self.commits[index] += 1
+        except BaseException as e:  # seen by the test through stop()
+            self.errors.append(e)
+
+    def __enter__(self) -> Writers:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def wait_for_commits(self, count: int, timeout: float = 120.0) -> None:
+        goal = sum(self.commits) + count
+        deadline = time.monotonic() + timeout
+        while sum(self.commits) < goal:
+            assert not self.errors, self.errors
+            assert time.monotonic() < deadline, f"{sum(self.commits)} of {goal} commits after {timeout:g} s"
+            self.stop_event.wait(0.02)  # polling the writers' own count
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for t in self.threads:
+            t.join(timeout=60)
+        assert not self.errors, self.errors
+
+
+def oracle_slots(cluster, name):
+    """An independent test_decoding slot (two-phase) on every worker, made before anything else."""
+    for node in cluster.segments:
+        with cluster.connect_node(node) as conn:
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding', false, true)", (name,))
+
+
+def oracle_transactions(cluster, name, table):
+    """Per worker, every transaction its oracle slot decoded, committed: (xid, gid or
+    None, ids inserted into ``table``'s shards). Prepared parts show their rows at
+    PREPARE; those rolled back are left out."""
+    out = {}
+    for node in cluster.segments:
+        with cluster.connect_node(node) as conn:
+            lines = [r[0] for r in conn.execute(
+                "SELECT data FROM pg_logical_slot_get_changes(%s, NULL, NULL, 'include-xids', '1', "
+                "'skip-empty-xacts', '1')", (name,))]
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+        open_rows, xid, prepared, committed = [], None, {}, []
+        for line in lines:
+            if m := re.fullmatch(r"BEGIN (\d+)", line):
+                xid, open_rows = int(m[1]), []
+            elif m := re.match(rf"table public\.{table}_\d+: INSERT: id\[integer\]:(\d+)", line):
+                open_rows.append(int(m[1]))
+            elif m := re.fullmatch(r"PREPARE TRANSACTION '(.*)', txid (\d+)", line):
+                prepared[m[1]] = (int(m[2]), open_rows)
+            elif m := re.fullmatch(r"COMMIT PREPARED '(.*)', txid (\d+)", line):
+                part_xid, rows = prepared.pop(m[1])
+                committed.append((part_xid, m[1], rows))
+            elif m := re.fullmatch(r"COMMIT (\d+)", line):
+                committed.append((int(m[1]), None, open_rows))
+        out[node.content] = committed
+    return out
+
+
+def test_bootstrap_while_writers_run_splits_no_distributed_transaction(pipeline_on, citus_source):
+    cluster, config, pipeline, group, table = pipeline_on
+    oracle = f"oracle_{uuid.uuid4().hex[:6]}"
+    oracle_slots(cluster, oracle)
+    with pytest.raises(BootstrapError, match="no gate that holds distributed transactions at their start"):
+        bootstrap(cluster, pipeline, "peaceful")
+    with Writers(citus_source.dsn, table, threads=3, inserts_only=True) as writers:
+        writers.wait_for_commits(30)
+        start = bootstrap(cluster, pipeline, "snapshot")
+        group.start()
+        writers.wait_for_commits(150)
+    wait_until_acknowledged(cluster, pipeline.slot)
+    transactions = oracle_transactions(cluster, oracle, table)
+    snapshot = InitialSnapshot(pipeline.snapshot_dir)
+    in_snapshot = {row[0] for row in snapshot.rows(f"public.{table}")}
+    captured = read_captured(config)
+    in_kafka = [r["after"]["id"] for r in captured.rows if r["op"] == "c"]
+    assert len(in_kafka) == len(set(in_kafka)), "a row captured twice"
+    in_kafka_ids = set(in_kafka)
+    sides: dict[int, set[bool]] = {}
+    before = after = 0
+    for content, committed in transactions.items():
+        for xid, gid, ids in committed:
+            if not ids:
+                continue
+            # Independent of the start point: each transaction wholly in the snapshot, or wholly in Kafka.
+            whole_before = set(ids) <= in_snapshot and not set(ids) & in_kafka_ids
+            whole_after = set(ids) <= in_kafka_ids and not set(ids) & in_snapshot
+            assert whole_before or whole_after, (content, xid, gid, ids)
+            before += whole_before
+            after += whole_after
+            assert start.captures(content, 0, None, xid) == whole_after  # and the start point says so
+            if gid is not None:
+                sides.setdefault(gxid_of_gid(gid), set()).add(whole_after)
+    split = {g: s for g, s in sides.items() if len(s) > 1}
+    assert not split, f"distributed transactions split by the start point: {split}"
+    assert before and after and len([g for g in sides]) > 10
+    with psycopg.connect(citus_source.dsn) as conn:
+        source_ids = {r[0] for r in conn.execute(f"SELECT id FROM {table}")}
+    assert in_snapshot | in_kafka_ids == source_ids
+    # Each captured part of a distributed transaction holds all its parts' rows on that worker.
+    for content, committed in transactions.items():
+        for gxid in {gxid_of_gid(g) for _x, g, ids in committed if g and ids and set(ids) <= in_kafka_ids}:
+            rows = sorted(i for _x, g, ids in committed if g and gxid_of_gid(g) == gxid for i in ids)
+            got = sorted(r["after"]["id"] for r in captured.rows if r["source"]["gxid"] == gxid
+                         and r["source"]["segment"] == content)
+            assert got == rows
+    assert StartPoint.from_json(start.to_json()) == start
+
+
+@pytest.mark.parametrize("replay_target", ["postgres"], indirect=True)
+def test_replay_of_a_citus_source_reproduces_it_and_drops_rolled_back_parts(pipeline_on, citus_source, replay_target):
+    cluster, config, pipeline, group, table = pipeline_on
+    target, target_config, _pipeline, _group = replay_target
+    config = config.with_settings({"target.sandbox": target.name})
+    with psycopg.connect(citus_source.dsn, autocommit=True) as conn:
+        conn.execute(f"INSERT INTO {table} (id, v) SELECT g, g FROM generate_series(1, 50) g")
+    bootstrap(cluster, pipeline, "snapshot")
+    group.start()
+    with Writers(citus_source.dsn, table, threads=3) as writers:
+        writers.wait_for_commits(200)
+    # A part rolled back after its PREPARE, as Citus rolls back a transaction whose
+    # PREPARE failed elsewhere: decoded, then dropped.
+    worker = cluster.segments[0]
+    shard = cluster.fetch_on(worker, "SELECT shard_name(logicalrelid, shardid) FROM pg_dist_shard JOIN pg_dist_placement "
+                                     "USING (shardid) WHERE logicalrelid = %s::regclass AND groupid = %s LIMIT 1",
+                             (table, cluster.group_of(worker)))[0][0]
+    with cluster.connect_node(worker) as conn:
+        conn.execute(f"BEGIN; INSERT INTO {shard} (id, v) VALUES (-7, -7); PREPARE TRANSACTION 'citus_0_99_77_1'")
+        conn.execute("ROLLBACK PREPARED 'citus_0_99_77_1'")
+    wait_until_acknowledged(cluster, pipeline.slot)
+    deadline = time.monotonic() + 30
+    while sum((group.status(n.content) or {}).get("rolled_back_parts", 0) for n in cluster.nodes) != 1:
+        assert time.monotonic() < deadline, [group.status(n.content) for n in cluster.nodes]
+        threading.Event().wait(0.1)  # polling the workers' status, written every heartbeat
+    with Replayer(config) as replayer:
+        done = replayer.run()
+    assert done.pending == 0
+    target_cluster = target.cluster()
+    assert table_rows(target_cluster, table) == table_rows(cluster, table)
+    # Nothing applied twice: a second run applies nothing.
+    with Replayer(config) as replayer:
+        assert replayer.run().transactions == 0
+    applied = table_rows(target_cluster, APPLIED)
+    assert len(applied) == len({row[1] for row in applied})
+
+
+def test_a_workers_missing_part_stops_the_replay_before_it(pipeline_on, citus_source, replay_target):
+    cluster, config, pipeline, group, table = pipeline_on
+    target, _config, _pipeline, _group = replay_target
+    config = config.with_settings({"target.sandbox": target.name})
+    bootstrap(cluster, pipeline, "snapshot")
+    group.start()
+    with Writers(citus_source.dsn, table, threads=2, inserts_only=True) as writers:
+        writers.wait_for_commits(80)
+    wait_until_acknowledged(cluster, pipeline.slot)
+    captured = read_captured(config)
+    two_phase = [g for g, segments in captured.records.items() if segments and len(segments) == 2]
+    victim = two_phase[len(two_phase) // 2]
+    dropped_segment = captured.records[victim][1]
+    record_ts = max(r["source"]["ts_ms"] for r in captured.rows if r["source"]["gxid"] == victim)
+    deadline = time.monotonic() + 90
+    while not any(w.get("prepared_ts_ms", -1) > record_ts + 1000 for w in read_captured(config).watermarks[dropped_segment]):
+        assert time.monotonic() < deadline, "no watermark past the record"
+        threading.Event().wait(0.2)  # polling Kafka for the worker's next watermark
+    broken, dropped = copy_dropping(config, lambda p, v: p == dropped_segment and gxid_of(v) == victim)
+    assert dropped >= 2
+    with Replayer(broken, settings=ReplaySettings(clock_skew_ms=0)) as replayer, \
+            pytest.raises(MissingPartError) as raised:
+        replayer.run()
+    assert (raised.value.missing.gxid, raised.value.missing.segment) == (victim, dropped_segment)
+    assert victim not in {row[1] for row in table_rows(target.cluster(), APPLIED)}
