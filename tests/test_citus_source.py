@@ -144,10 +144,10 @@ def oracle_transactions(cluster, name, table):
                 "SELECT data FROM pg_logical_slot_get_changes(%s, NULL, NULL, 'include-xids', '1', "
                 "'skip-empty-xacts', '1')", (name,))]
             conn.execute("SELECT pg_drop_replication_slot(%s)", (name,))
-        open_rows, xid, prepared, committed = [], None, {}, []
+        open_rows, prepared, committed = [], {}, []
         for line in lines:
-            if m := re.fullmatch(r"BEGIN (\d+)", line):
-                xid, open_rows = int(m[1]), []
+            if re.fullmatch(r"BEGIN \d+", line):
+                open_rows = []
             elif m := re.match(rf"table public\.{table}_\d+: INSERT: id\[integer\]:(\d+)", line):
                 open_rows.append(int(m[1]))
             elif m := re.fullmatch(r"PREPARE TRANSACTION '(.*)', txid (\d+)", line):

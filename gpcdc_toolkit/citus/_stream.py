@@ -237,12 +237,13 @@ class CitusStream(TransactionAssembler):
                 for p in merge.parts}
         if len(kept) > 1:
             raise ProtocolError(f"node {self.content}: the start point splits the parts of gxid {merge.gxid}")
-        txn = _Txn(first.begin, gxid=merge.gxid, pending=[], counts={})
+        counts: dict[str, int] = {}
+        txn = _Txn(first.begin, gxid=merge.gxid, pending=[], counts=counts)
         for part in merge.parts:
             for event, key in part.pending or []:
                 txn.seq += 1
                 table = f"{event['source']['schema']}.{event['source']['table']}"
-                order = txn.counts[table] = txn.counts.get(table, 0) + 1  # type: ignore[index]
+                order = counts[table] = counts.get(table, 0) + 1
                 event["source"].update(commit_lsn=first.begin.final_lsn, ts_ms=first.begin.commit_ts_us // 1000,
                                        txId=first.begin.xid, gxid=merge.gxid, seq=txn.seq)
                 event["transaction"] = {"id": self._txid(txn), "total_order": txn.seq, "data_collection_order": order}
@@ -251,7 +252,7 @@ class CitusStream(TransactionAssembler):
 
     # -- coordinator decisions --------------------------------------------------------------
     def _decision_row(self, message: pg.Insert | pg.Update | pg.Delete) -> list[Outbound]:
-        txn = self._current("a row change")
+        self._current("a row change")
         columns = self._decision_columns.get(message.relid)
         if columns is None or not isinstance(message, pg.Insert):
             return []  # recovery deleting decisions it has carried out; nothing else is published

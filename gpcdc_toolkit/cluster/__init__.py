@@ -12,5 +12,6 @@ __all__ = [
     "COORDINATOR", "Cluster", "Node", "Table", "TableRef", "connect_dsn", "quoted",
     "COMMIT_LOCK", "DistributedTransaction", "Session", "gid", "gxid_of", "resolve_in_doubt", "syncpoint_lock",
     "jump_consistent_hash", "key_hash", "segment_for",
-    "CitusCluster", "FrontDoor", "FrontDoorSession", "LocalTransaction", "Writes", "WriteSession", "assignments", "connect_source", "connect_target",
+    "CitusCluster", "FrontDoor", "FrontDoorSession", "LocalTransaction", "Writes", "WriteSession", "assignments",
+    "connect_source", "connect_target",
 ]

@@ -25,7 +25,6 @@ import psycopg
 from psycopg import conninfo, sql
 
 from ..citus import COORDINATOR_GROUP, DECISIONS, CitusGidError, CitusStream, gxid_of_gid
-
 from ..errors import ClusterError, DistributedTransactionError, GpcdcError
 from ..protocol import COORDINATOR, DdlError, DistributedSnapshot, TransactionAssembler, parse_create_table
 from ._cluster import Cluster, Node, Table, TableRef, _where, connect_dsn
