@@ -10,20 +10,31 @@ from gpcdc_toolkit.audit._faults import Message
 
 
 class StreamBuilder:
-    def __init__(self, prefix: str = "t", segments: int = 3) -> None:
+    def __init__(self, prefix: str = "t", segments: int = 3, *, numbered: bool = False) -> None:
         self.changes, self.dtx = f"{prefix}.changes", f"{prefix}.dtx"
         self.segments = segments
         self.partitions: dict[tuple[str, int], list[tuple[bytes | None, dict, int]]] = {}
+        # Numbered, as capture numbers a Citus worker's parts: per segment, the last number given.
+        self.numbers: dict[int, int] | None = {s: 0 for s in range(segments)} if numbered else None
         # Every partition begins with its pipeline marker, as capture writes it.
         for topic, partition, node in [(self.changes, s, s) for s in range(segments)] + [(self.dtx, 0, -1)]:
-            self._put(topic, partition, None, {"type": "pipeline", "pipeline": "test", "segment": node, "version": 2}, 1)
+            marker = {"type": "pipeline", "pipeline": "test", "segment": node, "version": 2}
+            if numbered and node >= 0:
+                marker["parts"] = 0
+            self._put(topic, partition, None, marker, 1)
 
     def _put(self, topic, partition, key, value, ts):
         self.partitions.setdefault((topic, partition), []).append((key, value, ts))
 
-    def part(self, segment, gxid, lsn, ts, rows=(("t", 1),), one_phase=False, count=None):
-        """A segment's local transaction: BEGIN, a row event per (table, key), END."""
+    def part(self, segment, gxid, lsn, ts, rows=(("t", 1),), one_phase=False, count=None, lost=False):
+        """A segment's local transaction: BEGIN, a row event per (table, key), END
+        (``lost``: numbered, and then lost on its way)."""
         common = {"segment": segment, "gxid": gxid, "xid": lsn, "commit_lsn": lsn, "commit_ts_ms": ts}
+        if self.numbers is not None:
+            self.numbers[segment] += 1
+            common["number"] = self.numbers[segment]
+        if lost:
+            return self
         self._put(self.changes, segment, None, {"status": "BEGIN", "id": f"{segment}:{lsn}", "ts_ms": ts,
                                                  "event_count": None, "data_collections": None, **common}, ts)
         for seq, (table, key) in enumerate(rows, 1):
@@ -49,6 +60,8 @@ class StreamBuilder:
     def watermark(self, node, resolved, ts, prepared=(), prepared_ts=None):
         value = {"resolved": resolved, "resolved_ts_ms": ts, "segment": node, "ts_ms": ts,
                  "prepared": list(prepared), "prepared_ts_ms": ts - 1 if prepared_ts is None else prepared_ts}
+        if self.numbers is not None and node >= 0:
+            value["parts"] = self.numbers[node]
         if node == -1:
             self._put(self.dtx, 0, None, {**value, "type": "resolved"}, ts)
         else:

@@ -69,17 +69,19 @@ def replayer_head(messages, segments):
         elif isinstance(framed, Record):
             reassembler.add_record(framed)
         elif isinstance(framed, Watermark):
-            reassembler.add_watermark(framed.segment, framed.resolved_ts_ms, framed.prepared, framed.prepared_ts_ms)
+            reassembler.add_watermark(framed.segment, framed.resolved_ts_ms, framed.prepared, framed.prepared_ts_ms,
+                                      framed.parts)
         reassembler.ready()
     missing = {(m.gxid, m.segment) for m in reassembler.missing()}
     return missing, set(reassembler.in_doubt()) - missing
 
 
 @st.composite
-def doubtful_streams(draw):
+def doubtful_streams(draw, numbered=False):
     """Two-phase transactions with parts delivered or not, and each segment's last
-    prepared list read before, around or after their records, holding some of them."""
-    b = StreamBuilder(segments=3)
+    prepared list read before, around or after their records, holding some of them.
+    Numbered: a part not delivered either changed nothing (never numbered) or was lost."""
+    b = StreamBuilder(segments=3, numbered=numbered)
     transactions = draw(st.integers(1, 4))
     undelivered = []
     for gxid in range(1, transactions + 1):
@@ -90,6 +92,8 @@ def doubtful_streams(draw):
                 b.part(s, gxid, 100 * gxid, 1001 + 10 * gxid, rows=[("t", 100 * gxid + s)])
             else:
                 undelivered.append((gxid, s))
+                if numbered and draw(st.booleans()):
+                    b.part(s, gxid, 100 * gxid, 1001 + 10 * gxid, lost=True)
     for s in range(3):
         held = [g for g, seg in undelivered if seg == s and draw(st.booleans())]
         read_at = 1000 + draw(st.integers(-500, 2500))
@@ -109,3 +113,20 @@ def test_missing_and_late_agree_with_the_replayer(spark, builder):
     assert missing == {p for p in audit_missing if p[0] in head}
     assert late == {p for p in audit_late if p[0] in head}
     assert {f["rule"] for f in found} <= {"missing_part", "late_part"}
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doubtful_streams(numbered=True))
+def test_in_a_numbered_stream_a_part_that_changed_nothing_is_no_finding_and_a_lost_one_is(spark, builder):
+    missing, late = replayer_head(builder.messages(), 3)
+    found = findings_of(spark, builder)
+    lost = {f["segments"][0] for f in found if f["rule"] == "lost_parts"}
+    gapped = {s for s, last in builder.numbers.items()
+              if last > sum(1 for m in builder.messages() if m.partition == s and b'"status":"END"' in m.value)}
+    assert lost == gapped  # exactly the segments that lost a numbered part
+    audit_missing = {(f["gxid"], f["segments"][0]) for f in found if f["rule"] == "missing_part"}
+    named = {(g, s) for g, s in missing if g is not None}  # the replayer's gaps name no transaction
+    head = {g for g, _ in named | late}
+    assert named == {p for p in audit_missing if p[0] in head}
+    assert {s for g, s in missing if g is None} <= lost
+    assert all(s in gapped for _g, s in audit_missing)  # missing only where a number is missing

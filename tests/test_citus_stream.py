@@ -21,8 +21,9 @@ def shards(schema, relation):
     return ("public", "acct") if schema == "public" and re.fullmatch(r"acct_\d+", relation) else None
 
 
-def worker(start=None):
-    return CitusStream(1, shards=shards, groups={1: 0, 2: 1}, source_name="t", database="db", start=start)
+def worker(start=None, numbered_after=(-1, 0)):
+    return CitusStream(1, shards=shards, groups={1: 0, 2: 1}, source_name="t", database="db", start=start,
+                       numbered_after=numbered_after)
 
 
 def decode(outbound):
@@ -106,10 +107,11 @@ def test_a_worker_hands_out_each_distributed_transaction_whole_at_its_first_comm
             p.begin.final_lsn for m in stream._merges.values() for p in m.parts]
         if waiting:
             assert stream.ack_limit is not None and stream.ack_limit <= min(waiting)
-    parts, current = [], None
+    parts, current, numbers = [], None, []
     for event in out:
         if event.get("status") == "BEGIN":
             current = (event["gxid"], [])
+            numbers.append(event["number"])
         elif event.get("op") == "c":
             assert event["source"]["table"] == "acct" and event["source"]["gxid"] == current[0]
             assert event["source"]["seq"] == len(current[1]) + 1
@@ -119,8 +121,32 @@ def test_a_worker_hands_out_each_distributed_transaction_whole_at_its_first_comm
             assert event["one_phase"] is (current[0] is None)
             parts.append((current[0], sorted(current[1])))
     assert parts == expected
+    assert numbers == list(range(1, len(parts) + 1))  # numbered in the order handed out
     assert stream.rolled_back_parts == rolled_back
     assert stream.held_from is None and stream.ack_limit is None
+    assert orjson.loads(stream.resolved(10**9, 0).value)["parts"] == len(parts)
+    # A session resumed from the partition's tail (the k-th part and its commit LSN) hands
+    # out what follows, numbered on: nothing twice, no number skipped.
+    ends = [e for e in out if e.get("status") == "END"]
+    for k in range(len(ends) + 1):
+        tail = (ends[k - 1]["commit_lsn"], k) if k else (-1, 0)
+        again = worker(numbered_after=tail)
+        resumed = [e for p in messages for e in decode(again.feed(p))]
+        assert comparable(resumed) == [e for n, e in zip(part_numbers(out), comparable(out)) if n > k]
+
+
+def comparable(events):
+    """Events without the time capture made them."""
+    return [{k: v for k, v in e.items() if not (k == "ts_ms" and "op" in e)} for e in events]
+
+
+def part_numbers(events):
+    """The number of the part each event belongs to."""
+    numbers, current = [], None
+    for e in events:
+        current = e["number"] if e.get("status") == "BEGIN" else current
+        numbers.append(current)
+    return numbers
 
 
 def test_a_rollback_after_a_sibling_committed_stops_capture():

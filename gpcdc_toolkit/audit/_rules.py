@@ -146,6 +146,7 @@ def _parts(events: DataFrame) -> DataFrame:
         F.max("seq").alias("max_seq"),
         F.max("commit_ts").alias("commit_ts"),
         F.max("end_lsn").alias("end_lsn"),
+        F.max(F.when(is_end, col("number"))).alias("number"),
     )
 
 
@@ -167,6 +168,39 @@ def _cut(stream: Stream) -> DataFrame:
 
 def _two_phase(parts: DataFrame) -> DataFrame:
     return parts.where(col("gxid").isNotNull() & (col("one_phase") == 0))
+
+
+def _counts(stream: Stream) -> DataFrame:
+    """Watermarks and pipeline markers of numbered segment streams: the number of the
+    last part before each."""
+    return stream.events.where(col("kind").isin("resolved", "pipeline") & col("number").isNotNull()
+                               & (col("segment") >= 0))
+
+
+def _gaps(stream: Stream) -> DataFrame:
+    """Gaps in numbered segments' streams: in offset order, each part's number follows
+    the number before it (a part's, or a watermark's count of the parts before it), and
+    each watermark's count equals it. (segment, topic, partition, offset where noticed,
+    first and last number that never arrived.)"""
+    counted = (stream.parts.where(col("number").isNotNull() & (col("segment") >= 0))
+               .select("segment", "topic", "partition", "offset", "number", lit(True).alias("is_part"))
+               .unionByName(_counts(stream).select("segment", "topic", "partition", "offset", "number",
+                                                   lit(False).alias("is_part"))))
+    order = Window.partitionBy("topic", "partition").orderBy("offset")
+    previous = F.lag("number").over(order)
+    expected = F.when(col("is_part"), previous + 1).otherwise(previous)
+    return (counted.withColumn("expected", expected)
+            .where(col("expected").isNotNull() & (col("number") != col("expected")))
+            .select("segment", "topic", "partition", "offset", col("expected").alias("first"),
+                    F.when(col("is_part"), col("number") - 1).otherwise(col("number")).alias("last")))
+
+
+def _empty_proof(stream: Stream) -> DataFrame:
+    """Segments whose streams are numbered with no gap: a listed part proven absent
+    there changed nothing (it was never decoded), rather than lost."""
+    numbered = _counts(stream).select("segment").distinct()
+    return numbered.join(_gaps(stream).select("segment").distinct(), "segment", "left_anti").withColumn(
+        "gap_free", lit(True))
 
 
 def _latest_watermarks(stream: Stream) -> DataFrame:
@@ -231,7 +265,8 @@ def missing_parts(stream: Stream, t: Thresholds) -> DataFrame:
     # is not clear of the window's start may lie before it.
     cut = _cut(stream).where(~col("topic").endswith(".dtx")).select(
         col("partition").alias("segment"), col("first_ts").alias("segment_from"))
-    rows = absent.join(arrived, "gxid", "left").join(latest, "segment", "left").join(cut, "segment", "left")
+    rows = (absent.join(arrived, "gxid", "left").join(latest, "segment", "left").join(cut, "segment", "left")
+            .join(_empty_proof(stream), "segment", "left"))
     before_window = col("segment_from").isNotNull() & (
         _ms("commit_ts") - t.clock_skew_ms < _ms("segment_from"))
     proven = (col("prepared_ts").isNotNull() & ~F.array_contains(F.coalesce(col("prepared"), F.array()), col("gxid"))
@@ -250,7 +285,8 @@ def missing_parts(stream: Stream, t: Thresholds) -> DataFrame:
            .otherwise(F.concat(lit("; late by "), _text(_ms("resolved_ts") - _ms("commit_ts")),
                                lit(" ms of segment "), _text("segment"), lit("'s watermark, no prepared list "
                                                                              "after the commit yet"))))
-    return rows.select(finding(
+    changed_nothing = proven & F.coalesce(col("gap_free"), lit(False))
+    return rows.where(~changed_nothing).select(finding(
         "missing_part", F.when(proven, lit("error")).otherwise(lit("info")), F.concat(head, why),
         gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
         offsets=F.array(col("offset")), commit_ts=col("commit_ts"), first_seen=col("first_seen"))
@@ -541,7 +577,19 @@ def watermark_delay(stream: Stream) -> DataFrame:
         (_ms("timestamp") - _ms("resolved_ts")).alias("delay_ms"))
 
 
+def lost_parts(stream: Stream, t: Thresholds) -> DataFrame:
+    """Numbers missing from a numbered segment's stream: parts lost, whatever their
+    transactions (a one-phase part has no record that would miss it)."""
+    return _gaps(stream).select(finding(
+        "lost_parts", "error",
+        F.concat(lit("segment "), _text("segment"), lit("'s parts numbered "), _text("first"),
+                 F.when(col("last") > col("first"), F.concat(lit(" to "), _text("last"))).otherwise(lit("")),
+                 lit(" never arrived (noticed at offset "), _text("offset"), lit(")")),
+        segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
+        offsets=F.array(col("offset"))))
+
+
 Rule = Callable[[Stream, Thresholds], DataFrame]
-RULES: tuple[Rule, ...] = (corrupt_messages, damaged_parts, missing_parts, orphan_parts, unlisted_parts,
+RULES: tuple[Rule, ...] = (corrupt_messages, damaged_parts, missing_parts, lost_parts, orphan_parts, unlisted_parts,
                            one_phase_contradictions, lost_ddl_records, legacy_markers, commit_order,
                            after_watermark, key_order, ddl_barriers, duplicates, silence)

@@ -40,7 +40,7 @@ from ..cluster import Cluster, Node
 from ..config import CaptureSettings
 from ..connect import kafka_logger
 from ..errors import GpcdcError, StreamError
-from ..ingest import first_message, located
+from ..ingest import end_offsets, first_message, located, read_to_end
 from ..protocol import (
     COORDINATOR,
     Dispatcher,
@@ -50,6 +50,7 @@ from ..protocol import (
     Topics,
     format_lsn,
     is_pipeline_marker,
+    kind_of,
     parse_lsn,
     pipeline_marker,
 )
@@ -191,10 +192,11 @@ class CaptureWorker:
                                  fix="run `gpcdc bootstrap create` first")
             acked = parse_lsn(row[0])
             self._check_history(producer, acked)
+            numbered_after = self._numbered_after() if self._numbered else None
             cur = conn.cursor()
             cur.start_replication(slot_name=self.slot, decode=False, options={
                 **self.cluster.decoding_options(), "publication_names": self.start.publication})
-            self._loop(stop, cur, conn, producer, probe, acked)
+            self._loop(stop, cur, conn, producer, probe, acked, numbered_after)
         finally:
             try:
                 producer.purge()  # unacknowledged events come again from the slot
@@ -222,7 +224,7 @@ class CaptureWorker:
                     "(a broker restarted without its data, or the topic was deleted)",
                     fix="bootstrap the pipeline again (`gpcdc bootstrap drop --delete-topics`, then "
                         "`gpcdc bootstrap create`) and replay into a fresh target")
-            marker = pipeline_marker(identity, content)
+            marker = pipeline_marker(identity, content, numbered=self._numbered)
             producer.produce(topic, marker.value, partition=partition)
             if producer.flush(self.settings.capture.flush_timeout) or self._delivery_error is not None:
                 raise DeliveryFailed(f"Kafka did not take the pipeline marker of {topic} partition {partition}")
@@ -243,11 +245,53 @@ class CaptureWorker:
                 fix="use another kafka.topic_prefix, or delete the old topics "
                     "(`gpcdc bootstrap drop --delete-topics`) and bootstrap again")
 
+    @property
+    def _numbered(self) -> bool:
+        """Whether this node's parts are numbered (see ``Cluster.numbers_parts``): its own
+        partition, in the segment dispatcher's layout."""
+        return (self.cluster.numbers_parts and self.dispatcher.kind == "segment"
+                and self.node.content != COORDINATOR)
+
+    def _numbered_after(self) -> tuple[int, int]:
+        """(LSN, number) from the partition's tail: the number of the last part handed
+        out, and an LSN up to which every commit is in the partition (an END's commit
+        LSN, a watermark's resolved position; the marker: nothing yet). Read backwards
+        in growing windows from the end."""
+        topic, partition = self.topics.changes, self.node.content
+        stop = end_offsets(self.settings.kafka, topic, [partition])[partition]
+        window = 256
+        while stop > 0:
+            begin = max(0, stop - window)
+            found: tuple[int, int] | None = None
+            for message in read_to_end(self.settings.kafka, topic, start={partition: begin}, partitions=[partition]):
+                if located(message)[1] >= stop:
+                    break
+                try:
+                    value = orjson.loads(message.value() or b"")
+                except orjson.JSONDecodeError:
+                    continue  # not the protocol's: nothing to count
+                if not isinstance(value, dict):
+                    continue
+                kind = kind_of(value)
+                if kind == "end" and value.get("number") is not None:
+                    found = (value["commit_lsn"], value["number"])
+                elif kind == "resolved" and value.get("parts") is not None:
+                    found = (value["resolved"], value["parts"])
+                elif kind == "pipeline" and value.get("parts") is not None:
+                    found = (-1, value["parts"])
+            if found is not None:
+                return found
+            stop, window = begin, window * 4
+        raise HistoryLost(f"{topic} partition {partition} holds no numbered message, not even the pipeline's marker",
+                          fix="bootstrap the pipeline again (`gpcdc bootstrap drop --delete-topics`, then "
+                              "`gpcdc bootstrap create`) and replay into a fresh target")
+
     def _loop(self, stop: threading.Event, cur: Any, conn: Any, producer: Producer,
-              probe: psycopg.Connection[Any], acked: int) -> None:
+              probe: psycopg.Connection[Any], acked: int, numbered_after: tuple[int, int] | None) -> None:
         settings, stats = self.settings, self.stats
         assembler = self.cluster.translator(self.node, source_name=settings.prefix, database=self.database,
-                                            start=self.start, max_buffered=settings.capture.max_buffered)
+                                            start=self.start, max_buffered=settings.capture.max_buffered,
+                                            numbered_after=numbered_after)
         produced_end = acked  # end LSN of the last transaction whose events were all produced
         resolved = acked
         # (flush LSN, server ms, ms before the prepared list was read, gxids prepared), oldest first

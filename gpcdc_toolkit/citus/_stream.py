@@ -99,7 +99,7 @@ class CitusStream(TransactionAssembler):
         self.groups = dict(groups)
         self._prepared: dict[str, tuple[_Txn, int]] = {}  # gid -> (part, its PREPARE's LSN)
         self._merges: dict[int, _Merge] = {}  # gxid -> parts committed while siblings are still prepared
-        self._queue: deque[_Merge | list[Outbound]] = deque()  # handed out in this order
+        self._queue: deque[_Merge | Callable[[], list[Outbound]]] = deque()  # handed out in this order
         self._held_commits: deque[int] = deque()  # commit LSNs of what the queue holds back
         self._decision_columns: dict[int, tuple[int, int]] = {}  # relid -> positions of groupid, gid
         self._decisions: list[tuple[int, str]] = []  # (groupid, gid) rows of the coordinator's open transaction
@@ -166,13 +166,11 @@ class CitusStream(TransactionAssembler):
     def _local_commit(self, commit: pg.Commit) -> list[Outbound]:
         """A plain COMMIT: on a worker, a one-phase transaction (no gxid); on the
         coordinator, a commit decision when it wrote pg_dist_transaction rows."""
-        txn = self._current("COMMIT")
+        closed = self._closed(commit)
         if self.content == COORDINATOR:
-            self._txn = None
-            self.completed_end_lsn = commit.end_lsn
-            return self._decision(txn, commit)
-        txn.one_phase = True
-        return self._in_order(self._commit(commit), commit.commit_lsn)
+            return self._decision(closed, commit)
+        closed.one_phase = True
+        return self._in_order(lambda: self._finish(closed, commit.end_lsn), commit.commit_lsn)
 
     # -- worker parts ---------------------------------------------------------------------
     def _commit_prepared(self, message: pg.CommitPrepared) -> list[Outbound]:
@@ -191,7 +189,7 @@ class CitusStream(TransactionAssembler):
         if gxid is None:  # a prepared transaction of someone else's: one local transaction
             txn.one_phase = True
             self.completed_end_lsn = message.end_lsn
-            return self._in_order(self._finish(txn, message.end_lsn), message.commit_lsn)
+            return self._in_order(lambda: self._finish(txn, message.end_lsn), message.commit_lsn)
         self.completed_end_lsn = message.end_lsn
         merge = self._merges.get(gxid)
         if merge is None:
@@ -207,11 +205,12 @@ class CitusStream(TransactionAssembler):
             self._merges.pop(gxid, None)
         return self._drain()
 
-    def _in_order(self, out: list[Outbound], commit_lsn: int) -> list[Outbound]:
-        """``out`` now, or after the parts held before it."""
+    def _in_order(self, hand_out: Callable[[], list[Outbound]], commit_lsn: int) -> list[Outbound]:
+        """A commit's messages now, or after the parts held before it (made when they go
+        out: a part's number is its place in the partition)."""
         if not self._queue:
-            return out
-        self._queue.append(out)
+            return hand_out()
+        self._queue.append(hand_out)
         self._held_commits.append(commit_lsn)
         return self._drain()
 
@@ -224,7 +223,7 @@ class CitusStream(TransactionAssembler):
                     break
                 out += self._merged(head)
             else:
-                out += head
+                out += head()
             self._queue.popleft()
             self._held_commits.popleft()
         return out

@@ -124,6 +124,7 @@ class CitusCluster(FrontDoor):
     kind = "citus"
     bootstrap_methods = ("snapshot",)
     two_phase_decoding = True
+    numbers_parts = True  # Citus prepares every connection of a transaction, written to or not
 
     def __init__(self, coordinator_dsn: str, nodes: Sequence[Node], groups: Mapping[int, int]) -> None:
         super().__init__(coordinator_dsn, nodes)

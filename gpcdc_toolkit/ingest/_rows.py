@@ -47,6 +47,9 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("prepared", "array<bigint>"),  # watermarks: gxids the node held prepared at prepared_ts
     ("prepared_ts", "timestamp"),
     ("ddl_count", "int"),  # commit records: DDL records of the transaction before it
+    # Numbered streams: a part's number (BEGIN, END), or the number of the node's last
+    # part before it (watermarks, the pipeline marker).
+    ("number", "bigint"),
 )
 SCHEMA_DDL = ", ".join(f"`{name}` {kind}" for name, kind in COLUMNS)
 WIDTH = len(COLUMNS)
@@ -85,22 +88,23 @@ def to_row(topic: str, partition: int, offset: int, timestamp_ms: int | None,
             return head + ("row", s["segment"], s["gxid"], s["txId"], s["commit_lsn"], s["ts_ms"], v["op"],
                            s["schema"], s["table"], s["seq"], s["one_phase"],
                            key.decode() if key is not None else None, _image(v["before"]), _image(v["after"]),
-                           None, None, None, None, None, None, None, v.get("unchanged"), None, None, None)
+                           None, None, None, None, None, None, None, v.get("unchanged"), None, None, None, None)
         if kind in ("begin", "end"):
             return head + (kind, v["segment"], v["gxid"], v["xid"], v["commit_lsn"],
                            v["commit_ts_ms"], None, None, None, None, v.get("one_phase"), None, None, None,
-                           v["event_count"], v.get("end_lsn"), None, None, None, None, None, None, None, None, None)
+                           v["event_count"], v.get("end_lsn"), None, None, None, None, None, None, None, None, None,
+                           v.get("number"))
         if kind == "resolved":
             return head + ("resolved", v["segment"], None, None, None, None, None, None, None, None, None, None,
                            None, None, None, None, None, None, v["resolved"], v.get("resolved_ts_ms"), None, None,
-                           v.get("prepared"), v.get("prepared_ts_ms"), None)
+                           v.get("prepared"), v.get("prepared_ts_ms"), None, v.get("parts"))
         if kind == "pipeline":  # the first message of each partition: which bootstrap wrote it
-            return head + ("pipeline", v["segment"]) + (None,) * (WIDTH - 6)
+            return head + ("pipeline", v["segment"]) + (None,) * (WIDTH - 7) + (v.get("parts"),)
         if kind in ("commit", "ddl"):
             return head + (kind, v["segment"], v["gxid"], v["xid"], v["commit_lsn"], v["commit_ts_ms"],
                            None, None, None, None, None, None, None, None, None, None,
                            v.get("segments"), v.get("statement"), None, None, None, None, None, None,
-                           v.get("ddl_count"))
+                           v.get("ddl_count"), None)
         raise ValueError(f"not a protocol message: {str(v)[:80]}")
     except (ValueError, KeyError, TypeError, AttributeError):
         raw = value.decode("utf-8", errors="replace") if value is not None else None

@@ -40,10 +40,13 @@ class Outbound:
     value: bytes
 
 
-def pipeline_marker(identity: str, content: int) -> Outbound:
-    """The first message of each of a pipeline's partitions: which bootstrap wrote it."""
-    return Outbound("pipeline", None, orjson.dumps({"type": "pipeline", "pipeline": identity, "segment": content,
-                                                    "version": PROTOCOL_VERSION}))
+def pipeline_marker(identity: str, content: int, *, numbered: bool = False) -> Outbound:
+    """The first message of each of a pipeline's partitions: which bootstrap wrote it,
+    and for a numbered stream, that no part comes before it (``parts``: 0)."""
+    body: dict[str, Any] = {"type": "pipeline", "pipeline": identity, "segment": content, "version": PROTOCOL_VERSION}
+    if numbered:
+        body["parts"] = 0
+    return Outbound("pipeline", None, orjson.dumps(body))
 
 
 def _qualified(schema: str, name: str) -> str:
@@ -81,6 +84,8 @@ class _Txn:
     dropped: bool = False
     streaming: bool = False  # buffer overflowed: events go out as they come
     held: bool = False  # its fate comes later (a prepared part): never streamed before it
+    resent: bool = False  # in Kafka already, before the point this session resumed numbering from
+    number: int | None = None  # its place among the node's parts handed out (when numbered)
     seq: int = 0
     pending: list[tuple[dict[str, Any], bytes | None]] | None = None  # row events held back
     counts: dict[str, int] | None = None
@@ -96,6 +101,7 @@ class TransactionAssembler:
         start: StartPoint | None = None,
         max_buffered: int = 1000,
         clock: Callable[[], float] = time.time,
+        numbered_after: tuple[int, int] | None = None,
     ) -> None:
         self.content = content
         self.source_name = source_name
@@ -111,6 +117,13 @@ class TransactionAssembler:
         self.transactions = 0
         self.dropped_transactions = 0
         self.rolled_back_parts = 0  # prepared parts rolled back (two-phase decoding only)
+        # Numbering: each part handed out gets the next number, and each watermark the
+        # number of the last part before it, so that a reader finds a lost part by the
+        # gap it leaves. ``numbered_after`` is (LSN, number) as the partition's tail
+        # says: parts committed up to that LSN are there already (numbered up to that
+        # number), and are not handed out again.
+        self.numbered = numbered_after is not None
+        self.resent_up_to, self.parts_handed_out = numbered_after or (-1, 0)
         self.row_events = 0
 
     @property
@@ -173,8 +186,11 @@ class TransactionAssembler:
         return self._txn
 
     def _decide(self, txn: _Txn) -> None:
-        if not txn.decided:
+        if not txn.decided and not txn.held:  # a prepared part is judged once it commits
             txn.decided = True
+            if self.numbered and txn.begin.final_lsn <= self.resent_up_to and self.content != COORDINATOR:
+                txn.dropped = txn.resent = True
+                return
             if self.start is not None and not self.start.captures(self.content, txn.begin.final_lsn, txn.gxid,
                                                                   txn.begin.xid):
                 txn.dropped = True
@@ -313,10 +329,24 @@ class TransactionAssembler:
 
     def _begin(self, txn: _Txn) -> Outbound:
         body = {"status": "BEGIN", "id": self._txid(txn), "ts_ms": txn.begin.commit_ts_us // 1000,
-                "event_count": None, "data_collections": None, "gxid": txn.gxid, **self._position(txn)}
+                "event_count": None, "data_collections": None, "gxid": txn.gxid, **self._position(txn),
+                **self._number(txn)}
         return Outbound("begin", None, orjson.dumps(body))
 
+    def _number(self, txn: _Txn) -> dict[str, int]:
+        """The part's number, given when its BEGIN goes out (none when not numbered)."""
+        if not self.numbered:
+            return {}
+        if txn.number is None:
+            self.parts_handed_out += 1
+            txn.number = self.parts_handed_out
+        return {"number": txn.number}
+
     def _commit(self, commit: pg.Commit) -> list[Outbound]:
+        return self._finish(self._closed(commit), commit.end_lsn)
+
+    def _closed(self, commit: pg.Commit) -> _Txn:
+        """The transaction a COMMIT ends, checked against its BEGIN."""
         txn = self._current("COMMIT")
         self._txn = None
         if commit.commit_lsn != txn.begin.final_lsn:
@@ -325,14 +355,14 @@ class TransactionAssembler:
                 f"but its BEGIN announced {txn.begin.final_lsn}"
             )
         self.completed_end_lsn = commit.end_lsn
-        return self._finish(txn, commit.end_lsn)
+        return txn
 
     def _finish(self, txn: _Txn, end_lsn: int) -> list[Outbound]:
         """The messages of a committed local transaction (none when the start point
         puts it in the initial snapshot)."""
         self._decide(txn)
         if txn.dropped:
-            self.dropped_transactions += 1
+            self.dropped_transactions += not txn.resent
             return []
         self.transactions += 1
         self.last_commit_ts_ms = txn.begin.commit_ts_us // 1000
@@ -354,7 +384,8 @@ class TransactionAssembler:
         end = {"status": "END", "id": self._txid(txn), "ts_ms": txn.begin.commit_ts_us // 1000,
                "event_count": txn.seq,
                "data_collections": [{"data_collection": t, "event_count": n} for t, n in (txn.counts or {}).items()],
-               "gxid": txn.gxid, "one_phase": one_phase, "end_lsn": end_lsn, **self._position(txn)}
+               "gxid": txn.gxid, "one_phase": one_phase, "end_lsn": end_lsn, **self._position(txn),
+               **self._number(txn)}
         out.append(Outbound("end", None, orjson.dumps(end)))
         return out
 
@@ -374,6 +405,8 @@ class TransactionAssembler:
         if prepared is not None:
             body["prepared"] = sorted(prepared)
             body["prepared_ts_ms"] = prepared_ts_ms
+        if self.numbered and self.content != COORDINATOR:
+            body["parts"] = self.parts_handed_out  # the number of the last part before this watermark
         if self.content == COORDINATOR:
             body["type"] = "resolved"
         return Outbound("resolved", None, orjson.dumps(body))

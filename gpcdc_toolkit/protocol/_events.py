@@ -133,7 +133,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "segment": _INT, "gxid": _OPT_INT, "xid": _OPT_INT, "commit_lsn": _INT, "commit_ts_ms": _INT, "one_phase": _OPT_BOOL,
     "event_count": _OPT_INT, "end_lsn": _OPT_INT, "resolved": _OPT_INT, "resolved_ts_ms": _OPT_INT,
     "prepared": _OPT_LIST, "prepared_ts_ms": _OPT_INT, "segments": _OPT_LIST, "ddl_count": _OPT_INT,
-    "syncpoint": (dict, type(None)), "statement": _STR, "pipeline": _STR,
+    "syncpoint": (dict, type(None)), "statement": _STR, "pipeline": _STR, "number": _OPT_INT, "parts": _OPT_INT,
 }
 _SOURCE_TYPES: dict[str, tuple[type, ...]] = {
     "segment": _INT, "gxid": _OPT_INT, "txId": _OPT_INT, "commit_lsn": _INT, "ts_ms": _OPT_INT, "schema": _STR,

@@ -66,7 +66,7 @@ class SegmentOrder:
         self._ddl.append(record)
 
     def add_watermark(self, segment: int, resolved_ts_ms: int, prepared: object = None,
-                      prepared_ts_ms: int | None = None) -> None:
+                      prepared_ts_ms: int | None = None, parts: int | None = None) -> None:
         if segment == COORDINATOR:
             self._coordinator_watermark_ts_ms = max(self._coordinator_watermark_ts_ms, resolved_ts_ms)
             return

@@ -45,6 +45,7 @@ class Part:
     payload: Any = None  # the row events, opaque here
     offset: int = -1  # where the part begins in its segment's partition
     damage: str | None = None  # why its rows are not whole (see Framer); None: whole
+    number: int | None = None  # its place among the segment's parts (numbered streams)
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,12 @@ class _Segment:
     prepared_ts_ms: int = -1
     last_lsn: int = -1  # commit LSN of the last part arrived: partitions are in commit order
     recent: _Recent = field(default_factory=_Recent)
+    # Numbered streams: the last number met (on a part, or a watermark's count), and the
+    # first gap in the numbers, which stops the segment's order at the next part after it.
+    numbered: bool = False
+    last_number: int | None = None
+    gap: tuple[int, int] | None = None  # numbers that never arrived, first and last
+    blocked_from: int | None = None  # offset of the first part after the gap
 
 
 class Reassembler:
@@ -164,6 +171,8 @@ class Reassembler:
                 "pipeline again")
         segment.last_lsn = part.commit_lsn
         segment.recent.add(part.commit_lsn)
+        if part.number is not None:
+            self._count(segment, part)
         if part.gxid is None and part.one_phase and part.commit_lsn <= self.applied_lsn.get(part.segment, -1):
             return
         if part.gxid in self.applied:
@@ -204,11 +213,29 @@ class Reassembler:
         self._added += 1
         self._records.append(record)
 
+    def _count(self, segment: _Segment, part: Part) -> None:
+        assert part.number is not None
+        segment.numbered = True
+        if segment.last_number is not None and part.number <= segment.last_number:
+            raise ReassemblyError(f"segment {part.segment}'s part at offset {part.offset} is numbered {part.number}, "
+                                  f"after part {segment.last_number}: the partition's numbering goes back")
+        if segment.last_number is not None and part.number > segment.last_number + 1 and segment.gap is None:
+            segment.gap = (segment.last_number + 1, part.number - 1)
+        if segment.gap is not None and segment.blocked_from is None:
+            segment.blocked_from = part.offset
+        segment.last_number = part.number
+
     def add_watermark(self, segment: int, resolved_ts_ms: int, prepared: Iterable[int] | None = None,
-                      prepared_ts_ms: int | None = None) -> None:
+                      prepared_ts_ms: int | None = None, parts: int | None = None) -> None:
         if segment < 0:
             return  # the coordinator's: records come in their own order, nothing waits on it
         seg = self.segments[segment]
+        if parts is not None:
+            seg.numbered = True
+            if seg.last_number is None:
+                seg.last_number = parts
+            elif parts > seg.last_number and seg.gap is None:
+                seg.gap = (seg.last_number + 1, parts)  # lost before this watermark: what follows waits
         seg.watermark_ts_ms = max(seg.watermark_ts_ms, resolved_ts_ms)
         if prepared is not None and prepared_ts_ms is not None and prepared_ts_ms >= seg.prepared_ts_ms:
             seg.prepared, seg.prepared_ts_ms = frozenset(prepared), prepared_ts_ms
@@ -229,13 +256,15 @@ class Reassembler:
             if self._records:
                 record = self._records[0]
                 parts = self._parts.get(record.gxid, {})
-                if all(s in parts for s in record.segments):
-                    damaged = [parts[s] for s in sorted(record.segments) if parts[s].damage]
+                if all(s in parts or self._empty(record, s) for s in record.segments):
+                    if any(self._blocked(p) for p in parts.values()):
+                        break  # after a gap in its segment's numbers: the order there is lost
+                    damaged = [parts[s] for s in sorted(parts) if parts[s].damage]
                     if damaged:
                         self._hold_damaged(damaged[0], record, parts)
                         break
-                    out.append(Whole(record.gxid, tuple(parts[s] for s in sorted(record.segments)), record))
-                    del self._parts[record.gxid]
+                    out.append(Whole(record.gxid, tuple(parts[s] for s in sorted(parts)), record))
+                    self._parts.pop(record.gxid, None)  # none when every part changed nothing
                     self._records.popleft()
                     self._next += 1
                     progress = True
@@ -254,6 +283,8 @@ class Reassembler:
         moved = False
         while segment.log:
             head = segment.log[0]
+            if self._blocked(head):
+                break
             if head.one_phase:
                 if segment.anchor >= self._next:
                     break  # its anchor has not been handed out yet
@@ -272,6 +303,26 @@ class Reassembler:
             moved = True
         return moved
 
+    def _blocked(self, part: Part) -> bool:
+        """Whether the part comes after a gap in its segment's numbers."""
+        blocked_from = self.segments[part.segment].blocked_from
+        return blocked_from is not None and part.offset >= blocked_from
+
+    def _proven_absent(self, record: Record, s: int) -> bool:
+        """Whether segment ``s`` holds no part of the record's transaction uncommitted:
+        its prepared list, read late enough after the record, does not name it."""
+        segment = self.segments[s]
+        return (segment.prepared is not None and record.gxid not in segment.prepared
+                and segment.prepared_ts_ms >= record.commit_ts_ms + self.clock_skew_ms)
+
+    def _empty(self, record: Record, s: int) -> bool:
+        """Whether the record's part on ``s``, not arrived, changed nothing: proven absent
+        from a numbered stream with no gap. A part that changed nothing is not decoded
+        (Citus lists every prepared connection, written to or not); one with changes
+        would have arrived, numbered, before the proving watermark."""
+        segment = self.segments[s]
+        return segment.numbered and segment.gap is None and self._proven_absent(record, s)
+
     def _hold_damaged(self, part: Part, record: Record | None, parts: Mapping[int, Part]) -> None:
         """Hand out nothing from here on: a damaged part stops the order where it stands."""
         if self._damaged is None:
@@ -286,6 +337,23 @@ class Reassembler:
         missing (see :class:`Missing`). Until then a part that has not arrived is late."""
         if self._damaged is not None:
             return [self._damaged]
+        return self._missing_parts() or self._lost_parts()
+
+    def _lost_parts(self) -> list[Missing]:
+        """Gaps in a segment's numbers, once everything before the gap has passed: parts
+        lost whose transactions cannot be named (one-phase ones have no record)."""
+        out = []
+        for content, segment in enumerate(self.segments):
+            if segment.gap is None or any(not self._blocked(p) for p in segment.log):
+                continue
+            first, last = segment.gap
+            numbers = f"{first}" if first == last else f"{first} to {last}"
+            offsets = ((content, segment.blocked_from),) if segment.blocked_from is not None else ()
+            out.append(Missing(None, content, (), -1, segment.watermark_ts_ms, offsets,
+                               f"its parts numbered {numbers} never arrived: the order after them is lost"))
+        return out
+
+    def _missing_parts(self) -> list[Missing]:
         if not self._records:
             return []
         record = self._records[0]
@@ -295,7 +363,7 @@ class Reassembler:
             segment = self.segments[s]
             if s in parts or segment.prepared is None or record.gxid in segment.prepared:
                 continue  # arrived, not provable, or still prepared there: it can still commit
-            if segment.prepared_ts_ms >= record.commit_ts_ms + self.clock_skew_ms:
+            if self._proven_absent(record, s) and not self._empty(record, s):
                 offsets = ((-1, record.offset), *((c, parts[c].offset) for c in sorted(parts)))
                 out.append(Missing(record.gxid, s, tuple(sorted(parts)), record.commit_ts_ms,
                                    segment.watermark_ts_ms, offsets))

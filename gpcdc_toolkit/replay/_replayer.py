@@ -52,7 +52,12 @@ class MissingPartError(StreamError):
         what = f"gxid {missing.gxid}" if missing.gxid is not None else "a legacy part"
         where = (f"the commit record at offset {record} of {topics.dtx}" if record is not None
                  else "its one-phase commit")
-        if missing.damage is not None:
+        if missing.gxid is None and missing.damage is not None and missing.record_ts_ms < 0:  # a gap in the numbers
+            what = f"segment {missing.segment}'s stream"
+            offset = dict(missing.offsets).get(missing.segment)
+            why = (f"{missing.damage} (before offset {offset} of {topics.changes} partition {missing.segment})"
+                   if offset is not None else f"{missing.damage} (before its latest watermark)")
+        elif missing.damage is not None:
             offset = dict(missing.offsets).get(missing.segment)
             why = (f"segment {missing.segment}'s part at offset {offset} of {topics.changes} partition "
                    f"{missing.segment} is damaged: {missing.damage}; {where}")
@@ -368,7 +373,7 @@ class _Run:
             self.reassembler.add_record(framed)
         else:
             self.reassembler.add_watermark(framed.segment, framed.resolved_ts_ms, framed.prepared,
-                                           framed.prepared_ts_ms)
+                                           framed.prepared_ts_ms, framed.parts)
 
     def _apply_ready(self) -> None:
         while self.in_hand:

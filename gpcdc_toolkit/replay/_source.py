@@ -44,6 +44,7 @@ class Watermark:
     resolved_ts_ms: int
     prepared: frozenset[int] | None = None  # gxids the node held prepared at prepared_ts_ms (None: not said)
     prepared_ts_ms: int | None = None
+    parts: int | None = None  # the number of the node's last part before it (numbered streams)
 
 
 def _watermark(partition: int, value: Mapping[str, Any]) -> Watermark | None:
@@ -51,7 +52,7 @@ def _watermark(partition: int, value: Mapping[str, Any]) -> Watermark | None:
         return None
     prepared = value.get("prepared")
     return Watermark(partition, value["resolved_ts_ms"], frozenset(prepared) if prepared is not None else None,
-                     value.get("prepared_ts_ms"))
+                     value.get("prepared_ts_ms"), value.get("parts"))
 
 
 def _damage(seqs: Iterable[int], event_count: Any) -> str | None:
@@ -183,8 +184,10 @@ class Framer:
             return None
         if kind == "resolved":
             return _watermark(partition, value)
+        if kind == "pipeline":  # a numbered stream's marker: its numbering starts here
+            return Watermark(partition, -1, parts=value["parts"]) if value.get("parts") is not None else None
         if kind not in ("begin", "end"):
-            return None  # the pipeline marker
+            return None
         if value["segment"] != partition:
             raise StreamError(f"partition {partition} of {self.topic_prefix}.changes holds events of segment {value['segment']}",
                               fix="replay needs a pipeline captured with the segment dispatcher (the default)")
@@ -204,7 +207,7 @@ class Framer:
                 fix=_LEGACY_FIX)
         rows, numbers = opened.payload()
         return Part(partition, value["gxid"], bool(value["one_phase"]), value["commit_lsn"], value["commit_ts_ms"], rows,
-                    opened.offset, _damage(numbers, value.get("event_count")))
+                    opened.offset, _damage(numbers, value.get("event_count")), value.get("number"))
 
     def _check_unended(self, segment: int, commit_lsn: int, offset: int) -> None:
         """A segment's transactions come one after another, each ended before the next

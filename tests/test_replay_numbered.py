@@ -1,0 +1,125 @@
+"""Numbered streams (no servers): a part listed by a commit record that never arrives
+changed nothing when the segment's numbers have no gap, and is missing when they do;
+a gap anywhere stops the segment's order and is reported once all before it is out."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpcdc_toolkit.replay import Part, Reassembler, ReassemblyError, Record
+
+SKEW = 100
+
+
+def part(segment, gxid, number, lsn, *, one_phase=False, offset=None):
+    return Part(segment, gxid, one_phase, lsn, commit_ts_ms=1000 + lsn, payload=(), offset=offset or lsn,
+                number=number)
+
+
+def record(gxid, segments, lsn):
+    return Record(gxid, tuple(segments), commit_ts_ms=1000 + lsn, commit_lsn=lsn, offset=lsn)
+
+
+def numbered(segments):
+    """A reassembler reading numbered partitions from their beginning (their pipeline
+    markers say numbering starts there)."""
+    r = Reassembler(segments, clock_skew_ms=SKEW)
+    for s in range(segments):
+        r.add_watermark(s, -1, parts=0)
+    return r
+
+
+def proving_watermark(reassembler, segment, parts, at=10_000):
+    """A watermark whose prepared list (empty) is read late enough to prove absences."""
+    reassembler.add_watermark(segment, at, prepared=[], prepared_ts_ms=at, parts=parts)
+
+
+def test_a_listed_part_that_never_comes_changed_nothing_when_no_number_is_missing():
+    r = numbered(2)
+    r.add_record(record(7, [0, 1], 10))
+    r.add_part(part(0, 7, 1, 20))
+    assert r.ready() == [] and r.missing() == []  # segment 1 may still be late
+    proving_watermark(r, 1, parts=0)  # segment 1 handed out no part at all
+    [whole] = r.ready()
+    assert whole.gxid == 7 and [p.segment for p in whole.parts] == [0]
+
+
+def test_a_listed_part_lost_from_the_stream_is_missing_by_its_gap():
+    r = numbered(2)
+    r.add_record(record(7, [0, 1], 10))
+    r.add_part(part(0, 7, 1, 20))
+    r.add_part(part(1, 8, 2, 30, one_phase=True))  # number 1 of segment 1 never came
+    proving_watermark(r, 1, parts=2)
+    assert r.ready() == []
+    [missing] = r.missing()
+    assert (missing.gxid, missing.segment, missing.damage) == (7, 1, None)
+
+
+def test_a_transaction_whose_every_part_changed_nothing_goes_out_empty():
+    r = numbered(2)
+    r.add_record(record(7, [0, 1], 10))
+    proving_watermark(r, 0, parts=0)
+    proving_watermark(r, 1, parts=0)
+    [whole] = r.ready()
+    assert whole.gxid == 7 and whole.parts == ()
+
+
+def test_a_lost_last_part_shows_against_the_watermarks_count():
+    r = numbered(1)
+    r.add_part(part(0, None, 1, 10, one_phase=True))
+    r.add_record(record(7, [0], 15))
+    proving_watermark(r, 0, parts=2)  # part 2 (gxid 7's) was handed out before it, and is not here
+    assert [w.gxid for w in r.ready()] == [None]
+    [missing] = r.missing()
+    assert (missing.gxid, missing.segment) == (7, 0)
+
+
+def test_a_lost_one_phase_part_stops_its_segment_and_is_reported_after_what_came_before():
+    r = numbered(1)
+    r.add_part(part(0, None, 1, 10, one_phase=True))
+    r.add_part(part(0, None, 3, 30, one_phase=True))  # number 2 never came
+    assert [p.commit_lsn for w in r.ready() for p in w.parts] == [10]
+    [lost] = r.missing()
+    assert lost.gxid is None and lost.segment == 0 and "numbered 2 never arrived" in lost.damage
+    assert r.ready() == []  # nothing after the gap goes out
+
+
+def test_numbers_that_go_back_are_refused():
+    r = Reassembler(1)
+    r.add_part(part(0, None, 5, 10, one_phase=True))
+    with pytest.raises(ReassemblyError, match="numbering goes back"):
+        r.add_part(part(0, None, 5, 20, one_phase=True))
+
+
+@given(st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=12), st.data())
+def test_dropping_any_numbered_part_is_caught_and_nothing_after_it_goes_out(spec, data):
+    """A segment's numbered parts, one-phase or of two-segment transactions whose other
+    part may have changed nothing; one part, if any, is lost."""
+    parts, records, others, lsn = [], [], [], 0
+    for gxid, (two_phase, other_empty) in enumerate(spec, start=1):
+        lsn += 10
+        if two_phase:
+            records.append(record(gxid, [0, 1], lsn))
+            parts.append(part(0, gxid, len(parts) + 1, lsn + 1))
+            if not other_empty:
+                others.append(part(1, gxid, len(others) + 1, lsn + 2))
+        else:
+            parts.append(part(0, gxid, len(parts) + 1, lsn + 1, one_phase=True))
+    lost = data.draw(st.one_of(st.none(), st.integers(0, len(parts) - 1)))
+    r = numbered(2)
+    for rec in records:
+        r.add_record(rec)
+    for p in others:
+        r.add_part(p)
+    for i, p in enumerate(parts):
+        if i != lost:
+            r.add_part(p)
+    proving_watermark(r, 0, parts=len(parts))
+    proving_watermark(r, 1, parts=len(others))  # the rest of segment 1's parts changed nothing
+    out = r.ready()
+    handed = [w.gxid for w in out]
+    if lost is None:
+        assert handed == [p.gxid for p in parts] and r.missing() == []
+    else:
+        assert handed == [p.gxid for p in parts[:lost]]  # the source order, up to the loss
+        assert len(r.missing()) == 1 and r.missing()[0].segment == 0
