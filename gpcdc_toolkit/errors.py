@@ -46,6 +46,12 @@ class DistributedTransactionError(ClusterError):
     """A distributed transaction failed; the message says which phase and which nodes."""
 
 
+class SyncPointError(GpcdcError):
+    """A sync point could not be taken, or the replayer did not reach it."""
+
+    exit_code = 2
+
+
 class SandboxError(GpcdcError):
     """A sandbox cannot be created, started, stopped or found."""
 

@@ -22,7 +22,7 @@ from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.protocol import StartPoint
 from gpcdc_toolkit.replay import APPLIED, MissingPartError, Replayer, ReplaySettings
 from gpcdc_toolkit.sandbox import Sandbox
-from gpcdc_toolkit.validate import read_captured, table_rows
+from gpcdc_toolkit.validate import read_captured, table_rows, validate
 
 from .test_replay_faults import copy_dropping, gxid_of
 
@@ -312,3 +312,50 @@ def test_capture_killed_and_replay_resumed_while_writers_run_apply_everything_on
         assert sorted(numbers) == list(range(1, len(numbers) + 1)), f"segment {segment}'s numbers have a gap"
     applied = [row[1] for row in table_rows(target_cluster, APPLIED)]
     assert len(applied) == len(set(applied))
+
+
+@pytest.mark.parametrize("replay_target", ["postgres"], indirect=True)
+def test_validation_at_sync_points_while_writers_run_is_verified_and_finds_divergences(pipeline_on, citus_source,
+                                                                                       replay_target):
+    cluster, config, pipeline, group, table = pipeline_on
+    target, _config, _pipeline, _group = replay_target
+    config = config.with_settings({"target.sandbox": target.name})
+    with psycopg.connect(citus_source.dsn, autocommit=True) as conn:  # rows the writers leave alone
+        conn.execute(f"INSERT INTO {table} (id, v) SELECT g, g FROM generate_series(1, 200) g")
+    bootstrap(cluster, pipeline, "snapshot")
+    group.start()
+    target_cluster = target.cluster()
+    stop_replay, failures = threading.Event(), []
+
+    def replay():
+        try:
+            with Replayer(config) as replayer:
+                replayer.run(follow=True, should_stop=stop_replay.is_set)
+        except BaseException as e:  # reported by the test
+            failures.append(e)
+
+    follower = threading.Thread(target=replay)
+    follower.start()
+    tables = [("public", table)]
+    try:
+        with Writers(citus_source.dsn, table, threads=2) as writers:
+            runs = []
+            for _ in range(2):
+                writers.wait_for_commits(30)
+                runs.append(validate(config, tables=tables, source=cluster, target=target_cluster))
+        for run in runs:
+            assert run.equal and run.verified, run.lines()
+            assert run.syncpoint["stall_ms"] > 0 and run.syncpoint["replay_hold_ms"] is not None
+            assert run.results[0].diff.expected > 200
+        assert runs[1].syncpoint["syncpoint"] > runs[0].syncpoint["syncpoint"]
+        # Divergences made by hand at the target, in rows the writers left alone.
+        with target_cluster.coordinator_connection() as conn:
+            conn.execute(f"DELETE FROM {table} WHERE id = 5")
+            conn.execute(f"UPDATE {table} SET v = v + 1 WHERE id IN (6, 7)")
+        found = validate(config, tables=tables, source=cluster, target=target_cluster)
+        (result,) = found.results
+        assert not found.equal and (result.diff.missing, result.diff.extra, result.diff.changed) == (1, 0, 2)
+    finally:
+        stop_replay.set()
+        follower.join(60)
+    assert not follower.is_alive() and not failures, failures

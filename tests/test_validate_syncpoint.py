@@ -210,8 +210,8 @@ def test_a_held_sync_point_keeps_its_tables_from_being_truncated(source):
 
 
 def test_a_sync_point_that_fails_midway_leaves_nothing_prepared(source, monkeypatch):
+    from gpcdc_toolkit.cluster import _dtx
     from gpcdc_toolkit.protocol import _markers as markers
-    from gpcdc_toolkit.validate import _syncpoint
 
     _tables(source)
     real = markers.encode
@@ -221,7 +221,7 @@ def test_a_sync_point_that_fails_midway_leaves_nothing_prepared(source, monkeypa
             raise RuntimeError("the coordinator went away")
         return real(marker)
 
-    monkeypatch.setattr(_syncpoint.markers, "encode", failing)
+    monkeypatch.setattr(_dtx.markers, "encode", failing)
     with pytest.raises(RuntimeError, match="went away"):
         take_syncpoint(source, tables=[source.table(STATIC)])
     monkeypatch.undo()

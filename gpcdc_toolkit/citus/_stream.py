@@ -55,13 +55,26 @@ class CitusGidError(ProtocolError):
     """A prepared transaction's gid that capture cannot take as a coordinator's part."""
 
 
+_SYNCPOINT_GID = re.compile(r"gpcdc_(\d+)")
+_SYNCPOINT_BIT = 1 << 62  # above every gxid a Citus gid packs into
+
+
+def syncpoint_gxid(number: int) -> int:
+    """The gxid of a sync point (``number``: unique to it, below 2^62); its parts are
+    prepared as ``gpcdc_<gxid>``."""
+    return _SYNCPOINT_BIT | number % _SYNCPOINT_BIT
+
+
 def gxid_of_gid(gid: str) -> int | None:
     """The gxid of a Citus part's distributed transaction, from its gid; None when
-    the gid is not Citus's. The parts of one transaction share it: the transaction
-    number and the initiating backend's pid, packed into one 63-bit integer.
+    the gid is not Citus's (or a sync point's). The parts of one transaction share it:
+    the transaction number and the initiating backend's pid, packed into 62 bits.
 
     Only transactions the coordinator initiates are captured whole (their decision is
     in the coordinator's ``pg_dist_transaction``): a gid from another group is refused."""
+    if (syncpoint := _SYNCPOINT_GID.fullmatch(gid)) is not None:
+        gxid = int(syncpoint[1])
+        return gxid if gxid & _SYNCPOINT_BIT and gxid < 1 << 63 else None
     match = _GID.fullmatch(gid)
     if match is None:
         return None
@@ -70,7 +83,7 @@ def gxid_of_gid(gid: str) -> int | None:
         raise CitusGidError(
             f"prepared transaction {gid!r} was initiated by node group {group}, not the coordinator: its commit "
             "decision is in that node's pg_dist_transaction, which capture does not read")
-    if pid >= 1 << _PID_BITS or number >= 1 << (63 - _PID_BITS):
+    if pid >= 1 << _PID_BITS or number >= 1 << (62 - _PID_BITS):
         raise CitusGidError(f"prepared transaction {gid!r} has a pid or transaction number too large to pack into a gxid")
     return number << _PID_BITS | pid
 
@@ -264,7 +277,7 @@ class CitusStream(TransactionAssembler):
     def _decision(self, txn: _Txn, commit: pg.Commit) -> list[Outbound]:
         decisions, self._decisions = self._decisions, []
         if not decisions:
-            return []
+            return self._finish(txn, commit.end_lsn)  # a sync point's record (its marker), or nothing
         gxids = {gxid_of_gid(gid) for _group, gid in decisions}
         if len(gxids) != 1 or None in gxids:
             raise ProtocolError(f"node {self.content}: xid {txn.begin.xid} records the parts of several distributed "

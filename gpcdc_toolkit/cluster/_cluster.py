@@ -9,7 +9,7 @@ that another MPP flavour can plug in by subclassing it.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -303,6 +303,33 @@ class Cluster:
             yield DistributedSnapshot(int(xmax), running)
         finally:
             controller.execute("SELECT gp_release_commit_lock()")
+
+    # -- sync points: a cut of the source marked in its stream ---------------------------
+    @contextmanager
+    def syncpoint_gxid(self) -> Iterator[int]:
+        """The gxid of a sync point about to be taken: a distributed transaction's, marked
+        running (so that in-doubt resolution knows it) for as long as the block runs."""
+        from ._dtx import Session
+
+        with Session(self) as session:
+            tx = session.transaction()
+            try:
+                yield tx.gxid
+            finally:
+                tx.rollback()  # it wrote nothing through the session; this ends its gxid
+
+    def mark_syncpoint(self, gxid: int, pin: Callable[[], object], lock_timeout: float) -> tuple[float, dict[int, int]]:
+        """Cut the source under its commit pause, write the sync point ``gxid`` (a part
+        on every segment, a commit record with each node's WAL position) and call
+        ``pin`` while nothing that changes a table commits; returns (stall ms, the WAL
+        positions). See ``gpcdc_toolkit.validate._syncpoint``."""
+        from ._dtx import mark_syncpoint
+
+        return mark_syncpoint(self, gxid, pin, lock_timeout)
+
+    def snapshot_locks(self, tables: Sequence[Table]) -> tuple[sql.Composable, ...]:
+        """What a validation's snapshots lock against TRUNCATE and rewrites: the tables."""
+        return tuple(t.identifier for t in tables)
 
     # -- writing: what a replay needs of a target ------------------------------------
     def session(self) -> WriteSession:

@@ -24,8 +24,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..errors import DistributedTransactionError, GpcdcError, UnreachableError
-from ..protocol import COORDINATOR, DdlError, parse_create_table
+from ..errors import DistributedTransactionError, GpcdcError, SyncPointError, UnreachableError
+from ..protocol import COORDINATOR, DdlError, parse_create_table, parse_lsn
 from ..protocol import _markers as markers
 from ._cluster import Cluster, Node, Table, TableRef
 from ._routing import segment_for
@@ -38,12 +38,14 @@ _DDL_LOCK_WAIT = "500ms"
 COMMIT_LOCK = 1196450636  # 'GPcL', key 1 of the controller's commit lock (see controller.sql)
 
 
-def syncpoint_lock(pipeline: str) -> int:
-    """Key 1 of a pipeline's sync-point locks on its target (key 2: the sync point's
-    gxid): a validator holds one from before the cut; the replayer, having applied the
-    sync point, waits for it. Named by the pipeline, since two pipelines' gxids meet."""
+def syncpoint_lock(pipeline: str, gxid: int) -> tuple[int, int]:
+    """The keys of a sync point's lock on its target: a validator holds it from before
+    the cut; the replayer, having applied the sync point, waits for it. Key 1 is named
+    by the pipeline, since two pipelines' gxids meet; key 2 by the gxid (its low 31
+    bits: a Citus sync point's gxid is wider than the key, and only the few sync points
+    of one pipeline in flight at once need telling apart)."""
     digest = hashlib.blake2b(f"gpcdc.syncpoint {pipeline}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "big") & 0x7FFFFFFF
+    return int.from_bytes(digest, "big") & 0x7FFFFFFF, gxid & 0x7FFFFFFF
 
 _GID_PREFIX = "gpcdc_"
 
@@ -439,3 +441,70 @@ def _finish_prepared(cluster: Cluster, node: Node, gxid: int, *, commit: bool) -
 
 
 __all__ = ["Session", "DistributedTransaction", "gid", "gxid_of", "Node", "resolve_in_doubt"]
+
+
+def mark_syncpoint(cluster: Cluster, gxid: int, pin: Callable[[], object],
+                   lock_timeout: float) -> tuple[float, dict[int, int]]:
+    """A sync point's cut on a sandbox (see ``gpcdc_toolkit.validate._syncpoint``): under
+    the commit lock, the sync point committed as a two-phase distributed transaction of
+    empty parts (so that one interrupted is finished or rolled back by in-doubt
+    resolution, as any other), then ``pin`` (every segment's snapshot). Returns the
+    stall (ms the commit lock was requested until released) and each node's WAL
+    position at the cut."""
+    from contextlib import ExitStack, suppress
+
+    with ExitStack() as stack:
+        writers = [stack.enter_context(cluster.connect_node(node)) for node in cluster.segments]
+        controller = stack.enter_context(cluster.connect_node(cluster.coordinator))
+        controller.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(f"{int(lock_timeout * 1000)}ms")))
+        name = gid(gxid)
+        requested = time.monotonic()
+        try:
+            controller.execute("SELECT pg_advisory_lock(%s, 0)", (COMMIT_LOCK,))
+        except psycopg.errors.LockNotAvailable:
+            raise SyncPointError(f"the commit lock was not granted within {lock_timeout:g} s: a commit phase is stuck",
+                                 fix=f"find the session holding advisory lock {COMMIT_LOCK} in pg_locks") from None
+        prepared: list[psycopg.Connection[Any]] = []
+        recorded = False
+        try:
+            _refuse_in_doubt(controller, writers)
+            lsns = {}
+            for content, conn in enumerate(writers):
+                conn.execute("BEGIN")
+                conn.execute(_emit(markers.GxidMarker(gxid)))
+                lsns[content] = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])  # type: ignore[index]
+                conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(name)))
+                prepared.append(conn)
+            lsns[COORDINATOR] = parse_lsn(controller.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])  # type: ignore[index]
+            record = markers.CommitRecord(gxid, tuple(range(len(writers))), tuple(sorted(lsns.items())))
+            with controller.transaction():
+                controller.execute("INSERT INTO gp_dist.committed_gxids VALUES (%s)", (gxid,))
+                controller.execute(_emit(record))
+            recorded = True
+            for conn in prepared:
+                conn.execute(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(name)))
+            pin()
+        except BaseException:
+            for conn in prepared:  # finish what can be finished now; in-doubt resolution does the rest
+                with suppress(psycopg.Error):
+                    conn.execute(sql.SQL("{} PREPARED {}").format(sql.SQL("COMMIT" if recorded else "ROLLBACK"),
+                                                                  sql.Literal(name)))
+            raise
+        finally:
+            controller.execute("SELECT pg_advisory_unlock(%s, 0)", (COMMIT_LOCK,))
+        return round((time.monotonic() - requested) * 1000, 2), lsns
+
+
+def _refuse_in_doubt(controller: psycopg.Connection[Any], writers: list[psycopg.Connection[Any]]) -> None:
+    """A distributed transaction whose record is written but whose part is still
+    prepared (its COMMIT PREPARED failed) would be torn by the cut: refuse."""
+    prepared = {g for conn in writers for (name,) in conn.execute(
+        "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()") if (g := gxid_of(name)) is not None}
+    if prepared:
+        doubtful = [r[0] for r in controller.execute(
+            "SELECT gxid FROM gp_dist.committed_gxids WHERE gxid = ANY(%s) ORDER BY 1", (sorted(prepared),))]
+        if doubtful:
+            raise SyncPointError(f"distributed transactions {doubtful} are committed but still prepared on a segment "
+                                 "(in doubt), so no consistent cut exists now",
+                                 fix="resolve them (`gpcdc replay` does on start; or "
+                                     "gpcdc_toolkit.cluster.resolve_in_doubt), then take the sync point again")

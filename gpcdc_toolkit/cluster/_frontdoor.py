@@ -15,6 +15,7 @@ commits by itself), with ``DISTRIBUTED BY`` kept and ``gp_distribution_policy`` 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -24,9 +25,10 @@ from typing import Any
 import psycopg
 from psycopg import conninfo, sql
 
-from ..citus import COORDINATOR_GROUP, DECISIONS, CitusGidError, CitusStream, gxid_of_gid
-from ..errors import ClusterError, DistributedTransactionError, GpcdcError
-from ..protocol import COORDINATOR, DdlError, DistributedSnapshot, TransactionAssembler, parse_create_table
+from ..citus import COORDINATOR_GROUP, DECISIONS, CitusGidError, CitusStream, gxid_of_gid, syncpoint_gxid
+from ..errors import ClusterError, DistributedTransactionError, GpcdcError, SyncPointError
+from ..protocol import COORDINATOR, DdlError, DistributedSnapshot, TransactionAssembler, parse_create_table, parse_lsn
+from ..protocol import _markers as markers
 from ._cluster import Cluster, Node, Table, TableRef, _where, connect_dsn
 from ._writes import Writes
 
@@ -246,6 +248,101 @@ class CitusCluster(FrontDoor):
                     f"{timeout:g} s: {', '.join(repr(gid) for _g, gid in decided[:5])}",
                     fix="run SELECT recover_prepared_transactions() on the coordinator, then try again")
             time.sleep(0.01)  # their COMMIT PREPARED is on its way
+
+    # -- sync points ---------------------------------------------------------------------------
+    @contextmanager
+    def syncpoint_gxid(self) -> Iterator[int]:
+        yield syncpoint_gxid(time.time_ns() // 1000)
+
+    def snapshot_locks(self, tables: Sequence[Table]) -> tuple[sql.Composable, ...]:
+        return ()  # a worker holds shards, not the tables: its snapshot locks nothing (a TRUNCATE spoils it)
+
+    def mark_syncpoint(self, gxid: int, pin: Callable[[], object], lock_timeout: float) -> tuple[float, dict[int, int]]:
+        """The cut of a Citus source. A one-phase (single-shard) commit takes no lock
+        Citus's two-phase pause would hold, and racing the cut it could land in a
+        worker's snapshot after the sync point's part in its log; so the cut pauses the
+        writes themselves. A write through the coordinator holds its distributed table
+        (ROW EXCLUSIVE, on the coordinator) before it touches a shard and until its
+        coordinator transaction ends, so the cut locks the captured tables there in
+        SHARE mode: new writers wait at their first statement; those in flight finish
+        first. Then it waits for what they finish after their coordinator transaction
+        (the ``COMMIT PREPARED`` of decided parts) and for any lock still held on a
+        shard; writes the sync point's parts (a gxid marker on every worker), prepared;
+        calls ``pin``; commits the record (a ``gpcdc.commit`` marker listing every
+        worker, with each node's WAL position), then the parts; and only then lets the
+        writers go, so every write after the cut follows the sync point in its worker's
+        log. Writes that bypass the coordinator are not paused."""
+        tables = [self.table(t) for t in self.table_names()]
+        shards = {content: [name for table in tables for c, name in self._shard_names(table) if c == content]
+                  for content in range(self.segment_count)}
+        name = f"gpcdc_{gxid}"
+        deadline = time.monotonic() + lock_timeout
+        requested = time.monotonic()
+        with contextlib.ExitStack() as stack:
+            parts = {n.content: stack.enter_context(self.connect_node(n)) for n in self.segments}
+            pause = stack.enter_context(self.coordinator_connection())
+            recorder = stack.enter_context(self.coordinator_connection())
+            pause.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(f"{int(lock_timeout * 1000)}ms")))
+            prepared: list[psycopg.Connection[Any]] = []
+            recorded = False
+            try:
+                with pause.transaction():
+                    try:
+                        pause.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(
+                            sql.SQL(", ").join(t.identifier for t in tables)))
+                    except psycopg.errors.LockNotAvailable:
+                        raise SyncPointError(f"the writers of the captured tables did not pause within "
+                                             f"{lock_timeout:g} s", fix="find the long transaction writing them, or "
+                                                                        "raise validate.lock_timeout") from None
+                    self._wait_decided_parts(pause, max(0.0, deadline - time.monotonic()))
+                    self._wait_shards_free(parts, shards, deadline)
+                    lsns: dict[int, int] = {}
+                    for content, conn in parts.items():
+                        conn.execute("BEGIN")
+                        conn.execute("SELECT pg_logical_emit_message(true, %s, %s)",
+                                     markers.encode(markers.GxidMarker(gxid)))
+                        lsns[content] = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])  # type: ignore[index]
+                        conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(name)))
+                        prepared.append(conn)
+                    pin()  # nothing that changes a captured shard commits now
+                    lsns[COORDINATOR] = parse_lsn(recorder.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])  # type: ignore[index]
+                    record = markers.CommitRecord(gxid, tuple(sorted(parts)), tuple(sorted(lsns.items())))
+                    recorder.execute("SELECT pg_logical_emit_message(true, %s, %s)", markers.encode(record))
+                    recorded = True
+                    for conn in prepared:
+                        conn.execute(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(name)))
+                    prepared.clear()
+            except BaseException:
+                for conn in prepared:  # no part of it is left prepared
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute(sql.SQL("{} PREPARED {}").format(sql.SQL("COMMIT" if recorded else "ROLLBACK"),
+                                                                      sql.Literal(name)))
+                raise
+        return round((time.monotonic() - requested) * 1000, 2), lsns
+
+    def _shard_names(self, info: Table) -> list[tuple[int, str]]:
+        """(store content, the shard's name as SQL names it) of each shard of a table."""
+        with self.coordinator_connection() as conn:
+            rows = conn.execute(
+                "SELECT DISTINCT ON (s.shardid) p.groupid, shard_name(s.logicalrelid, s.shardid) FROM pg_dist_shard s "
+                "JOIN pg_dist_placement p USING (shardid) WHERE s.logicalrelid = %s::regclass AND p.shardstate = 1 "
+                "ORDER BY s.shardid, p.groupid", (info.name,)).fetchall()
+        return [(self.groups[group], str(shard)) for group, shard in rows if group in self.groups]
+
+    def _wait_shards_free(self, parts: Mapping[int, psycopg.Connection[Any]], shards: Mapping[int, list[str]],
+                          deadline: float) -> None:
+        """Until no session holds a write lock on a captured shard: what a writer does
+        after its coordinator transaction (a one-phase COMMIT on its way)."""
+        query = ("SELECT count(*) FROM pg_locks WHERE granted AND relation = ANY(%s::regclass[]) "
+                 "AND mode IN ('RowExclusiveLock', 'ShareUpdateExclusiveLock', 'ShareRowExclusiveLock', "
+                 "'ExclusiveLock', 'AccessExclusiveLock') AND pid IS DISTINCT FROM pg_backend_pid()")
+        for content, conn in parts.items():
+            while shards[content] and conn.execute(query, (shards[content],)).fetchone()[0]:  # type: ignore[index]
+                if time.monotonic() > deadline:
+                    raise SyncPointError(f"writes to worker {content}'s shards did not end while the captured tables "
+                                         "were paused (writes that bypass the coordinator?)",
+                                         fix="find the sessions holding them in the worker's pg_locks")
+                time.sleep(0.005)  # their COMMIT is on its way
 
     def group_of(self, node: Node) -> int:
         return next(group for group, content in self.groups.items() if content == node.content)

@@ -399,7 +399,7 @@ class _Run:
         validator holds its lock on the target (it reads the target here, then lets go)."""
         started = time.monotonic()
         with self.target.coordinator_connection() as conn:
-            conn.execute("SELECT pg_advisory_lock_shared(%s, %s)", (syncpoint_lock(self.topics.prefix), gxid))
+            conn.execute("SELECT pg_advisory_lock_shared(%s, %s)", syncpoint_lock(self.topics.prefix, gxid))
         held_ms = (time.monotonic() - started) * 1000
         self.syncpoints.append((gxid, held_ms))
         log.info("passed sync point %d (held %.1f ms)", gxid, held_ms)

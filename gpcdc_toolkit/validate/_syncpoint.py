@@ -38,19 +38,11 @@ import psycopg
 from psycopg import sql
 
 from ..bootstrap import distributed_tables
-from ..cluster import COMMIT_LOCK, Cluster, Session, Table, gid, gxid_of, syncpoint_lock
-from ..errors import GpcdcError
-from ..protocol import COORDINATOR, CommitRecord, GxidMarker, parse_lsn
-from ..protocol import _markers as markers
+from ..cluster import Cluster, Table, syncpoint_lock
+from ..errors import SyncPointError as SyncPointError  # re-exported by the package
 from ._snapshots import Snapshots
 
 WAIT_POLL = 0.01  # seconds between looks at the target for the replayer at the sync point
-
-
-class SyncPointError(GpcdcError):
-    """A sync point could not be taken, or the replayer did not reach it."""
-
-    exit_code = 2
 
 
 @dataclass
@@ -67,7 +59,7 @@ class SyncPoint:
     target: Snapshots | None = None
     replay_hold_ms: float | None = None  # the replayer held at the sync point
     _target_lock: psycopg.Connection[Any] | None = field(default=None, repr=False)
-    _lock_key: int = 0  # key 1 of the target lock: the pipeline's
+    _lock_keys: tuple[int, int] = (0, 0)  # of the target lock (``syncpoint_lock``)
     _tables: tuple[sql.Composable, ...] = ()  # locked in the target's snapshots too
 
     def wait_for_replay(self, timeout: float) -> Snapshots:
@@ -83,7 +75,7 @@ class SyncPoint:
         waiting = ("SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objid = %s "
                    "AND objsubid = 2 AND mode = 'ShareLock' AND NOT granted "
                    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))")
-        while not lock.execute(waiting, (self._lock_key, self.gxid)).fetchone()[0]:  # type: ignore[index]
+        while not lock.execute(waiting, self._lock_keys).fetchone()[0]:  # type: ignore[index]
             if time.monotonic() > deadline:
                 raise SyncPointError(f"the replayer did not reach sync point {self.gxid} within {timeout:g} s",
                                      fix="run `gpcdc replay --follow` (and capture) while validating, or raise "
@@ -98,7 +90,7 @@ class SyncPoint:
             target.close()
             raise
         finally:
-            lock.execute("SELECT pg_advisory_unlock(%s, %s)", (self._lock_key, self.gxid))
+            lock.execute("SELECT pg_advisory_unlock(%s, %s)", self._lock_keys)
         self.replay_hold_ms = round((time.monotonic() - reached) * 1000, 1)
         self.target = target
         return target
@@ -169,105 +161,39 @@ def attach(source: Cluster, target: Cluster, path: Path) -> SyncPoint:
 
 def take_syncpoint(source: Cluster, target: Cluster | None = None, *, pipeline: str = "",
                    tables: Sequence[Table] | None = None, lock_timeout: float = 10.0) -> SyncPoint:
-    """Cut the source now and mark the cut in the stream (see the module docstring).
+    """Cut the source now and mark the cut in the stream (``Cluster.mark_syncpoint``;
+    see the module docstring).
 
     ``tables`` (default: every distributed table of the source) are locked in the
-    snapshots against TRUNCATE and rewrites. With ``target``, the replayer of
-    ``pipeline`` into it is held at the sync point until :meth:`SyncPoint.wait_for_replay`
-    has read the target there (or the sync point is closed). Raises
-    :class:`SyncPointError` when a lock is not granted within ``lock_timeout`` seconds:
-    the commit lock (a commit phase that does not end) or the target's (another
-    validation holds this sync point)."""
+    snapshots against TRUNCATE and rewrites, where the cluster can (``snapshot_locks``).
+    With ``target``, the replayer of ``pipeline`` into it is held at the sync point until
+    :meth:`SyncPoint.wait_for_replay` has read the target there (or the sync point is
+    closed). Raises :class:`SyncPointError` when a lock is not granted within
+    ``lock_timeout`` seconds: the source's commit pause (a commit phase that does not
+    end) or the target's (another validation holds this sync point)."""
     if tables is None:
         tables = distributed_tables(source)
-    locked = tuple(t.identifier for t in tables)
-    key = syncpoint_lock(pipeline)
-    with Session(source) as session, ExitStack() as undo:
-        tx = session.transaction()  # the sync point's gxid, marked running like any other's
-        try:
-            gxid = tx.gxid
-            target_lock = None
-            if target is not None:
-                target_lock = target.connect_node(target.coordinator)
-                undo.callback(target_lock.close)  # its session lock goes with it
-                _set_lock_timeout(target_lock, lock_timeout)
-                try:
-                    target_lock.execute("SELECT pg_advisory_lock(%s, %s)", (key, gxid))
-                except psycopg.errors.LockNotAvailable:
-                    raise SyncPointError(f"another validation holds sync point {gxid} of pipeline {pipeline!r} on "
-                                         "the target", fix="wait for it to end") from None
-            snapshots = Snapshots(source)
-            undo.callback(snapshots.close)
-            snapshots.begin(locked)  # before the commit lock: DDL holding these tables may need it to end
-            with ExitStack() as parts:
-                writers = [parts.enter_context(source.connect_node(node)) for node in source.segments]
-                with source.connect_node(source.coordinator) as controller:
-                    stall_ms, lsns = _cut(controller, writers, snapshots, gxid, lock_timeout)
-        finally:
-            tx.rollback()  # it wrote nothing through the session; this ends its gxid
-        undo.pop_all()  # only now: a failed rollback still releases the snapshots and the target's lock
+    locked = source.snapshot_locks(tables)
+    with source.syncpoint_gxid() as gxid, ExitStack() as undo:
+        keys = syncpoint_lock(pipeline, gxid)
+        target_lock = None
+        if target is not None:
+            target_lock = target.connect_node(target.coordinator)
+            undo.callback(target_lock.close)  # its session lock goes with it
+            _set_lock_timeout(target_lock, lock_timeout)
+            try:
+                target_lock.execute("SELECT pg_advisory_lock(%s, %s)", keys)
+            except psycopg.errors.LockNotAvailable:
+                raise SyncPointError(f"another validation holds sync point {gxid} of pipeline {pipeline!r} on "
+                                     "the target", fix="wait for it to end") from None
+        snapshots = Snapshots(source)
+        undo.callback(snapshots.close)
+        snapshots.begin(locked)  # before the cut: DDL holding these tables may need the cut's locks to end
+        stall_ms, lsns = source.mark_syncpoint(gxid, snapshots.pin, lock_timeout)
+        undo.pop_all()  # only now: a failure releases the snapshots and the target's lock
     return SyncPoint(gxid, lsns, stall_ms, datetime.now(UTC).isoformat(timespec="milliseconds"), snapshots, target,
-                     _target_lock=target_lock, _lock_key=key, _tables=locked)
+                     _target_lock=target_lock, _lock_keys=keys, _tables=locked)
 
 
 def _set_lock_timeout(conn: psycopg.Connection[Any], seconds: float) -> None:
     conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(f"{int(seconds * 1000)}ms")))
-
-
-def _cut(controller: psycopg.Connection[Any], writers: list[psycopg.Connection[Any]], snapshots: Snapshots,
-         gxid: int, lock_timeout: float) -> tuple[float, dict[int, int]]:
-    """Under the commit lock: the sync point committed as a two-phase distributed
-    transaction of empty parts (so that one interrupted is finished or rolled back by
-    in-doubt resolution, as any other), then every segment's snapshot pinned."""
-    _set_lock_timeout(controller, lock_timeout)
-    name = gid(gxid)
-    requested = time.monotonic()
-    try:
-        controller.execute("SELECT pg_advisory_lock(%s, 0)", (COMMIT_LOCK,))
-    except psycopg.errors.LockNotAvailable:
-        raise SyncPointError(f"the commit lock was not granted within {lock_timeout:g} s: a commit phase is stuck",
-                             fix=f"find the session holding advisory lock {COMMIT_LOCK} in pg_locks") from None
-    prepared: list[psycopg.Connection[Any]] = []
-    recorded = False
-    try:
-        _refuse_in_doubt(controller, writers)
-        lsns = {}
-        for content, conn in enumerate(writers):
-            conn.execute("BEGIN")
-            conn.execute("SELECT pg_logical_emit_message(true, %s, %s)", markers.encode(GxidMarker(gxid)))
-            lsns[content] = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])  # type: ignore[index]
-            conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(name)))
-            prepared.append(conn)
-        lsns[COORDINATOR] = parse_lsn(controller.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])  # type: ignore[index]
-        record = CommitRecord(gxid, tuple(range(len(writers))), tuple(sorted(lsns.items())))
-        with controller.transaction():
-            controller.execute("INSERT INTO gp_dist.committed_gxids VALUES (%s)", (gxid,))
-            controller.execute("SELECT pg_logical_emit_message(true, %s, %s)", markers.encode(record))
-        recorded = True
-        for conn in prepared:
-            conn.execute(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(name)))
-        snapshots.pin()
-    except BaseException:
-        for conn in prepared:  # finish what can be finished now; in-doubt resolution does the rest
-            with contextlib.suppress(psycopg.Error):
-                conn.execute(sql.SQL("{} PREPARED {}").format(sql.SQL("COMMIT" if recorded else "ROLLBACK"),
-                                                              sql.Literal(name)))
-        raise
-    finally:
-        controller.execute("SELECT pg_advisory_unlock(%s, 0)", (COMMIT_LOCK,))
-    return round((time.monotonic() - requested) * 1000, 2), lsns
-
-
-def _refuse_in_doubt(controller: psycopg.Connection[Any], writers: list[psycopg.Connection[Any]]) -> None:
-    """A distributed transaction whose record is written but whose part is still
-    prepared (its COMMIT PREPARED failed) would be torn by the cut: refuse."""
-    prepared = {g for conn in writers for (name,) in conn.execute(
-        "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()") if (g := gxid_of(name)) is not None}
-    if prepared:
-        doubtful = [r[0] for r in controller.execute(
-            "SELECT gxid FROM gp_dist.committed_gxids WHERE gxid = ANY(%s) ORDER BY 1", (sorted(prepared),))]
-        if doubtful:
-            raise SyncPointError(f"distributed transactions {doubtful} are committed but still prepared on a segment "
-                                 "(in doubt), so no consistent cut exists now",
-                                 fix="resolve them (`gpcdc replay` does on start; or "
-                                     "gpcdc_toolkit.cluster.resolve_in_doubt), then take the sync point again")
