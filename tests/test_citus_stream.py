@@ -214,3 +214,24 @@ def test_the_start_point_filters_by_each_nodes_own_snapshot():
     assert len(decisions(stream, 900, 601, [(1, f"citus_0_{PID}_6_1")])) == 1
     assert len(decisions(stream, 1000, 602, [(1, f"citus_0_{PID}_7_1")])) == 1
     assert stream.dropped_transactions == 1
+
+
+def test_a_sync_points_parts_and_record_come_out_as_the_sandboxs():
+    from gpcdc_toolkit.citus import syncpoint_gxid
+    from gpcdc_toolkit.protocol import _markers as markers
+
+    gxid = syncpoint_gxid(1_795_600_000_000_000)
+    assert gxid_of_gid(f"gpcdc_{gxid}") == gxid and gxid_of_gid("gpcdc_5") is None  # a sandbox gid is not one
+    assert gxid_of_gid(f"citus_0_{(1 << 22) - 1}_{(1 << 40) - 1}_9") < gxid  # above every gxid a Citus gid packs
+    stream = worker()
+    stream.feed(w.begin_prepare(100, 150, 9, f"gpcdc_{gxid}"))
+    stream.feed(w.message(*markers.encode(markers.GxidMarker(gxid)), lsn=110))
+    stream.feed(w.prepare(100, 150, 9, f"gpcdc_{gxid}"))
+    begin, end = decode(stream.feed(w.commit_prepared(200, 250, 9, f"gpcdc_{gxid}")))
+    assert (begin["gxid"], end["gxid"], end["event_count"], end["one_phase"]) == (gxid, gxid, 0, False)
+    coordinator_stream = coordinator()
+    coordinator_stream.feed(w.begin(300, 20))
+    coordinator_stream.feed(w.message(*markers.encode(markers.CommitRecord(gxid, (0, 1), ((-1, 300), (0, 100), (1, 90))))))
+    [record] = decode(coordinator_stream.feed(w.commit(300, 350)))
+    assert record["gxid"] == gxid and record["segments"] == [0, 1] and record["syncpoint"] == {"-1": 300, "0": 100,
+                                                                                                   "1": 90}
