@@ -27,7 +27,7 @@ def _kind_of(dsn: str, role: str) -> tuple[bool, bool]:
 def connect_source(dsn: str) -> Cluster:
     """The source cluster behind ``dsn``: a Citus coordinator (the ``citus``
     extension), else a Greenplum-style coordinator."""
-    _sandbox, citus = _kind_of(dsn, "source")
+    _sandbox, citus = _kind_of(dsn, "coordinator")
     return CitusCluster.connect(dsn) if citus else Cluster.connect(dsn)
 
 
