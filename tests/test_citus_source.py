@@ -359,3 +359,46 @@ def test_validation_at_sync_points_while_writers_run_is_verified_and_finds_diver
         stop_replay.set()
         follower.join(60)
     assert not follower.is_alive() and not failures, failures
+
+
+@pytest.mark.parametrize("replay_target", ["postgres"], indirect=True)
+def test_a_part_held_prepared_past_its_decision_is_late_not_missing(pipeline_on, citus_source, replay_target):
+    cluster, config, pipeline, group, table = pipeline_on
+    target, _config, _pipeline, _group = replay_target
+    config = config.with_settings({"target.sandbox": target.name})
+    bootstrap(cluster, pipeline, "snapshot")
+    group.start()
+    worker = cluster.segments[0]
+    shard = cluster.fetch_on(worker, "SELECT shard_name(logicalrelid, shardid) FROM pg_dist_shard JOIN pg_dist_placement "
+                                     "USING (shardid) WHERE logicalrelid = %s::regclass AND groupid = %s LIMIT 1",
+                             (table, cluster.group_of(worker)))[0][0]
+    gid = "citus_0_77777_4242_1"  # as Citus names a part, of a transaction no backend of its runs
+    with psycopg.connect(citus_source.dsn, autocommit=True) as coordinator:
+        # Citus's recovery would commit the part (its decision is there): not during this test.
+        coordinator.execute("ALTER SYSTEM SET citus.recover_2pc_interval = -1")
+        coordinator.execute("SELECT pg_reload_conf()")
+        try:
+            with cluster.connect_node(worker) as conn:  # the part, prepared before its decision, as Citus does
+                conn.execute("SET citus.enable_manual_changes_to_shards TO on")
+                conn.execute(f"BEGIN; INSERT INTO {shard} (id, v) VALUES (-1, -1); PREPARE TRANSACTION '{gid}'")
+            coordinator.execute("INSERT INTO pg_dist_transaction (groupid, gid) VALUES (%s, %s)",
+                                (cluster.group_of(worker), gid))  # the decision, committed
+            decided = time.time() * 1000
+            # A watermark of the worker whose prepared list, read well after the decision, still holds it.
+            deadline = time.monotonic() + 60
+            while not any(w.get("prepared_ts_ms", -1) > decided + 1500 for w in read_captured(config).watermarks[0]):
+                assert time.monotonic() < deadline, "no watermark past the decision"
+                threading.Event().wait(0.2)  # polling Kafka for the worker's next watermark
+            with Replayer(config, settings=ReplaySettings(clock_skew_ms=0)) as replayer:
+                # Read to the end: a part proven missing would raise; this one waits, late.
+                assert replayer.run().pending == 1
+            assert (-1, -1, None) not in table_rows(target.cluster(), table)
+            with cluster.connect_node(worker) as conn:
+                conn.execute(f"COMMIT PREPARED '{gid}'")  # its COMMIT PREPARED comes, late
+        finally:
+            coordinator.execute("ALTER SYSTEM RESET citus.recover_2pc_interval")
+            coordinator.execute("SELECT pg_reload_conf()")
+    wait_until_acknowledged(cluster, pipeline.slot)
+    with Replayer(config) as replayer:
+        assert replayer.run().pending == 0
+    assert (-1, -1, None) in table_rows(target.cluster(), table)
