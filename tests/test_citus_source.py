@@ -60,6 +60,16 @@ def pipeline_on(citus_source, broker, work_dir, table_name):
             conn.execute(f"DROP TABLE IF EXISTS {table_name}")
 
 
+def capture_into(pipeline_on, replay_target):
+    """Bootstrap the pipeline and start its capture, to replay into ``replay_target``:
+    (source cluster, config naming the target, pipeline, the table, the target sandbox)."""
+    cluster, config, pipeline, group, table = pipeline_on
+    target = replay_target[0]
+    bootstrap(cluster, pipeline, "snapshot")
+    group.start()
+    return cluster, config.with_settings({"target.sandbox": target.name}), pipeline, table, target
+
+
 class Writers:
     """Threads writing through the coordinator until stopped: multi-shard inserts (two
     phases over both workers, several connections each), single-shard inserts (one
@@ -255,11 +265,7 @@ def test_replay_of_a_citus_source_reproduces_it_and_drops_rolled_back_parts(pipe
 
 
 def test_a_workers_missing_part_stops_the_replay_before_it(pipeline_on, citus_source, replay_target):
-    cluster, config, pipeline, group, table = pipeline_on
-    target, _config, _pipeline, _group = replay_target
-    config = config.with_settings({"target.sandbox": target.name})
-    bootstrap(cluster, pipeline, "snapshot")
-    group.start()
+    cluster, config, pipeline, table, target = capture_into(pipeline_on, replay_target)
     with Writers(citus_source.dsn, table, threads=2, inserts_only=True) as writers:
         writers.wait_for_commits(80)
     wait_until_acknowledged(cluster, pipeline.slot)
@@ -363,11 +369,7 @@ def test_validation_at_sync_points_while_writers_run_is_verified_and_finds_diver
 
 @pytest.mark.parametrize("replay_target", ["postgres"], indirect=True)
 def test_a_part_held_prepared_past_its_decision_is_late_not_missing(pipeline_on, citus_source, replay_target):
-    cluster, config, pipeline, group, table = pipeline_on
-    target, _config, _pipeline, _group = replay_target
-    config = config.with_settings({"target.sandbox": target.name})
-    bootstrap(cluster, pipeline, "snapshot")
-    group.start()
+    cluster, config, pipeline, table, target = capture_into(pipeline_on, replay_target)
     worker = cluster.segments[0]
     shard = cluster.fetch_on(worker, "SELECT shard_name(logicalrelid, shardid) FROM pg_dist_shard JOIN pg_dist_placement "
                                      "USING (shardid) WHERE logicalrelid = %s::regclass AND groupid = %s LIMIT 1",
