@@ -65,6 +65,9 @@ def summary_table(rows: list[tuple[str, str, int]]) -> str:
 ADVICE: dict[str, str] = {
     "missing_part": "A segment's part is lost from the stream: do not replay past it. Check that segment's capture "
                     "worker (gpcdc status) and its slot; re-bootstrap the pipeline if the WAL is gone.",
+    "lost_parts": "Parts of a segment are lost from the stream (their numbers are missing), whatever their "
+                  "transactions: do not replay past them. Check that segment's capture worker (gpcdc status) and the "
+                  "changes topic's retention; re-bootstrap the pipeline if the WAL is gone.",
     "late_part": "Nothing to do yet: the part may still come. If it is reported again in later runs, look at the "
                  "segment's capture worker and its prepared transactions.",
     "damaged_part": "Events of a part are lost or repeated: re-capture from the slot (reset the worker to the last "
