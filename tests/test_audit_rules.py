@@ -115,7 +115,7 @@ def test_missing_and_late_agree_with_the_replayer(spark, builder):
     assert {f["rule"] for f in found} <= {"missing_part", "late_part"}
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(doubtful_streams(numbered=True))
 def test_in_a_numbered_stream_a_part_that_changed_nothing_is_no_finding_and_a_lost_one_is(spark, builder):
     missing, late = replayer_head(builder.messages(), 3)
