@@ -234,9 +234,8 @@ class CitusCluster(FrontDoor):
 
     def _wait_decided_parts(self, controller: psycopg.Connection[Any], timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        workers = [n for n in self.segments]
         while True:
-            prepared = [(self.group_of(node), gid) for node in workers
+            prepared = [(self.group_of(node), gid) for node in self.segments
                         for gid, in self.fetch_on(node, "SELECT gid FROM pg_prepared_xacts WHERE left(gid, 6) = 'citus_'")]
             decided = [(g, gid) for g, gid in prepared if controller.execute(
                 "SELECT FROM pg_catalog.pg_dist_transaction WHERE groupid = %s AND gid = %s", (g, gid)).fetchone()]
@@ -322,12 +321,7 @@ class CitusCluster(FrontDoor):
 
     def _shard_names(self, info: Table) -> list[tuple[int, str]]:
         """(store content, the shard's name as SQL names it) of each shard of a table."""
-        with self.coordinator_connection() as conn:
-            rows = conn.execute(
-                "SELECT DISTINCT ON (s.shardid) p.groupid, shard_name(s.logicalrelid, s.shardid) FROM pg_dist_shard s "
-                "JOIN pg_dist_placement p USING (shardid) WHERE s.logicalrelid = %s::regclass AND p.shardstate = 1 "
-                "ORDER BY s.shardid, p.groupid", (info.name,)).fetchall()
-        return [(self.groups[group], str(shard)) for group, shard in rows if group in self.groups]
+        return [(content, shard.as_string(None)) for content, shard, _low, _high in self._placements(info)]
 
     def _wait_shards_free(self, parts: Mapping[int, psycopg.Connection[Any]], shards: Mapping[int, list[str]],
                           deadline: float) -> None:
