@@ -140,6 +140,21 @@ def test_the_stream_invariants_join_the_findings_as_failed_expectations(spark, t
     assert "['mixed']" in rules["expect_column_values_to_be_in_set(keys)"]["evidence"]
 
 
+def test_only_a_one_phase_part_may_carry_no_gxid(spark, topics):
+    """Citus commits a single-shard write in one phase with no gxid: the stream's
+    invariants accept that, and still want one on every part that waits for a record."""
+    config, kafka, b = topics
+    b.record(1, [0, 1], 10, 1000).part(0, 1, 100, 1001).part(1, 1, 100, 1001).part(2, None, 110, 1002, one_phase=True)
+    watermarks(b, 5000)
+    _key, end, _ts = b.partitions[(b.changes, 1)][-2]  # segment 1's END, before its watermark
+    assert end["status"] == "END"
+    end["gxid"] = None
+    b.produce(kafka)
+    rules = {f["rule"]: f for f in run_audit(spark, config, write=False).findings.collect()}
+    # Of the record and the two ENDs that wait for it (not the one-phase END), one has no gxid.
+    assert "1 of 3 values unexpected" in rules["expect_column_values_to_not_be_null(gxid)"]["evidence"]
+
+
 def test_an_audit_leaves_nothing_in_the_sessions_cache(spark, topics):
     config, kafka, b = topics
     b.record(1, [0, 1], 10, 1000).part(0, 1, 100, 1001).part(1, 1, 100, 1001, count=2)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import re
+import subprocess
 import threading
 import time
 import uuid
@@ -20,11 +21,12 @@ from gpcdc_toolkit.capture import CaptureGroup, wait_until_acknowledged
 from gpcdc_toolkit.citus import gxid_of_gid
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.protocol import StartPoint
-from gpcdc_toolkit.replay import APPLIED, MissingPartError, Replayer, ReplaySettings
+from gpcdc_toolkit.replay import APPLIED, Applier, MissingPartError, Replayer, ReplaySettings
+from gpcdc_toolkit.report import read_runs, run_notebook
 from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.validate import read_captured, table_rows, validate
 
-from .test_replay_faults import copy_dropping, gxid_of
+from .test_replay_faults import ENV, applied_count, copy_dropping, gxid_of, replay_command, wait_for_first_commit
 
 pytestmark = pytest.mark.citus
 
@@ -404,3 +406,90 @@ def test_a_part_held_prepared_past_its_decision_is_late_not_missing(pipeline_on,
     with Replayer(config) as replayer:
         assert replayer.run().pending == 0
     assert (-1, -1, None) in table_rows(target.cluster(), table)
+
+
+@pytest.mark.parametrize("replay_target", ["postgres"], indirect=True)
+def test_replayer_and_capture_killed_at_random_moments_apply_everything_once(pipeline_on, citus_source,
+                                                                             replay_target, work_dir):
+    cluster, config, pipeline, table, target = capture_into(pipeline_on, replay_target)
+    group = pipeline_on[3]
+    target_cluster = target.cluster()
+    Applier(target_cluster, config.kafka.topic_prefix).close()  # its tables, to count what it applies
+    command = [*replay_command(work_dir, target, config, "--replay-batch-transactions", "7")]
+    command[command.index("--source-sandbox") + 1] = citus_source.name
+    rng = random.Random(5)
+    kills, replayer = 0, None
+    with Writers(citus_source.dsn, table, threads=3) as writers:
+        try:
+            while kills < 5:
+                writers.wait_for_commits(20)  # something new for each replayer to commit
+                replayer = subprocess.Popen(command, env=ENV, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.PIPE, text=True)
+                wait_for_first_commit(target_cluster, replayer, applied_count(target_cluster))
+                threading.Event().wait(rng.uniform(0.0, 0.5))  # a random moment while it applies
+                replayer.kill()
+                replayer.wait()
+                kills += 1
+                node = rng.choice([-1, 0, 1])  # and a capture worker, so that the stream holds resends
+                group.kill(node)
+                group.start_node(node, group.log_file(node))
+        finally:
+            if replayer is not None and replayer.poll() is None:
+                replayer.kill()
+                replayer.wait()
+    wait_until_acknowledged(cluster, pipeline.slot, timeout=90)
+    with Replayer(config) as last:
+        assert last.run().pending == 0
+    assert table_rows(target_cluster, table) == table_rows(cluster, table)
+    captured = read_captured(config)
+    committed = {end["gxid"] for end in captured.ends.values() if end["gxid"] is not None} | set(captured.records)
+    applied = [row[1] for row in table_rows(target_cluster, APPLIED)]
+    assert len(applied) == len(set(applied)), "a transaction applied twice"
+    assert sorted(applied) == sorted(committed)
+
+
+@pytest.mark.parametrize("replay_target", ["postgres"], indirect=True)
+def test_the_jobs_run_as_notebooks_into_reports_on_a_citus_source(pipeline_on, citus_source, replay_target, tmp_path):
+    cluster, config, pipeline, _group, table = pipeline_on
+    target = replay_target[0]
+    config = config.with_settings({"target.sandbox": target.name, "capture.heartbeat_interval": 0.3})
+    reports = tmp_path / "reports"
+    runs = {}
+
+    def job(notebook, **parameters):
+        runs[notebook] = done = run_notebook(config, notebook, parameters, reports=reports)
+        assert done.status == "ok", done.line()
+
+    stop_replay, failures = threading.Event(), []
+
+    def follow():
+        try:
+            with Replayer(config) as replayer:
+                replayer.run(follow=True, should_stop=stop_replay.is_set)
+        except BaseException as e:  # reported by the test
+            failures.append(e)
+
+    with Writers(citus_source.dsn, table, threads=2) as writers:
+        writers.wait_for_commits(20)
+        job("bootstrap")  # while the writers run
+        job("capture")
+        writers.wait_for_commits(40)
+        job("replay")
+        follower = threading.Thread(target=follow)
+        follower.start()
+        try:
+            job("validate", tables=table)  # at a sync point taken while they write, the replayer following
+        finally:
+            stop_replay.set()
+            follower.join(60)
+        assert not follower.is_alive() and not failures, failures
+    wait_until_acknowledged(cluster, pipeline.slot)
+    job("audit", fail_on="warning")
+    job("explore")
+    assert runs["validate"].headline.figures["tables equal"] == 1
+    assert runs["audit"].headline.figures["messages read"] > 100
+    assert runs["bootstrap"].headline.figures["nodes with a slot"] == 3
+    listed = {run["job"]: run for run in read_runs(reports)}
+    assert sorted(listed) == sorted(runs) and {r["status"] for r in listed.values()} == {"ok"}
+    for done in runs.values():
+        assert done.report.is_file()
