@@ -39,7 +39,7 @@ def read_messages(config):
     return out
 
 
-def settled(messages):
+def settled(messages, nodes=4):
     """Whether every node's latest prepared list was read well past the last commit."""
     last_commit, prepared = 0, {}
     for m in messages:
@@ -49,7 +49,7 @@ def settled(messages):
         if v.get("prepared_ts_ms") is not None:
             node = node_of(m.topic, m.partition)
             prepared[node] = max(prepared.get(node, 0), v["prepared_ts_ms"])
-    return len(prepared) == 4 and min(prepared.values()) > last_commit + 2 * SKEW_MS
+    return len(prepared) == nodes and min(prepared.values()) > last_commit + 2 * SKEW_MS
 
 
 @pytest.fixture(scope="module")

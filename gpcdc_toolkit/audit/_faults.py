@@ -172,6 +172,44 @@ def _silence(stream: _Stream, thresholds: Thresholds) -> list[Expected]:
     return out
 
 
+def _numbering(stream: _Stream, thresholds: Thresholds) -> list[Expected]:
+    """On segments whose parts are numbered (a Citus worker's), what the numbers imply as
+    they now stand: a lost_parts finding at each break in them (a part whose number does
+    not follow the one before it, a watermark whose count of parts differs from it); and
+    for each part a record lists that is not there (a part that changed nothing is never
+    decoded): nothing where its absence is proven and the numbers are whole, missing where
+    they are not, late where its absence is not proven yet."""
+    records = stream.records()
+    out = []
+    for s in stream.segments():
+        blocks = stream.segment(s)
+        breaks, last, numbered, seen = 0, None, False, set()
+        for block in blocks:
+            value = block.end if block.end is not None else block.values[0]
+            if value is None or value.get("number" if block.end is not None else "parts") is None:
+                continue
+            if block.end is not None:
+                if value["commit_lsn"] in seen:
+                    continue  # a part delivered again: a duplicate, not a break
+                seen.add(value["commit_lsn"])
+            numbered = True
+            number = value["number"] if block.end is not None else value["parts"]
+            if last is not None and number != (last + 1 if block.end is not None else last):
+                breaks += 1
+            last = number
+        if not numbered:
+            continue
+        out += [Expected("lost_parts", s)] * breaks
+        present, provable = {_gxid(b) for b in blocks}, _provable(stream, thresholds, s)
+        for gxid, record in records.items():
+            if s in (record.get("segments") or ()) and gxid not in present:
+                if gxid not in provable:
+                    out.append(Expected("late_part", s, gxid))
+                elif breaks:
+                    out.append(Expected("missing_part", s, gxid))
+    return out
+
+
 def quiet_thresholds(messages: Sequence[Message], clock_skew_ms: int = 1000) -> Thresholds:
     """Thresholds under which the clean stream has no silence: the longest gap between two
     watermarks of one node, or between a node's last and the latest of any."""
@@ -194,11 +232,14 @@ def inject(messages: Sequence[Message], fault: str, rng: random.Random, threshol
         raise ValueError(f"unknown fault {fault!r}: use one of {', '.join(FAULTS)}")
     stream = _Stream.of(messages)
     stream.only = node
-    before = Counter(_silence(stream, thresholds))
+    before = Counter(_silence(stream, thresholds)) + Counter(_numbering(stream, thresholds))
     expected, touched = globals()[f"_{fault}"](stream, rng, thresholds, avoid or set())
     # Silence is judged on watermarks as they end up: a fault that removes some can make
-    # a node silent, and one that delays a node makes it fall behind the others.
-    expected += list((Counter(_silence(stream, thresholds)) - before).elements())
+    # a node silent, and one that delays a node makes it fall behind the others. So are
+    # numbered parts: a fault that breaks the numbers leaves no part a record lists
+    # proven to have changed nothing.
+    after = Counter(_silence(stream, thresholds)) + Counter(_numbering(stream, thresholds))
+    expected += [e for e in (after - before).elements() if e.gxid is None or e not in expected]
     return stream.messages(), expected, touched
 
 

@@ -265,8 +265,11 @@ def missing_parts(stream: Stream, t: Thresholds) -> DataFrame:
     # is not clear of the window's start may lie before it.
     cut = _cut(stream).where(~col("topic").endswith(".dtx")).select(
         col("partition").alias("segment"), col("first_ts").alias("segment_from"))
+    # A part that is there but not as a two-phase part (flagged one-phase) changed something.
+    flagged = (stream.parts.where(col("gxid").isNotNull()).select("gxid", "segment").distinct()
+               .withColumn("flagged", lit(True)))
     rows = (absent.join(arrived, "gxid", "left").join(latest, "segment", "left").join(cut, "segment", "left")
-            .join(_empty_proof(stream), "segment", "left"))
+            .join(_empty_proof(stream), "segment", "left").join(flagged, ["gxid", "segment"], "left"))
     before_window = col("segment_from").isNotNull() & (
         _ms("commit_ts") - t.clock_skew_ms < _ms("segment_from"))
     proven = (col("prepared_ts").isNotNull() & ~F.array_contains(F.coalesce(col("prepared"), F.array()), col("gxid"))
@@ -285,7 +288,7 @@ def missing_parts(stream: Stream, t: Thresholds) -> DataFrame:
            .otherwise(F.concat(lit("; late by "), _text(_ms("resolved_ts") - _ms("commit_ts")),
                                lit(" ms of segment "), _text("segment"), lit("'s watermark, no prepared list "
                                                                              "after the commit yet"))))
-    changed_nothing = proven & F.coalesce(col("gap_free"), lit(False))
+    changed_nothing = proven & F.coalesce(col("gap_free"), lit(False)) & col("flagged").isNull()
     return rows.where(~changed_nothing).select(finding(
         "missing_part", F.when(proven, lit("error")).otherwise(lit("info")), F.concat(head, why),
         gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),

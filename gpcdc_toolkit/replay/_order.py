@@ -371,12 +371,13 @@ class Reassembler:
 
     def in_doubt(self) -> list[tuple[int, int]]:
         """(gxid, segment) of the next record's parts that have not arrived and cannot be
-        called missing yet: late, or still prepared on their segment."""
+        called missing yet: late, or still prepared on their segment (not those proven to
+        have changed nothing)."""
         if not self._records:
             return []
         record = self._records[0]
         parts = self._parts.get(record.gxid, {})
-        return [(record.gxid, s) for s in record.segments if s not in parts]
+        return [(record.gxid, s) for s in record.segments if s not in parts and not self._empty(record, s)]
 
     def resume_offsets(self) -> dict[int, int]:
         """Per segment, and for the coordinator (key -1), the first offset of anything
