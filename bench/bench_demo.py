@@ -1,4 +1,4 @@
-"""The demo's notebook runs: each run's time and report size, against a baseline run
+"""The demo's notebook runs: each run's time, report size and stored notebook size, against a baseline run
 in the same process: an empty notebook through `gpcdc run` (a kernel started, the
 notebook executed and exported, the index rewritten), the cost every job pays.
 
@@ -38,10 +38,12 @@ def main() -> None:
         wall = time.monotonic() - started
         runs = sorted((r for r in read_runs(root / "reports") if r["job"] != "empty"), key=lambda r: r["started"])
         print(f"baseline (empty notebook through gpcdc run, median of 3): {base:.2f} s")
-        print(f"{'job':<10} {'status':<8} {'seconds':>8} {'x baseline':>10} {'report MB':>9}")
+        print(f"{'job':<10} {'status':<8} {'seconds':>8} {'x baseline':>10} {'report MB':>9} {'notebook KB':>11}")
         for run in runs:
             size = (root / "reports" / run["dir"] / "report.html").stat().st_size / 1e6
-            print(f"{run['job']:<10} {run['status']:<8} {run['seconds']:>8.1f} {run['seconds'] / base:>10.1f} {size:>9.2f}")
+            stored = (root / "reports" / run["dir"] / "notebook.ipynb").stat().st_size / 1e3
+            print(f"{run['job']:<10} {run['status']:<8} {run['seconds']:>8.1f} {run['seconds'] / base:>10.1f} {size:>9.2f}"
+                  f" {stored:>11.0f}")
         print(f"demo wall time {wall:.1f} s ({wall / base:.0f}x baseline), exit status {code}")
     finally:
         shutil.rmtree(root, ignore_errors=True)

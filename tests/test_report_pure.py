@@ -29,6 +29,7 @@ from gpcdc_toolkit.report import (
     redact,
     sql_names,
     syncpoint_choice,
+    to_html,
     update_index,
 )
 
@@ -165,6 +166,23 @@ def test_a_report_leaves_out_interactive_cells_and_widget_state_but_not_an_error
     shown = for_report(notebook)
     assert [c["source"] for c in shown["cells"]] == ["kept", "f"] and "widgets" not in shown["metadata"]
     assert "tags" in notebook["cells"][0]["metadata"]  # the original is untouched
+
+
+def test_a_report_inlines_plotly_once_and_the_notebook_keeps_only_each_figures_data():
+    import plotly.express as px
+
+    figures = [px.bar(x=["a", "b"], y=[1, 2], title="first").to_plotly_json(),
+               px.line(x=[1, 2, 3], y=[3, 1, 2], title="second").to_plotly_json()]
+    outputs = [{"output_type": "display_data", "metadata": {}, "data": {"application/vnd.plotly.v1+json": f}}
+               for f in json.loads(json.dumps(figures, default=list))]
+    notebook = {"nbformat": 4, "nbformat_minor": 5, "metadata": {},
+                "cells": [{"cell_type": "code", "metadata": {}, "source": "fig.show()", "execution_count": 1,
+                           "outputs": outputs, "id": "c1"}]}
+    assert len(json.dumps(notebook)) < 50_000  # the figures' data, no plotly.js
+    page = to_html(for_report(notebook), "t")
+    assert page.count("* plotly.js v") == 1 and page.index("* plotly.js v") < page.index("Plotly.newPlot(")
+    assert page.count("Plotly.newPlot(") == 2 and external_references(page) == []
+    assert "text/html" not in notebook["cells"][0]["outputs"][0]["data"]  # the original is untouched
 
 
 def test_external_references_are_what_a_page_would_load():

@@ -17,13 +17,26 @@ _EXTERNAL = re.compile(r"""<(?:script|link|img|iframe)\b[^>]*?\b(?:src|href)\s*=
                        re.IGNORECASE)
 
 
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+_FIGURE_HEIGHT = "525px"  # as plotly's own notebook renderer draws a figure
+
+
 def for_report(notebook: Mapping[str, Any]) -> dict[str, Any]:
     """The notebook as a report shows it: interactive cells (unless one failed) and
-    widget state dropped (secrets are the caller's: :func:`redact` first)."""
+    widget state dropped, and each plotly figure given the HTML that draws it (with
+    plotly.js, which :func:`to_html` inlines once). Secrets are the caller's: :func:`redact` first."""
+    import plotly.io as pio
+
     out: dict[str, Any] = copy.deepcopy(dict(notebook))
     out["cells"] = [c for c in out.get("cells", []) if INTERACTIVE_TAG not in c.get("metadata", {}).get("tags", [])
                     or any(o.get("output_type") == "error" for o in c.get("outputs", []))]
     out.setdefault("metadata", {}).pop("widgets", None)
+    for cell in out["cells"]:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if PLOTLY_MIME in data and "text/html" not in data:
+                data["text/html"] = pio.to_html(data[PLOTLY_MIME], include_plotlyjs=False, full_html=False,
+                                                default_height=_FIGURE_HEIGHT, validate=False)
     return out
 
 
@@ -89,4 +102,11 @@ def to_html(notebook: Mapping[str, Any], title: str) -> str:
     body, _resources = exporter.from_notebook_node(node)
     # plotly's notebook renderer adds MathJax from a CDN to every figure, for LaTeX in
     # labels: a report loads nothing from a network (labels are shown as written).
-    return _EXTERNAL_SCRIPT.sub("", str(body))
+    page = _EXTERNAL_SCRIPT.sub("", str(body))
+    # plotly.js once, before the figures that use it (unless a cell inlined it already).
+    if "Plotly.newPlot(" in page and "</head>" in page and "* plotly.js v" not in page:
+        from plotly.offline import get_plotlyjs
+
+        head, rest = page.split("</head>", 1)
+        page = f'{head}<script type="text/javascript">{get_plotlyjs()}</script>\n</head>{rest}'
+    return page

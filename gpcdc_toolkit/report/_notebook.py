@@ -14,9 +14,9 @@ def notebook_config(settings: Mapping[str, object] | None = None) -> Config:
     plotly set to draw in the saved notebook and its HTML report without a network."""
     import plotly.io as pio
 
-    # "notebook" inlines plotly.js once per notebook, so that the report draws offline;
-    # the mime bundle beside it is what JupyterLab draws.
-    pio.renderers.default = "plotly_mimetype+notebook"
+    # The figure's JSON alone, which JupyterLab draws: the saved notebook stays small, and
+    # its report draws it with plotly.js inlined once (see report/_export.py).
+    pio.renderers.default = "plotly_mimetype"
     given = {k: v for k, v in (settings or {}).items() if v is not None}
     for name, value in given.items():
         refuse_secret(name, value)
