@@ -180,9 +180,15 @@ def test_a_report_inlines_plotly_once_and_the_notebook_keeps_only_each_figures_d
                            "outputs": outputs, "id": "c1"}]}
     assert len(json.dumps(notebook)) < 50_000  # the figures' data, no plotly.js
     page = to_html(for_report(notebook), "t")
-    assert page.count("* plotly.js v") == 1 and page.index("* plotly.js v") < page.index("Plotly.newPlot(")
+    # Bars and lines: the basic bundle, once, before the figures.
+    assert page.count("* plotly.js") == 1 and page.index("* plotly.js (basic") < page.index("Plotly.newPlot(")
     assert page.count("Plotly.newPlot(") == 2 and external_references(page) == []
+    assert len(page) < 1_500_000
     assert "text/html" not in notebook["cells"][0]["outputs"][0]["data"]  # the original is untouched
+    # A trace type the basic bundle does not draw: the full one.
+    outputs[1]["data"]["application/vnd.plotly.v1+json"]["data"][0]["type"] = "scattergl"
+    page = to_html(for_report(notebook), "t")
+    assert page.count("* plotly.js") == 1 and "* plotly.js v" in page and len(page) > 4_000_000
 
 
 def test_external_references_are_what_a_page_would_load():

@@ -39,7 +39,7 @@ def watermark_delay(result: AuditResult) -> Any:
     points: Any = (lag.groupBy("segment", F.timestamp_seconds(F.floor(F.unix_seconds("at") / bucket) * bucket).alias("at"))
               .agg(F.max("delay_ms").alias("delay_ms")).orderBy("segment", "at").toPandas())
     points["node"] = points["segment"].map(lambda s: "coordinator" if s == -1 else f"segment {s}")
-    figure = px.line(points, x="at", y="delay_ms", color="node",
+    figure = px.line(points, x="at", y="delay_ms", color="node", render_mode="svg",
                      title=f"Resolved-watermark delay per node (max per {bucket} s)")
     return figure.update_layout(xaxis_title="Kafka time (UTC)", yaxis_title="delay (ms)")
 
