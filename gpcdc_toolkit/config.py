@@ -170,6 +170,10 @@ class ReportSettings:
     dir: Path = setting(Path("reports"), "directory of `gpcdc run`'s reports: one directory per run, and index.html")
     kernel: str = setting("python3", "the Jupyter kernel that runs the notebooks")
     timeout: float = setting(3600.0, "seconds a notebook cell may run before the run fails", minimum=1)
+    keep_runs: int = setting(1000, "runs kept per job: `gpcdc run` removes a job's older runs after each run "
+                                   "(`gpcdc reports prune` too; never a job's last run); 0: no limit", minimum=0)
+    keep_days: float = setting(0.0, "days a run is kept: older runs are removed as keep_runs says; 0: no limit",
+                               minimum=0)
 
 
 @dataclass(frozen=True)

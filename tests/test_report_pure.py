@@ -4,6 +4,8 @@ outputs, the index page, and the transaction browser over frames."""
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -27,6 +29,7 @@ from gpcdc_toolkit.report import (
     read_headline,
     read_runs,
     redact,
+    runs_to_prune,
     sql_names,
     syncpoint_choice,
     to_html,
@@ -242,6 +245,50 @@ def test_the_index_tolerates_damaged_records(tmp_path):
     assert sorted(runs) == ["a", "b", "e"] and runs["a"]["files"] == []
     assert runs["e"]["status"] == "failed" and "killed" in runs["e"]["error"]
     assert (tmp_path / "index.html").is_file()
+
+
+runs_strategy = st.lists(st.fixed_dictionaries({
+    "job": st.sampled_from(["audit", "validate", "replay"]),
+    "started_at": st.floats(0, 100 * 86400),
+    "status": st.sampled_from(["ok", "findings", "failed", "running"])}), max_size=40)
+
+
+@given(runs_strategy, st.integers(0, 6), st.sampled_from([0.0, 0.5, 3.0, 30.0]))
+def test_a_retention_keeps_each_jobs_last_run_and_removes_only_what_its_limits_name(runs, keep_runs, keep_days):
+    now = 100 * 86400
+    runs = [{**r, "started": f"{r['started_at']:020.6f}", "dir": str(i)} for i, r in enumerate(runs)]
+    pruned = {r["dir"] for r in runs_to_prune(runs, keep_runs=keep_runs, keep_days=keep_days, now=now)}
+    for job in {r["job"] for r in runs}:
+        mine = sorted((r for r in runs if r["job"] == job), key=lambda r: r["started_at"], reverse=True)
+        assert mine[0]["dir"] not in pruned  # a job's last run stays
+        for rank, run in enumerate(mine[1:], 1):
+            beyond = keep_runs > 0 and rank >= keep_runs
+            old = keep_days > 0 and run["started_at"] < now - keep_days * 86400
+            assert (run["dir"] in pruned) == ((beyond or old) and run["status"] != "running"), (rank, run)
+
+
+def test_gpcdc_reports_prune_removes_old_runs_and_rewrites_the_index(tmp_path, environ_without_gpcdc):
+    reports = tmp_path / "reports"
+    for i in range(5):
+        for job in ("audit", "validate"):
+            directory = reports / f"{job}-{i}"
+            directory.mkdir(parents=True)
+            (directory / "run.json").write_text(json.dumps(
+                {"job": job, "started": f"2026-11-2{i} 00:00:00", "started_at": 1795000000 + i * 86400,
+                 "status": "ok", "files": ["report.html"]}))
+            (directory / "report.html").write_text("<html></html>")
+    command = [sys.executable, "-m", "gpcdc_toolkit", "--report-dir", str(reports), "reports", "prune"]
+    dry = subprocess.run([*command, "--report-keep-runs", "2", "--dry-run"], capture_output=True, text=True,
+                         env=environ_without_gpcdc, stdin=subprocess.DEVNULL)
+    assert dry.returncode == 0 and "6 runs to remove" in dry.stdout and len(list(reports.iterdir())) == 10
+    done = subprocess.run([*command, "--report-keep-runs", "2"], capture_output=True, text=True,
+                          env=environ_without_gpcdc, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in reports.iterdir()) == ["audit-3", "audit-4", "index.html", "validate-3", "validate-4"]
+    assert "4 runs" in (reports / "index.html").read_text()
+    bad = subprocess.run([*command, "--report-keep-runs", "-1"], capture_output=True, text=True,
+                         env=environ_without_gpcdc, stdin=subprocess.DEVNULL)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "keep_runs" in bad.stderr
 
 
 @given(st.lists(st.text(st.characters(blacklist_categories=["Cs", "Cc"]), min_size=1, max_size=12), min_size=1,

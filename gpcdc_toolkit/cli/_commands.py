@@ -7,7 +7,7 @@ from ._audit import Archive, Audit
 from ._command import Command
 from ._pipeline import BootstrapCreate, BootstrapDrop, CaptureRun, CaptureStart, CaptureStop, Status
 from ._replay import Replay
-from ._run import Run
+from ._run import ReportsPrune, Run
 from ._servers import BrokerDown, BrokerStatus, BrokerUp, SandboxDown, SandboxStatus, SandboxUp
 from ._validate import SyncPointCommand, Validate
 from ._workload import Demo, Workload
@@ -17,5 +17,6 @@ GROUPS: dict[str, tuple[str, list[Command]]] = {
     "broker": ("the embedded Apache Kafka broker", [BrokerUp(), BrokerDown(), BrokerStatus()]),
     "bootstrap": ("replication slots at a distributed-transaction-consistent point", [BootstrapCreate(), BootstrapDrop()]),
     "capture": ("capture workers: every node into Kafka", [CaptureRun(), CaptureStart(), CaptureStop()]),
+    "reports": ("the runs of `gpcdc run` in the report directory", [ReportsPrune()]),
 }
 COMMANDS: list[Command] = [Workload(), Status(), Replay(), Audit(), Archive(), SyncPointCommand(), Validate(), Run(), Demo()]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import time
 
 from ..config import Config
 from ._command import Command, say
@@ -39,3 +40,27 @@ class Run(Command):
         say(done.line())
         say(f"index: {done.directory.parent / 'index.html'}")
         return done.exit_code
+
+
+class ReportsPrune(Command):
+    name = "prune"
+    help = ("remove runs from the report directory as report.keep_runs and report.keep_days say (never a job's "
+            "last run, nor one still running), and rewrite its index")
+    sections = ("report",)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        from ..report import prune_reports
+
+        reports = config.report.dir
+        if not reports.is_dir():
+            say(f"{reports} holds no runs")
+            return 0
+        pruned = prune_reports(reports, keep_runs=config.report.keep_runs, keep_days=config.report.keep_days,
+                               now=time.time(), dry_run=args.dry_run)
+        for directory in pruned:
+            say(f"{'would remove' if args.dry_run else 'removed'} {directory}")
+        say(f"{len(pruned)} runs {'to remove' if args.dry_run else 'removed'} from {reports}")
+        return 0

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
 from ._headline import MEDIA_TYPE, Headline, cell_error, headline, read_headline
-from ._index import index_html, read_runs, update_index
+from ._index import index_html, prune_reports, read_runs, runs_to_prune, update_index
 from ._params import Parameter, check_parameters, convert, declared_parameters, refuse_secret, sql_names, syncpoint_choice
 
 __getattr__ = lazy_exports(__name__, {
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MEDIA_TYPE", "Headline", "cell_error", "headline", "read_headline",
-    "index_html", "read_runs", "update_index",
+    "index_html", "prune_reports", "read_runs", "runs_to_prune", "update_index",
     "Parameter", "check_parameters", "convert", "declared_parameters", "refuse_secret", "sql_names", "syncpoint_choice",
     "TransactionBrowser", "TransactionView", "browse",
     "external_references", "for_report", "redact", "to_html",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -89,6 +90,39 @@ def read_runs(reports: Path) -> list[dict[str, Any]]:
             run.update(status="failed", error="the run ended without finishing (its process was killed)")
         runs.append(run)
     return runs
+
+
+def runs_to_prune(runs: Iterable[Mapping[str, Any]], *, keep_runs: int, keep_days: float,
+                  now: float) -> list[Mapping[str, Any]]:
+    """The runs a retention removes: those beyond the newest ``keep_runs`` of their job
+    (0: no such limit), and those started more than ``keep_days`` days before ``now``
+    (epoch seconds; 0: no such limit). Never the newest run of a job, nor a run still
+    running."""
+    by_job: dict[str, list[Mapping[str, Any]]] = {}
+    for run in sorted(runs, key=_started, reverse=True):
+        by_job.setdefault(str(run.get("job")), []).append(run)
+    out = []
+    for job_runs in by_job.values():
+        for rank, run in enumerate(job_runs):
+            _, started_at = _started(run)
+            too_many = keep_runs > 0 and rank >= keep_runs
+            too_old = keep_days > 0 and started_at < now - keep_days * 86400
+            if rank > 0 and run.get("status") != "running" and (too_many or too_old):
+                out.append(run)
+    return out
+
+
+def prune_reports(reports: Path, *, keep_runs: int, keep_days: float, now: float,
+                  dry_run: bool = False) -> list[Path]:
+    """Remove the run directories :func:`runs_to_prune` names and rewrite the index;
+    returns the directories (removed, or only named when ``dry_run``)."""
+    doomed = [reports / str(run["dir"]) for run in runs_to_prune(read_runs(reports), keep_runs=keep_runs,
+                                                                  keep_days=keep_days, now=now)]
+    if not dry_run and doomed:
+        for directory in doomed:
+            shutil.rmtree(directory, ignore_errors=True)
+        update_index(reports)
+    return doomed
 
 
 def update_index(reports: Path) -> Path:

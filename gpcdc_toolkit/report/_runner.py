@@ -25,7 +25,7 @@ from ..config import Config
 from ..errors import ConfigError
 from ._export import for_report, redact, to_html
 from ._headline import Headline, cell_error, read_headline
-from ._index import RUN_FILE, update_index
+from ._index import RUN_FILE, prune_reports, update_index
 from ._params import check_parameters, declared_parameters
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"  # the checkout's notebooks
@@ -145,6 +145,7 @@ def run_notebook(config: Config, notebook: str | Path, parameters: Mapping[str, 
                   files=["notebook.ipynb", "report.html"])
     write_json(directory / RUN_FILE, redact(record, secrets))
     update_index(reports)
+    prune_reports(reports, keep_runs=config.report.keep_runs, keep_days=config.report.keep_days, now=time.time())
     if raise_after:
         raise KeyboardInterrupt
     return NotebookRun(job, directory, status, seconds, shown, error)
