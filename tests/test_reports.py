@@ -57,6 +57,7 @@ def demo(work_dir):
             out, err = proc.communicate()
         pytest.fail(f"the demo did not end within {DEMO_TIMEOUT} s. It said:\n{out}{err}\n{where_it_was(root, reports)}")
     assert proc.returncode == 0, out + err
+    assert "KeyboardInterrupt" not in err and "Traceback" not in err, err  # a clean run says nothing alarming
     return root, reports, out
 
 

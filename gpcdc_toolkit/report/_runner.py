@@ -176,4 +176,11 @@ def _kernel_manager(config: Config) -> type:
         async def start_kernel(self, **kw: Any) -> None:  # type: ignore[override]  # async, as AsyncKernelManager's
             await super().start_kernel(**{**kw, "env": environment})
 
+        async def _async_interrupt_kernel(self) -> None:
+            # jupyter_client interrupts a kernel before asking it to shut down: at the end
+            # of a run the kernel is idle, and the interrupt only makes it log an error.
+            # (A cell over its time limit is interrupted before the shutdown begins.)
+            if not self.shutting_down:
+                await super()._async_interrupt_kernel()
+
     return Manager
