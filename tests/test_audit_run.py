@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from gpcdc_toolkit.audit import read_archive, run_audit, write_archive
+from gpcdc_toolkit.audit import ADVICE, read_archive, run_audit, write_archive
 from gpcdc_toolkit.capture import ensure_topics
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.connect import kafka_client_settings
@@ -134,8 +134,16 @@ def test_the_stream_invariants_join_the_findings_as_failed_expectations(spark, t
     _key, value, ts = b.partitions[(b.changes, 1)][2]
     b.partitions[(b.changes, 1)][2] = (None, value, ts)  # the only row event of segment 1's part: no key
     b.produce(kafka)
-    rules = {f["rule"]: f for f in run_audit(spark, config, write=False).findings.collect()}
+    result = run_audit(spark, config, write=False)
+    rules = {f["rule"]: f for f in result.findings.collect()}
     assert set(rules) == {"expect_column_values_to_be_in_set(op)", "expect_column_values_to_be_in_set(keys)"}
+    # Every check that ran is listed with its count, those that found nothing too.
+    checks = {(check, source): n for check, source, n in result.checks}
+    assert len(checks) == len(result.checks) and {c for c, source in checks if source == "rules"} == set(ADVICE)
+    assert {source for _c, source in checks} >= {"rules", "stream_events", "stream_tables", "marked_stream"}
+    assert checks[("expect_column_values_to_be_in_set(op)", "stream_events")] == 1
+    assert checks[("expect_column_values_to_be_in_set(keys)", "stream_tables")] == 1
+    assert sum(checks.values()) == 2
     assert "1 of 3 values unexpected, e.g. ['x']" in rules["expect_column_values_to_be_in_set(op)"]["evidence"]
     assert "['mixed']" in rules["expect_column_values_to_be_in_set(keys)"]["evidence"]
 

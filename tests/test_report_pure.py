@@ -25,10 +25,12 @@ from gpcdc_toolkit.report import (
     external_references,
     find_notebook,
     for_report,
+    has_points,
     index_html,
     read_headline,
     read_runs,
     redact,
+    run_banner,
     runs_to_prune,
     sql_names,
     syncpoint_choice,
@@ -194,6 +196,25 @@ def test_a_report_inlines_plotly_once_and_the_notebook_keeps_only_each_figures_d
     assert page.count("* plotly.js") == 1 and "* plotly.js v" in page and len(page) > 4_000_000
 
 
+def test_a_figure_has_points_when_some_trace_has_one():
+    import plotly.graph_objects as go
+
+    assert not has_points(go.Figure()) and not has_points(go.Figure([go.Bar(x=[], y=[]), go.Scatter(x=[], y=[])]))
+    assert has_points(go.Figure([go.Bar(x=[], y=[]), go.Scatter(x=["a"], y=[0])]))
+    assert has_points(go.Figure([go.Pie(values=[1])])) and not has_points(go.Figure([go.Pie(values=[])]))
+
+
+def test_a_report_opens_with_its_run_and_a_link_back_to_the_index():
+    notebook = {"nbformat": 4, "nbformat_minor": 5, "metadata": {},
+                "cells": [{"cell_type": "markdown", "metadata": {}, "source": "body", "id": "m"}]}
+    banner = run_banner({"job": "audit", "started": "2026-01-01 00:00:00", "status": "findings", "seconds": 2.5,
+                         "parameters": {"tables": '<b>"x"</b>', "since_last": True}})
+    page = to_html(notebook, "t", banner=banner)
+    assert page.index('<a href="../index.html">') < page.index("<p>body</p>")
+    assert "started 2026-01-01 00:00:00 UTC" in page and ">findings</span> in 2.5 s" in page
+    assert "since_last = True" in page and "<b>&quot;x&quot;</b>" not in page and "&lt;b&gt;" in page
+
+
 def test_external_references_are_what_a_page_would_load():
     page = ('<script src="https://cdn.example/x.js"></script><link href="//cdn.example/y.css">'
             '<a href="https://example.org">a link loads nothing</a><script>var s = "https://x";</script>')
@@ -228,9 +249,25 @@ def test_the_index_lists_every_run_newest_first_and_escapes_what_it_shows(runs):
                 "figures": [[label, 3]], "verdict": label, "dir": f"{i}", "files": ["report.html"]}
                for i, (job, label, status) in enumerate(runs)]
     page = index_html(records)
-    assert "<script" not in page.lower()
+    assert page.lower().count("<script") == 1  # the filters' own, nothing from a name
     assert f"{len(runs)} runs" in page
-    assert [int(d) for d in re.findall(r'href="(\d+)/report.html"', page)] == list(reversed(range(len(runs))))
+    # Grouped by job (the job of the newest run first), each job's runs newest first.
+    listed = [int(d) for d in re.findall(r'href="(\d+)/report.html"', page)]
+    assert sorted(listed) == list(range(len(runs)))
+    jobs = list(dict.fromkeys(runs[i][0] for i in reversed(range(len(runs)))))
+    assert listed == [i for job in jobs for i in reversed(range(len(runs))) if runs[i][0] == job]
+
+
+def test_the_index_draws_each_jobs_figures_as_trends_and_shows_parameters():
+    records = [{"job": "audit", "started": f"2026-01-0{i + 1} 00:00:00", "status": "ok", "seconds": 10.0 + i,
+                "figures": [["errors", i % 2], ["verdict text", "no"]], "parameters": {"since_last": True},
+                "dir": f"a{i}", "files": []} for i in range(4)]
+    page = index_html(records + [{"job": "validate", "started": "2026-01-09 00:00:00", "status": "findings",
+                                  "seconds": 3.0, "figures": [["rows differing", 2]], "dir": "v", "files": []}])
+    assert page.count("<polyline") == 2  # audit: duration and errors; validate's single run draws none
+    assert "<title>errors: 0, 1, 0, 1</title>" in page and "duration (s): <b>13</b> (10 to 13)" in page
+    assert page.index('data-job="validate"') < page.index('data-job="audit"')
+    assert "since_last=True" in page and 'data-status="findings"' in page
 
 
 def test_the_index_tolerates_damaged_records(tmp_path):
@@ -315,9 +352,10 @@ def test_every_documented_audit_rule_says_what_to_do():
     assert all(advice(rule) for rule in documented) and "expectation suite" in advice("expect_column_x")
 
 
-def stream():
+def stream(syncpoint=False):
     """Two distributed transactions (gxid 10 on segments 0 and 1, gxid 11 whose part on
-    segment 1 is missing) and a one-phase one (gxid 12), as the ingest frames hold them."""
+    segment 1 is missing) and a one-phase one (gxid 12), as the ingest frames hold them;
+    and (``syncpoint``) a sync point's transaction after them: on every segment, no rows."""
     ts = pd.Timestamp("2026-01-01 12:00:00")
     changes = []
 
@@ -342,6 +380,12 @@ def stream():
                              "commit_ts": None},
                             {"kind": "commit", "gxid": 11, "segments": [0, 1], "partition": 0, "offset": 2,
                              "commit_ts": ts + pd.Timedelta(seconds=5)}])
+    if syncpoint:
+        part(13, 0, 20, 0, at=ts + pd.Timedelta(seconds=12))
+        part(13, 1, 20, 0, at=ts + pd.Timedelta(seconds=12))
+        records = pd.concat([records, pd.DataFrame([{"kind": "commit", "gxid": 13, "segments": [0, 1], "partition": 0,
+                                                     "offset": 3, "commit_ts": ts + pd.Timedelta(seconds=12)}])],
+                            ignore_index=True)
     findings = pd.DataFrame([{"rule": "missing_part", "severity": "error", "gxid": 11}])
     return TransactionBrowser(pd.DataFrame(changes), records, findings)
 
@@ -373,3 +417,4 @@ def test_the_browser_filters_by_time_table_and_finding():
     assert browser.gxids(rule="missing_part") == [11]
     assert browser.tables == ["public.t", "sales.orders"] and browser.rules == ["missing_part"]
     assert browser.widest() == 11
+    assert stream(syncpoint=True).widest() == 11  # the latest wide one that wrote rows, not a sync point

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from urllib.parse import quote
 
+import plotly.graph_objects as go
 import pytest
 
 from gpcdc_toolkit.bootstrap import Pipeline, drop_slots
@@ -24,7 +25,8 @@ from gpcdc_toolkit.broker import EmbeddedBroker
 from gpcdc_toolkit.capture import CaptureGroup, child_environment
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.replay import Replayer
-from gpcdc_toolkit.report import NOTEBOOKS, external_references, read_runs, run_notebook
+from gpcdc_toolkit.report import NOTEBOOKS, external_references, has_points, read_runs, run_notebook
+from gpcdc_toolkit.report._export import PLOTLY_MIME
 from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.workload import reset_tables
 
@@ -102,10 +104,11 @@ def browser_command(*arguments):
     return ["unshare", "-n", *command] if isolated else command
 
 
-def page_as_shown(path: Path, screenshot: Path) -> str:
-    done = subprocess.run(browser_command("--dump-dom", path.as_uri()), capture_output=True, text=True, timeout=120)
+def page_as_shown(path: Path, screenshot: Path, fragment: str = "") -> str:
+    address = path.as_uri() + (f"#{fragment}" if fragment else "")
+    done = subprocess.run(browser_command("--dump-dom", address), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    shot = subprocess.run(browser_command("--window-size=1280,2000", f"--screenshot={screenshot}", path.as_uri()),
+    shot = subprocess.run(browser_command("--window-size=1280,2000", f"--screenshot={screenshot}", address),
                           capture_output=True, text=True, timeout=120)
     assert shot.returncode == 0 and screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", shot.stderr[-2000:]
     return done.stdout
@@ -124,14 +127,27 @@ def test_the_reports_draw_offline_with_their_headline_figures(demo, tmp_path):
     index = visible_text(page_as_shown(reports / "index.html", tmp_path / "index.png"))
     for job, run in runs.items():
         assert job in index and all(format_figure(v) in index for _label, v in run["figures"])
+    # The filters, as a person's link to a filtered view: one job's runs, then none.
+    audit_only = page_as_shown(reports / "index.html", tmp_path / "audit.png", "job=audit&status=ok")
+    shown = re.findall(r'<section data-job="([^"]+)"(?! hidden)', audit_only)
+    assert shown == ["audit"] and "1 shown" in visible_text(audit_only)
+    nothing = page_as_shown(reports / "index.html", tmp_path / "none.png", "job=audit&status=failed")
+    assert re.findall(r'<section data-job="([^"]+)"(?! hidden)', nothing) == [] and "0 shown" in visible_text(nothing)
     for job, run in runs.items():
         page = (reports / run["dir"] / "report.html").read_text()
         assert external_references(page) == [], job
         dom = page_as_shown(reports / run["dir"] / "report.html", tmp_path / f"{job}.png")
-        assert dom.count('class="main-svg"') >= CHARTS[job], f"{job}: the charts did not draw"
+        # Every chart drew, and has something to show: a figure with no point is an
+        # empty state, a sentence saying why, never empty axes.
+        figures = [output["data"][PLOTLY_MIME] for cell in json.loads((reports / run["dir"] / "notebook.ipynb").read_text())
+                   ["cells"] for output in cell.get("outputs", []) if PLOTLY_MIME in output.get("data", {})]
+        assert all(has_points(go.Figure(f)) for f in figures), f"{job}: a chart with nothing to draw"
+        drawn, empty = len(re.findall(r'class="[^"]*\bjs-plotly-plot\b', dom)), dom.count('class="gpcdc-empty"')
+        assert drawn == len(figures) and drawn + empty == CHARTS[job], (job, drawn, empty)
         text = visible_text(dom)
         assert all(f"{format_figure(v)} {label}" in text for label, v in run["figures"]), job
         assert run["verdict"] in text
+        assert re.search(rf"← all runs · {job} ?, started {run['started']} UTC · ok in ", text), job  # and a link back
 
 
 @pytest.fixture

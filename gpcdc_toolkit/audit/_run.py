@@ -34,7 +34,7 @@ from ..errors import ConfigError
 from ..protocol import Topics
 from ._archive import Offsets, read_archive
 from ._expectations import validate
-from ._findings import Thresholds, at_or_above, summarize
+from ._findings import ADVICE, Thresholds, at_or_above, summarize
 from ._rules import RULES, Stream, prepare, watermark_delay
 
 col = F.col
@@ -53,6 +53,9 @@ class AuditResult:
     parts: DataFrame  # one row per segment part: for completeness charts
     output: Path | None = None  # where the findings were written
     window: dict[str, Any] = field(default_factory=dict)
+    # Every check that ran, found something or not: (rule or expectation, "rules" or its
+    # suite's name, findings).
+    checks: list[tuple[str, str, int]] = field(default_factory=list)
 
     def worst(self) -> str | None:
         return self.summary[0][1] if self.summary else None
@@ -187,17 +190,23 @@ def run_audit(spark: Any, config: Config, *, since_last: bool = False, start_ms:
         read = events.count()
     finally:
         events.unpersist()  # the stream is checkpointed: nothing reads the events again
-    findings = findings.unionByName(validate(stream, suites))
+    failed, outcomes = validate(stream, suites)
+    findings = findings.unionByName(failed)
     if since_last:
         findings = _new(findings, spark, state.offsets("end"), state.load().get("open", []))
     ranked = F.when(col("severity") == "error", 0).when(col("severity") == "warning", 1).otherwise(2)
     # Checkpointed, not persisted: released when the result is, not kept for the session.
     findings = findings.orderBy(ranked, "rule", "first_seen", "topic", "partition").localCheckpoint()
     counts = findings.groupBy("rule", "severity").count().collect()
-    result = AuditResult(findings, watermark_delay(stream), summarize(c.asDict() for c in counts),
-                         read, stream.parts,
+    summary = summarize(c.asDict() for c in counts)
+    found: dict[str, int] = {}
+    for rule, _severity, count in summary:
+        found[rule] = found.get(rule, 0) + count
+    checks = ([(rule, "rules", found.get(rule, 0)) for rule in ADVICE]
+              + [(o.expectation, o.suite, found.get(o.expectation, 0)) for o in outcomes])
+    result = AuditResult(findings, watermark_delay(stream), summary, read, stream.parts,
                          window={"since_last": since_last, "start_ms": start_ms, "end_ms": end_ms,
-                                 "archive": str(archive) if archive else None, "end": end})
+                                 "archive": str(archive) if archive else None, "end": end}, checks=checks)
     if write:
         result.output = _write(config, result)
     if since_last:
@@ -216,7 +225,8 @@ def _write(config: Config, result: AuditResult) -> Path:
             f.write(line + "\n")
     write_json(out / "summary.json", {"events": result.events, "window": result.window,
                                       "summary": [{"rule": r, "severity": s, "count": n}
-                                                  for r, s, n in result.summary]})
+                                                  for r, s, n in result.summary],
+                                      "checks": [{"check": c, "from": f, "findings": n} for c, f, n in result.checks]})
     return out
 
 

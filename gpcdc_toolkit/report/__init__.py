@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
 from ._headline import MEDIA_TYPE, Headline, cell_error, headline, read_headline
-from ._index import index_html, prune_reports, read_runs, runs_to_prune, update_index
+from ._index import index_html, prune_reports, read_runs, run_banner, runs_to_prune, update_index
 from ._params import Parameter, check_parameters, convert, declared_parameters, refuse_secret, sql_names, syncpoint_choice
 
 __getattr__ = lazy_exports(__name__, {
     "_browser": ("TransactionBrowser", "TransactionView", "browse"),
+    "_charts": ("chart", "has_points"),
     "_export": ("external_references", "for_report", "redact", "to_html"),
     "_notebook": ("notebook_config",),
     "_runner": ("EXIT", "NOTEBOOKS", "NotebookRun", "find_notebook", "run_notebook", "secrets_of"),
@@ -25,15 +26,17 @@ __getattr__ = lazy_exports(__name__, {
 
 if TYPE_CHECKING:
     from ._browser import TransactionBrowser, TransactionView, browse
+    from ._charts import chart, has_points
     from ._export import external_references, for_report, redact, to_html
     from ._notebook import notebook_config
     from ._runner import EXIT, NOTEBOOKS, NotebookRun, find_notebook, run_notebook, secrets_of
 
 __all__ = [
     "MEDIA_TYPE", "Headline", "cell_error", "headline", "read_headline",
-    "index_html", "prune_reports", "read_runs", "runs_to_prune", "update_index",
+    "index_html", "prune_reports", "read_runs", "run_banner", "runs_to_prune", "update_index",
     "Parameter", "check_parameters", "convert", "declared_parameters", "refuse_secret", "sql_names", "syncpoint_choice",
     "TransactionBrowser", "TransactionView", "browse",
+    "chart", "has_points",
     "external_references", "for_report", "redact", "to_html",
     "notebook_config",
     "EXIT", "NOTEBOOKS", "NotebookRun", "find_notebook", "run_notebook", "secrets_of",

@@ -111,11 +111,14 @@ class TransactionBrowser:
         return sorted(chosen, key=lambda g: (g not in self._order, self._order.get(g, 0), first_commit.get(g, ""), g))
 
     def widest(self) -> int | None:
-        """The latest committed transaction among those with parts on the most segments."""
-        if not len(self.records):
+        """The latest committed transaction among those that wrote rows with parts on the
+        most segments (a sync point's lists every segment and writes nothing)."""
+        wrote = self.changes.loc[self.changes["kind"] == "row", "gxid"].dropna().unique()
+        records = self.records[self.records["gxid"].isin(wrote)]
+        if not len(records):
             return None
-        spans = self.records["segments"].map(lambda s: len(s) if s is not None else 0)
-        widest = self.records[spans == spans.max()]
+        spans = records["segments"].map(lambda s: len(s) if s is not None else 0)
+        widest = records[spans == spans.max()]
         return int(widest["gxid"].iloc[-1])
 
     def view(self, gxid: int) -> TransactionView:

@@ -96,14 +96,15 @@ def external_references(page: str) -> list[str]:
 _EXTERNAL_SCRIPT = re.compile(r"""<script\b[^>]*?\bsrc\s*=\s*["']?(?:https?:)?//[^>]*>\s*</script>""", re.IGNORECASE)
 
 
-def to_html(notebook: Mapping[str, Any], title: str) -> str:
+def to_html(notebook: Mapping[str, Any], title: str, banner: str = "") -> str:
+    """The report's page; ``banner`` (HTML) is the line it opens with."""
     import nbformat
     from nbconvert import HTMLExporter
 
     exporter = HTMLExporter(template_name="gpcdc", extra_template_basedirs=[str(TEMPLATES)])
     node = nbformat.reads(json.dumps(notebook), as_version=4)  # as on disk: sources and outputs in lines, joined
     node.metadata["title"] = title
-    body, _resources = exporter.from_notebook_node(node)
+    body, _resources = exporter.from_notebook_node(node, resources={"gpcdc_banner": banner})
     # plotly's notebook renderer adds MathJax from a CDN to every figure, for LaTeX in
     # labels: a report loads nothing from a network (labels are shown as written).
     page = _EXTERNAL_SCRIPT.sub("", str(body))

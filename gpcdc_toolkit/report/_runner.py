@@ -25,7 +25,7 @@ from ..config import Config
 from ..errors import ConfigError
 from ._export import for_report, redact, to_html
 from ._headline import Headline, cell_error, read_headline
-from ._index import RUN_FILE, prune_reports, update_index
+from ._index import RUN_FILE, prune_reports, run_banner, update_index
 from ._params import check_parameters, declared_parameters
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"  # the checkout's notebooks
@@ -139,8 +139,10 @@ def run_notebook(config: Config, notebook: str | Path, parameters: Mapping[str, 
     shown = read_headline(executed)
     error = failure or cell_error(executed)
     status = "failed" if error else "ok" if shown is None or shown.passed else "findings"
-    (directory / "report.html").write_text(to_html(for_report(executed), f"gpcdc {job}, {record['started']} UTC"))
-    record.update(status=status, seconds=round(seconds, 2), error=error,
+    record.update(status=status, seconds=round(seconds, 2))
+    (directory / "report.html").write_text(to_html(for_report(executed), f"gpcdc {job}, {record['started']} UTC",
+                                                   banner=run_banner(redact(record, secrets))))
+    record.update(error=error,
                   figures=[[k, v] for k, v in shown.figures.items()] if shown else [], verdict=shown.verdict if shown else "",
                   files=["notebook.ipynb", "report.html"])
     write_json(directory / RUN_FILE, redact(record, secrets))
