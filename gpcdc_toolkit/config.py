@@ -42,6 +42,11 @@ def setting(default: Any, help: str, *, choices: tuple[str, ...] = (), minimum: 
     return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum, "check": check})
 
 
+def _port(port: int, room: int) -> str | None:
+    """What is wrong with a port setting (0: off) that needs ``room`` ports above it."""
+    return None if port == 0 or 1 <= port <= 65535 - room else f"is not a port in 1..{65535 - room} (or 0: off)"
+
+
 def internal(default: Any = dataclasses.MISSING, **kwargs: Any) -> Any:
     """A field of a section that is not a setting (set by code or a command's own flag)."""
     if default is dataclasses.MISSING:
@@ -110,6 +115,8 @@ class CaptureSettings:
                                    minimum=0.1)
     max_backoff: float = setting(30.0, "longest wait, in seconds, between reconnection attempts", minimum=0.1)
     producer_queue_kbytes: int = setting(65536, "the Kafka producer's buffer, in KiB", minimum=1024)
+    metrics_port: int = setting(0, "Prometheus metrics of the workers: the coordinator's on this port, segment N's "
+                                   "on it + 1 + N; 0: none", minimum=0, check=lambda p: _port(p, 1024))
 
 
 @dataclass(frozen=True)
@@ -124,6 +131,8 @@ class ReplaySettings:
                                               "show until then")
     spill_rows: int = setting(2_000, "rows of one part held in memory; past that they go to a file", minimum=1)
     chunk_rows: int = setting(5_000, "row events folded and written at a time within a batch", minimum=1)
+    metrics_port: int = setting(0, "Prometheus metrics of `gpcdc replay` on this port; 0: none", minimum=0,
+                                check=lambda p: _port(p, 0))
     spill_dir: str | None = setting(None, "directory of spilled parts (default: the system's temporary directory)")
     # gxids whose refused DDL was given to the target by hand: `gpcdc replay --skip-ddl`.
     skip_ddl: frozenset[int] = internal(frozenset())

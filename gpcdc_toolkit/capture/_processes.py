@@ -149,6 +149,11 @@ def run_worker(config: Config, content: int) -> None:
     database = conninfo.conninfo_to_dict(cluster.coordinator_dsn).get("dbname") or "postgres"
     worker = CaptureWorker(cluster, nodes[content], start, settings, database=str(database),
                            partitions=cluster.segment_count, status_file=group.status_file(content))
+    if config.capture.metrics_port:
+        from .._metrics import capture_metrics, capture_port, serve
+
+        serve(capture_port(config.capture.metrics_port, content), "capture.metrics_port",
+              lambda: capture_metrics(worker.stats, config.kafka.topic_prefix))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -25,7 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -85,10 +85,12 @@ class WorkerStats:
     state: str = "starting"
     events: int = 0
     bytes: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)  # events by kind (row, begin, end, resolved, commit, ddl)
     transactions: int = 0
     dropped_transactions: int = 0
     rolled_back_parts: int = 0  # prepared parts rolled back: never committed, never sent
     acked_lsn: int = 0
+    server_lsn: int = 0  # how far the server has sent WAL, from its keepalives
     resolved_lsn: int = 0
     resolved_ts_ms: int = 0
     last_commit_ts_ms: int | None = None
@@ -323,6 +325,7 @@ class CaptureWorker:
                 else:
                     beat = assembler.resolved(resolved, stats.resolved_ts_ms or None)
                 stats.resolved_lsn = resolved
+                stats.server_lsn = max(stats.server_lsn, cur.wal_end)
                 produce(beat)
                 cur.send_feedback(reply=True)  # a keepalive tells how far the server has sent
                 self._write_status()
@@ -364,6 +367,7 @@ class CaptureWorker:
         else:
             topic, fixed = self.topics.changes, None
         partitions_for = self.dispatcher.partitions_for
+        kinds = stats.kinds
 
         def produce(out: Outbound) -> None:
             for partition in fixed or partitions_for(out.kind, content) or [-1]:
@@ -375,6 +379,7 @@ class CaptureWorker:
                         producer.poll(0.05)  # the bounded queue is full: let deliveries drain it
                 stats.events += 1
                 stats.bytes += len(out.value)
+                kinds[out.kind] = kinds.get(out.kind, 0) + 1
 
         return produce
 

@@ -30,6 +30,12 @@ class Replay(Command):
         status = StatusLine()
         settings = dataclasses.replace(config.replay, skip_ddl=frozenset(args.skip_ddl))
         with Replayer(config, settings=settings) as replayer:
+            if config.replay.metrics_port:
+                from .._metrics import replay_metrics, serve
+
+                target = replayer.target.describe()
+                serve(config.replay.metrics_port, "replay.metrics_port",
+                      lambda: replay_metrics(replayer.latest, config.kafka.topic_prefix, target))
             try:
                 final = replayer.run(follow=not args.once, progress=status, should_stop=lambda: bool(stop))
             finally:

@@ -82,6 +82,8 @@ class Progress:
     elapsed_s: float
     caught_up: bool  # every partition read to where it ended when the run began
     set_aside: int = 0  # malformed messages quarantined in this run
+    batches: int = 0  # target transactions committed
+    batch_seconds: float = 0.0  # the time they took, applied and committed
 
     @property
     def rate(self) -> float:
@@ -111,6 +113,7 @@ class Replayer:
         self.applier = Applier(self.target, config.kafka.topic_prefix, skip_ddl=self.settings.skip_ddl,
                                chunk_rows=self.settings.chunk_rows)
         self.initial_load: tuple[int, int] | None = None  # (rows, tables) when this replayer made the load
+        self.latest: Progress | None = None  # the running run's progress, as last reported
 
     def close(self) -> None:
         self.applier.close()
@@ -144,8 +147,10 @@ class Replayer:
                 if not follow:
                     run.check_heard(KAFKA_SILENCE)
                 done = run.caught_up and not run.in_hand and not follow
-                if progress is not None and (done or now - last_report >= progress_interval):
-                    progress(run.progress())
+                if done or now - last_report >= progress_interval:
+                    self.latest = run.progress()
+                    if progress is not None:
+                        progress(self.latest)
                     last_report = now
                 if done:
                     run.check_marked()
@@ -203,6 +208,7 @@ class _Run:
         self.topics = replayer.topics
         self.quarantine = replayer.pipeline.directory / "quarantine.jsonl"
         self.set_aside = 0  # malformed messages quarantined
+        self.batches, self.batch_seconds = 0, 0.0  # target transactions committed, and their time
         self.consumer = Consumer({**replayer.kafka, "group.id": f"gpcdc-replay-{self.topics.prefix}",
                                   "enable.auto.commit": False, "enable.partition.eof": True,
                                   "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100,
@@ -379,11 +385,14 @@ class _Run:
         while self.in_hand:
             batch = self._next_batch()
             checkpoint = self._checkpoint(after=len(batch))
+            began = time.monotonic()
             try:
                 self.applier.apply(batch, checkpoint)
             except DdlRefusedError as refused:
                 self._quarantine(refused)
                 raise
+            self.batches += 1
+            self.batch_seconds += time.monotonic() - began
             self.applied_lsn = dict(checkpoint.applied_lsn)
             for whole in batch:
                 self.in_hand.popleft()
@@ -469,4 +478,4 @@ class _Run:
             waiting.append(oldest)
         lag = max(0, int(time.time() * 1000) - min(waiting)) if waiting else 0
         return Progress(transactions, rows, ddl, pending, lag, time.monotonic() - self.started, self.caught_up,
-                        self.set_aside)
+                        self.set_aside, self.batches, self.batch_seconds)
