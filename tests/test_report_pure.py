@@ -25,6 +25,7 @@ from gpcdc_toolkit.report import (
     external_references,
     find_notebook,
     for_report,
+    for_schedule,
     has_points,
     index_html,
     read_headline,
@@ -171,6 +172,7 @@ def test_a_report_leaves_out_interactive_cells_and_widget_state_but_not_an_error
     shown = for_report(notebook)
     assert [c["source"] for c in shown["cells"]] == ["kept", "f"] and "widgets" not in shown["metadata"]
     assert "tags" in notebook["cells"][0]["metadata"]  # the original is untouched
+    assert [c["source"] for c in for_schedule(notebook)["cells"]] == ["kept"]  # a scheduled run runs none of them
 
 
 def test_a_report_inlines_plotly_once_and_the_notebook_keeps_only_each_figures_data():
@@ -406,6 +408,18 @@ def test_the_browser_names_a_missing_part_and_the_findings_about_it():
     one_phase = stream().view(12)
     assert one_phase.record is None and one_phase.position is None and one_phase.parts["one_phase"].tolist() == [True]
     assert "<table" in one_phase._repr_html_()
+
+
+def test_the_browser_lists_transactions_to_search_and_names_their_neighbours():
+    browser = stream()
+    catalog = browser.catalog()
+    assert catalog["gxid"].tolist() == [10, 11, 12]
+    assert catalog[["segments", "rows", "findings"]].values.tolist() == [[2, 3, 0], [1, 1, 1], [1, 3, 0]]
+    assert catalog["tables"].tolist() == ["public.t", "sales.orders", "public.t"]
+    label = browser.label(catalog.iloc[1])
+    assert label.startswith("11 · 2026-01-01 12:00:05 · 1 segments · 1 rows · sales.orders") and "1 findings" in label
+    assert "in source order after gxid 10 and before nothing in the window" in browser.view(11).lines()
+    assert "in source order after nothing in the window and before gxid 11" in browser.view(10).lines()
 
 
 def test_the_browser_filters_by_time_table_and_finding():

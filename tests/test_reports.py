@@ -31,7 +31,7 @@ from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.workload import reset_tables
 
 JOBS = ["bootstrap", "capture", "workload", "replay", "audit", "validate", "explore"]
-CHARTS = {"bootstrap": 1, "capture": 1, "workload": 1, "replay": 3, "audit": 3, "validate": 2, "explore": 2}
+CHARTS = {"bootstrap": 1, "capture": 2, "workload": 1, "replay": 3, "audit": 3, "validate": 2, "explore": 2}
 GPCDC = str(Path(sys.executable).parent / "gpcdc")
 
 

@@ -19,7 +19,7 @@ from ._params import Parameter, check_parameters, convert, declared_parameters, 
 __getattr__ = lazy_exports(__name__, {
     "_browser": ("TransactionBrowser", "TransactionView", "browse"),
     "_charts": ("chart", "has_points"),
-    "_export": ("external_references", "for_report", "redact", "to_html"),
+    "_export": ("external_references", "for_report", "for_schedule", "redact", "to_html"),
     "_notebook": ("notebook_config",),
     "_runner": ("EXIT", "NOTEBOOKS", "NotebookRun", "find_notebook", "run_notebook", "secrets_of"),
 })
@@ -27,7 +27,7 @@ __getattr__ = lazy_exports(__name__, {
 if TYPE_CHECKING:
     from ._browser import TransactionBrowser, TransactionView, browse
     from ._charts import chart, has_points
-    from ._export import external_references, for_report, redact, to_html
+    from ._export import external_references, for_report, for_schedule, redact, to_html
     from ._notebook import notebook_config
     from ._runner import EXIT, NOTEBOOKS, NotebookRun, find_notebook, run_notebook, secrets_of
 
@@ -37,7 +37,7 @@ __all__ = [
     "Parameter", "check_parameters", "convert", "declared_parameters", "refuse_secret", "sql_names", "syncpoint_choice",
     "TransactionBrowser", "TransactionView", "browse",
     "chart", "has_points",
-    "external_references", "for_report", "redact", "to_html",
+    "external_references", "for_report", "for_schedule", "redact", "to_html",
     "notebook_config",
     "EXIT", "NOTEBOOKS", "NotebookRun", "find_notebook", "run_notebook", "secrets_of",
 ]

@@ -44,6 +44,11 @@ class TransactionView:
                f"parts on segments {present}" + (f" of {declared}" if declared is not None else "")
                + (f"; MISSING on {missing}" if missing else "") + f"; {len(self.rows)} row events",
                f"findings naming it: {len(self.findings)}"]
+        if self.position is not None:
+            out.append("in source order after " + (f"gxid {self.previous}" if self.previous is not None else
+                                                    "nothing in the window")
+                       + " and before " + (f"gxid {self.following}" if self.following is not None else
+                                           "nothing in the window"))
         return out
 
     def _repr_html_(self) -> str:
@@ -73,10 +78,46 @@ class TransactionBrowser:
         self._order = {int(g): i for i, g in enumerate(self.records["gxid"])}
 
     @classmethod
-    def from_spark(cls, changes: Any, transactions: Any, findings: Any = None) -> TransactionBrowser:
-        """From Spark DataFrames (read into the driver: give a window that fits)."""
+    def from_spark(cls, changes: Any, transactions: Any, findings: Any = None, *,
+                   minutes: float | None = 15.0) -> TransactionBrowser:
+        """From Spark DataFrames, read into the driver: the last ``minutes`` of source
+        commit time the stream holds (None: all of it, which must fit in the driver)."""
+        from pyspark.sql import functions as F
+
         events = changes.where(changes.kind.isin("row", "begin", "end"))
+        if minutes is not None:
+            (latest,) = events.agg(F.max("commit_ts")).first() or (None,)
+            if latest is not None:
+                since = F.lit(latest) - F.expr(f"make_dt_interval(0, 0, 0, {float(minutes) * 60})")
+                events = events.where(F.col("commit_ts") >= since)
+                transactions = transactions.where(F.col("commit_ts") >= since)
         return cls(events.toPandas(), transactions.toPandas(), findings.toPandas() if findings is not None else None)
+
+    def catalog(self) -> Any:
+        """One row per transaction in the window, for finding one: gxid, first commit,
+        segments, rows, tables, findings naming it; in source order, then by commit time."""
+        import pandas as pd
+
+        parts = self.changes[self.changes["gxid"].notna()]
+        rows = parts[parts["kind"] == "row"]
+        out = pd.DataFrame({"gxid": self.gxids()})
+        if not len(out):
+            return out.assign(committed=[], segments=[], rows=[], tables=[], findings=[])
+        out["committed"] = out["gxid"].map(parts.groupby("gxid")["commit_ts"].min())
+        out["segments"] = out["gxid"].map(parts.groupby("gxid")["segment"].nunique()).fillna(0).astype(int)
+        out["rows"] = out["gxid"].map(rows.groupby("gxid").size()).fillna(0).astype(int)
+        out["tables"] = out["gxid"].map(rows.groupby("gxid")["table"].agg(lambda t: ", ".join(sorted(set(t))))).fillna("")
+        out["findings"] = out["gxid"].map(self.findings.groupby("gxid").size()).fillna(0).astype(int)
+        return out
+
+    @staticmethod
+    def label(entry: Any) -> str:
+        """A catalog row as the gxid list shows it."""
+        committed = str(entry["committed"])[:23] if entry["committed"] is not None and str(entry["committed"]) != "NaT" \
+            else "no part yet"
+        return (f"{entry['gxid']} · {committed} · {entry['segments']} segments · {entry['rows']} rows"
+                + (f" · {entry['tables']}" if entry["tables"] else "")
+                + (f" · {entry['findings']} findings" if entry["findings"] else ""))
 
     @property
     def tables(self) -> list[str]:
@@ -152,8 +193,12 @@ class TransactionBrowser:
             pd.DataFrame(parts, columns=PART_COLUMNS), rows, named)
 
 
+PAGE = 200  # transactions listed at a time: narrow the search to see others
+
+
 def browse(browser: TransactionBrowser) -> Any:
-    """The widget: filters (time window, table, finding rule), a gxid list, and the view."""
+    """The widget: filters (time window, table, finding rule, a search of the list), a
+    list of the matching transactions (gxid, commit time, size, tables), and the view."""
     import ipywidgets as widgets
     from IPython.display import display
 
@@ -161,8 +206,12 @@ def browse(browser: TransactionBrowser) -> Any:
     end = widgets.Text(description="to", placeholder="(open)")
     table = widgets.Dropdown(description="table", options=["(any)", *browser.tables])
     rule = widgets.Dropdown(description="finding", options=["(any)", *browser.rules])
-    gxid = widgets.Dropdown(description="gxid", options=[])
+    search = widgets.Text(description="search", placeholder="part of a gxid, a time or a table")
+    gxid = widgets.Select(description="gxid", options=[], rows=10, layout=widgets.Layout(width="95%"))
+    count = widgets.Label()
     shown = widgets.Output()
+    catalog = browser.catalog()
+    labels = {int(row["gxid"]): browser.label(row) for _, row in catalog.iterrows()}
 
     def refilter(_change: Any = None) -> None:
         try:
@@ -174,7 +223,11 @@ def browse(browser: TransactionBrowser) -> Any:
                 shown.clear_output()
                 print(f"cannot filter: {e}")
             return
-        gxid.options = found[:5000]
+        wanted = search.value.strip().lower()
+        found = [g for g in found if wanted in labels.get(g, str(g)).lower()]
+        gxid.options = [(labels.get(g, str(g)), g) for g in found[:PAGE]]
+        count.value = (f"{len(found)} transactions" if len(found) <= PAGE else
+                       f"{len(found)} transactions, the first {PAGE} listed: narrow the search")
 
     def show(_change: Any = None) -> None:
         with shown:
@@ -182,8 +235,9 @@ def browse(browser: TransactionBrowser) -> Any:
             if gxid.value is not None:
                 display(browser.view(int(gxid.value)))
 
-    for control in (start, end, table, rule):
+    for control in (start, end, table, rule, search):
         control.observe(refilter, names="value")
     gxid.observe(show, names="value")
     refilter()
-    return widgets.VBox([widgets.HBox([start, end]), widgets.HBox([table, rule]), gxid, shown])
+    return widgets.VBox([widgets.HBox([start, end]), widgets.HBox([table, rule]), widgets.HBox([search, count]), gxid,
+                         shown])

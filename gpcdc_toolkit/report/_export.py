@@ -25,6 +25,14 @@ _BASIC_BUNDLE = Path(__file__).parent / "static" / "plotly-basic.min.js"
 _BASIC_TRACES = frozenset({"scatter", "bar", "pie"})
 
 
+def for_schedule(notebook: Mapping[str, Any]) -> dict[str, Any]:
+    """The notebook as a scheduled run executes it: without the cells for a person at
+    the notebook (widgets)."""
+    out: dict[str, Any] = copy.deepcopy(dict(notebook))
+    out["cells"] = [c for c in out.get("cells", []) if INTERACTIVE_TAG not in c.get("metadata", {}).get("tags", [])]
+    return out
+
+
 def for_report(notebook: Mapping[str, Any]) -> dict[str, Any]:
     """The notebook as a report shows it: interactive cells (unless one failed) and
     widget state dropped, and each plotly figure given the HTML that draws it (with

@@ -23,7 +23,7 @@ from typing import Any
 from .._runtime import write_json
 from ..config import Config
 from ..errors import ConfigError
-from ._export import for_report, redact, to_html
+from ._export import for_report, for_schedule, redact, to_html
 from ._headline import Headline, cell_error, read_headline
 from ._index import RUN_FILE, prune_reports, run_banner, update_index
 from ._params import check_parameters, declared_parameters
@@ -93,6 +93,7 @@ def _spellings(secret: str) -> set[str]:
 def run_notebook(config: Config, notebook: str | Path, parameters: Mapping[str, Any] | None = None, *,
                  reports: Path | None = None) -> NotebookRun:
     """Execute ``notebook`` with ``parameters`` (checked against its ``parameters`` cell)."""
+    import nbformat
     import papermill
 
     # Parameters papermill's own parser cannot read (annotated `str | None`) were checked above.
@@ -120,7 +121,8 @@ def run_notebook(config: Config, notebook: str | Path, parameters: Mapping[str, 
     try:
         # Saved once, at the end (whether a cell failed or not), and redacted at once: a
         # save after every cell would leave a run killed midway with whatever it printed.
-        papermill.execute_notebook(str(source), str(output), parameters=given, kernel_name=config.report.kernel,
+        papermill.execute_notebook(nbformat.from_dict(for_schedule(stored)), str(output), parameters=given,
+                                   kernel_name=config.report.kernel,
                                    progress_bar=False, log_output=False, execution_timeout=config.report.timeout,
                                    cwd=os.getcwd(), extra_arguments=_KERNEL_ARGUMENTS,
                                    request_save_on_cell_execute=False, kernel_manager_class=_kernel_manager(config))
