@@ -119,6 +119,9 @@ def test_typed_values_from_file_environment_and_flags(tmp_path):
     ("spark.master", 3.0, "file", "must be a string"),
     ("capture.heartbeat_interval", "nan", "env", "is not a finite number"),
     ("capture.max_backoff", "inf", "flag", "is not a finite number"),
+    ("capture.metrics_port", "65000", "env", "is not a port in 1..64511 (or 0: off)"),
+    ("replay.metrics_port", 70000, "file", "is not a port in 1..65535 (or 0: off)"),
+    ("report.keep_runs", "-1", "flag", "is below the minimum 0"),
 ])
 def test_a_bad_value_names_the_setting_the_value_and_where_it_came_from(tmp_path, name, raw, where, message):
     spec = SETTINGS[name]
@@ -150,6 +153,8 @@ def test_with_settings_checks_as_flags_do():
 def _value_for(spec):
     if spec.type is bool:
         return st.booleans()
+    if spec.name.endswith(".metrics_port"):
+        return st.just(0) | st.integers(min_value=1, max_value=64511)  # 0: off; else a port with room above it
     if spec.type is int:
         return st.integers(min_value=int(spec.minimum or 0), max_value=10**9)
     if spec.type is float:
