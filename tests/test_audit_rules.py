@@ -46,16 +46,18 @@ def test_two_writers_of_one_key_against_coordinator_order_is_an_error(spark):
     assert (finding["rule"], finding["gxid"], finding["segments"], finding["table"]) == ("key_order", 1, [0], "public.t")
 
 
-def test_a_legacy_stream_is_reported_part_by_part_with_each_segments_share(spark):
+def test_a_legacy_stream_is_one_warning_per_node_with_each_part_and_record_as_detail(spark):
     b = StreamBuilder().part(0, None, 100, 1000).part(0, 5, 110, 1001, one_phase=True).part(1, None, 100, 1000)
     b.record(9, None, 10, 999)
     for node in (-1, 0, 1, 2):
         b.watermark(node, 1000, 1100, prepared_ts=1100)
-    found = sorted((f["rule"], f["segments"][0]) for f in findings_of(spark, b))
-    assert found == [("legacy_part", 0), ("legacy_part", 1), ("legacy_record", -1), ("legacy_share", 0),
-                     ("legacy_share", 1)]
-    share = [f["evidence"] for f in findings_of(spark, b) if f["rule"] == "legacy_share" and f["segments"] == [0]]
-    assert "1 of its 2 transactions (50.0%)" in share[0]
+    found = sorted((f["rule"], f["severity"], f["segments"][0]) for f in findings_of(spark, b))
+    assert found == [("legacy_part", "info", 0), ("legacy_part", "info", 1), ("legacy_record", "info", -1),
+                     ("legacy_share", "warning", -1), ("legacy_share", "warning", 0), ("legacy_share", "warning", 1)]
+    share = {f["segments"][0]: f["evidence"] for f in findings_of(spark, b) if f["rule"] == "legacy_share"}
+    assert "1 of its 2 transactions (50.0%)" in share[0] and "1 carry no gxid" in share[0]
+    assert "0 carry no gxid (no gpcdc.gxid marker), 0 no one-phase flag" not in share[1]
+    assert "the coordinator: 1 of its 1 commit records list no segments" in share[-1]
 
 
 def replayer_head(messages, segments):

@@ -292,6 +292,8 @@ def _strip_markers(stream: _Stream, rng: random.Random, t: Thresholds,
                 elif kind == "commit":
                     value["segments"] = None
                     expected.append(Expected("legacy_record", COORDINATOR, value["gxid"]))
+                    if Expected("legacy_share", COORDINATOR) not in expected:
+                        expected.append(Expected("legacy_share", COORDINATOR))
                 else:
                     continue
                 block.messages[j] = replace(block.messages[j], value=orjson.dumps(value))

@@ -81,10 +81,11 @@ ADVICE: dict[str, str] = {
                                "the evidence.",
     "lost_ddl_record": "DDL records are missing before a commit record: check the coordinator's capture and the dtx "
                        "topic; the target's schema may be behind.",
-    "legacy_part": "The source runs without the toolkit's WAL markers: install them (see docs/protocol.md), or "
-                   "accept that completeness cannot be proven.",
-    "legacy_share": "See legacy_part.",
-    "legacy_record": "See legacy_part.",
+    "legacy_share": "The source runs without the toolkit's WAL markers: install them (see docs/protocol.md), or "
+                    "accept that completeness cannot be proven (replay.legacy_per_segment replays such a stream "
+                    "segment by segment).",
+    "legacy_part": "A detail of legacy_share: see there.",
+    "legacy_record": "A detail of legacy_share: see there.",
     "commit_lsn_backwards": "A partition holds commits out of order: check that one worker writes each node's "
                             "partition (gpcdc status) and that nothing else produces to the topic.",
     "resend_before_window": "Usually a resend: audit from the partition's start to be sure.",

@@ -369,35 +369,57 @@ def lost_ddl_records(stream: Stream, t: Thresholds) -> DataFrame:
 
 
 def legacy_markers(stream: Stream, t: Thresholds) -> DataFrame:
-    """Parts and records written without the markers that tell a one-phase transaction
-    from a part whose record is lost, and each segment's share of such parts."""
+    """A stream written without the markers that tell a one-phase transaction from a part
+    whose record is lost: one warning per node (legacy_share: how many of its parts or
+    records lack which marker, and their share), and each such part and record as a detail
+    (legacy_part, legacy_record: info), so that the findings list the same truth once per
+    node rather than once per transaction."""
     legacy = stream.parts.where(col("legacy") == 1)
     marker = F.when(col("gxid").isNull(), lit("no gxid (the segment wrote no gpcdc.gxid marker)")).otherwise(
         lit("no one-phase flag (the segment wrote no gpcdc.one_phase marker)"))
     parts = legacy.select(finding(
-        "legacy_part", "warning",
+        "legacy_part", "info",
         F.concat(lit("segment "), _text("segment"), lit("'s transaction at offset "), _text("offset"),
                  lit(" (commit LSN "), _text("commit_lsn"), lit(") has "), marker,
                  lit(": it cannot be told from a part whose commit record is lost, nor ordered")),
         gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
         offsets=_part_offsets(), commit_ts=col("commit_ts"), first_seen=col("first_seen")))
+    is_legacy = F.coalesce(col("legacy"), lit(0)) == 1
     share = stream.parts.groupBy("topic", "partition", "segment").agg(
-        F.sum(F.coalesce(col("legacy"), lit(0))).alias("legacy"), F.count(lit(1)).alias("parts"),
-        F.min(F.when(col("legacy") == 1, col("first_seen"))).alias("first_seen")).where(col("legacy") > 0)
+        F.sum(is_legacy.cast("int")).alias("legacy"), F.count(lit(1)).alias("parts"),
+        F.sum((is_legacy & col("gxid").isNull()).cast("int")).alias("no_gxid"),
+        F.min(F.when(is_legacy, col("offset"))).alias("offset"),
+        F.min(F.when(is_legacy, col("first_seen"))).alias("first_seen")).where(col("legacy") > 0)
     shares = share.select(finding(
         "legacy_share", "warning",
         F.concat(lit("segment "), _text("segment"), lit(": "), _text("legacy"), lit(" of its "), _text("parts"),
                  lit(" transactions ("), F.format_number(col("legacy") * 100.0 / col("parts"), 1),
-                 lit("%) carry no gxid or one-phase flag and cannot be ordered or proven whole")),
+                 lit("%) cannot be ordered or proven whole: "), _text("no_gxid"),
+                 lit(" carry no gxid (no gpcdc.gxid marker), "), _text(col("legacy") - col("no_gxid")),
+                 lit(" no one-phase flag (no gpcdc.one_phase marker); the first at offset "), _text("offset"),
+                 lit(", each listed as legacy_part")),
         segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
-        first_seen=col("first_seen")))
-    records = stream.records.where(col("segments").isNull()).select(finding(
-        "legacy_record", "warning",
+        offsets=F.array(col("offset")), first_seen=col("first_seen")))
+    unlisted = stream.records.where(col("segments").isNull())
+    records = unlisted.select(finding(
+        "legacy_record", "info",
         F.concat(lit("the commit record of gxid "), _text("gxid"), lit(" at offset "), _text("offset"),
                  lit(" lists no segments (written without the segment list): its parts cannot be proven whole")),
         gxid=col("gxid"), segments=F.array(lit(-1)), topic=col("topic"), partition=col("partition"),
         offsets=F.array(col("offset")), commit_ts=col("commit_ts"), first_seen=col("first_seen")))
-    return parts.unionByName(shares).unionByName(records)
+    record_share = stream.records.groupBy("topic", "partition").agg(
+        F.sum(col("segments").isNull().cast("int")).alias("legacy"), F.count(lit(1)).alias("records"),
+        F.min(F.when(col("segments").isNull(), col("offset"))).alias("offset"),
+        F.min(F.when(col("segments").isNull(), col("first_seen"))).alias("first_seen")).where(col("legacy") > 0)
+    record_shares = record_share.select(finding(
+        "legacy_share", "warning",
+        F.concat(lit("the coordinator: "), _text("legacy"), lit(" of its "), _text("records"),
+                 lit(" commit records list no segments (no segment list in the gpcdc.commit marker): their "
+                     "transactions cannot be proven whole; the first at offset "), _text("offset"),
+                 lit(", each listed as legacy_record")),
+        segments=F.array(lit(-1)), topic=col("topic"), partition=col("partition"), offsets=F.array(col("offset")),
+        first_seen=col("first_seen")))
+    return parts.unionByName(shares).unionByName(records).unionByName(record_shares)
 
 
 def commit_order(stream: Stream, t: Thresholds) -> DataFrame:
