@@ -88,7 +88,7 @@ def test_each_fault_gives_exactly_its_findings(spark, clean, fault):
             assert late <= {(e.gxid, e.node) for e in got if e.rule == "late_part"}
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", range(6))
 def test_random_mixes_of_faults_give_exactly_their_findings(spark, clean, seed):
     messages, thresholds = clean
     rng = random.Random(seed)

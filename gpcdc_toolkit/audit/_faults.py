@@ -239,8 +239,10 @@ def inject(messages: Sequence[Message], fault: str, rng: random.Random, threshol
     # numbered parts: a fault that breaks the numbers leaves no part a record lists
     # proven to have changed nothing.
     after = Counter(_silence(stream, thresholds)) + Counter(_numbering(stream, thresholds))
-    expected += [e for e in (after - before).elements() if e.gxid is None or e not in expected]
-    return stream.messages(), expected, touched
+    added = [e for e in (after - before).elements() if e.gxid is None or e not in expected]
+    # The transactions those findings name are touched too: a later fault must leave them
+    # be, or it could take back what is expected of them (a record dropped or unlisted).
+    return stream.messages(), expected + added, touched | {e.gxid for e in added if e.gxid is not None}
 
 
 def _choose(rng: random.Random, candidates: Sequence[Any], fault: str) -> Any:
@@ -460,11 +462,19 @@ def _drop_record(stream: _Stream, rng: random.Random, t: Thresholds,
 
 def _unlist_segment(stream: _Stream, rng: random.Random, t: Thresholds,
                     avoid: set[int]) -> tuple[list[Expected], set[int]]:
-    """A segment taken off a commit record's list although its part is in the stream."""
-    i = _choose(rng, _record_blocks(stream, avoid, least_segments=2), "unlist_segment")
-    block = stream.coordinator()[i]
+    """A segment taken off a commit record's list although its part is in the stream (a
+    listed part that changed nothing, never decoded, is no candidate: there is none)."""
+    blocks = stream.coordinator()
+    with_parts: dict[int, list[int]] = {}  # record's block -> listed segments holding a part
+    for i in _record_blocks(stream, avoid, least_segments=2):
+        listed = blocks[i].values[0]
+        assert listed is not None
+        if present := sorted({s for s, _ in _parts_of(stream, listed["gxid"])} & set(listed["segments"])):
+            with_parts[i] = present
+    i = _choose(rng, sorted(with_parts), "unlist_segment")
+    block = blocks[i]
     record = dict(block.values[0] or {})
-    dropped = rng.choice(record["segments"])
+    dropped = rng.choice(with_parts[i])
     _rewrite(block, 0, {**record, "segments": [s for s in record["segments"] if s != dropped]})
     return [Expected("unlisted_part", dropped, record["gxid"])], {record["gxid"]}
 
