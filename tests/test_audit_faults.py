@@ -135,17 +135,17 @@ def test_a_clean_busy_stream_has_no_findings(spark, clean):
     check(spark, messages, [], thresholds)
 
 
-@pytest.mark.parametrize("fault", FAULTS)
-def test_each_fault_gives_exactly_its_findings(spark, clean, fault):
+def check_one_fault(spark, clean, fault, segments):
+    """``fault`` injected into the ``clean`` (messages, thresholds) stream of ``segments``
+    segments gives exactly its findings; and the replayer refuses only streams the audit
+    finds errors in, stops at a missing part only where the audit finds an error, and
+    waits for the parts the audit calls late."""
     messages, thresholds = clean
     faulty, expected, _ = inject(messages, fault, random.Random(fault), thresholds)
     assert expected, f"{fault} should be seen"
     got = check(spark, faulty, expected, thresholds)
     if fault != "strip_markers":
-        # The replayer refuses only streams the audit finds errors in, stops at a
-        # missing part only where the audit finds an error, and waits for the parts the
-        # audit calls late.
-        verdict = replayer_verdict(faulty, 3)
+        verdict = replayer_verdict(faulty, segments)
         if verdict is None:
             assert any(e.rule in ERRORS for e in got)
         else:
@@ -160,18 +160,29 @@ ON_A_NODE = ("drop_part", "reorder_partition", "duplicate_range", "delay_segment
 ON_TRANSACTIONS = ("conflicting_pair", "drop_record", "unlist_segment")
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_random_mixes_of_faults_give_exactly_their_findings(spark, clean, seed):
+def check_a_mix(spark, clean, seed, segments):
+    """A fault on each segment (a different one each) and one on transactions, drawn by
+    ``seed``, give exactly their findings together."""
     messages, thresholds = clean
     rng = random.Random(seed)
-    nodes = rng.sample([0, 1, 2], 3)
-    mix = sorted(rng.sample(ON_A_NODE, 3), key=lambda f: f != "delay_segment") + [rng.choice(ON_TRANSACTIONS)]
+    nodes = rng.sample(range(segments), segments)
+    mix = sorted(rng.sample(ON_A_NODE, segments), key=lambda f: f != "delay_segment") + [rng.choice(ON_TRANSACTIONS)]
     faulty, expected, touched = messages, [], set()
     for fault, node in zip(mix, [*nodes, None]):
         faulty, more, gxids = inject(faulty, fault, rng, thresholds, touched, node)
         expected += more
         touched |= gxids
     check(spark, faulty, expected, thresholds)
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_each_fault_gives_exactly_its_findings(spark, clean, fault):
+    check_one_fault(spark, clean, fault, 3)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_mixes_of_faults_give_exactly_their_findings(spark, clean, seed):
+    check_a_mix(spark, clean, seed, 3)
 
 
 def test_a_window_read_from_partway_proves_nothing_it_cannot(spark, clean):

@@ -3,29 +3,19 @@ parts without a gxid, several connections' parts of a transaction on one worker)
 while writers ran, and each injected fault gives exactly its findings, as on the
 sandbox's stream."""
 
-import random
 import threading
 import uuid
 
 import psycopg
 import pytest
 
-from gpcdc_toolkit.audit._faults import FAULTS, inject, quiet_thresholds
+from gpcdc_toolkit.audit._faults import FAULTS, quiet_thresholds
 from gpcdc_toolkit.bootstrap import Pipeline, bootstrap, drop_slots
 from gpcdc_toolkit.capture import CaptureGroup, wait_until_acknowledged
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.sandbox import Sandbox
 
-from .test_audit_faults import (
-    ERRORS,
-    ON_A_NODE,
-    ON_TRANSACTIONS,
-    SKEW_MS,
-    check,
-    read_messages,
-    replayer_verdict,
-    settled,
-)
+from .test_audit_faults import SKEW_MS, check, check_a_mix, check_one_fault, read_messages, settled
 from .test_citus_source import Writers
 
 pytestmark = pytest.mark.citus
@@ -74,29 +64,9 @@ def test_a_clean_citus_stream_has_no_findings(spark, clean):
 
 @pytest.mark.parametrize("fault", [f for f in FAULTS if f != "ddl_out_of_place"])  # Citus DDL is not captured
 def test_each_fault_gives_exactly_its_findings(spark, clean, fault):
-    messages, thresholds = clean
-    faulty, expected, _ = inject(messages, fault, random.Random(fault), thresholds)
-    assert expected, f"{fault} should be seen"
-    got = check(spark, faulty, expected, thresholds)
-    if fault != "strip_markers":
-        verdict = replayer_verdict(faulty, WORKERS)
-        if verdict is None:
-            assert any(e.rule in ERRORS for e in got)
-        else:
-            missing, late = verdict
-            assert missing <= {(e.gxid, e.node) for e in got if e.rule in ERRORS}
-            assert late <= {(e.gxid, e.node) for e in got if e.rule == "late_part"}
+    check_one_fault(spark, clean, fault, WORKERS)
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_random_mixes_of_faults_give_exactly_their_findings(spark, clean, seed):
-    messages, thresholds = clean
-    rng = random.Random(seed)
-    nodes = rng.sample(range(WORKERS), WORKERS)
-    mix = sorted(rng.sample(ON_A_NODE, WORKERS), key=lambda f: f != "delay_segment") + [rng.choice(ON_TRANSACTIONS)]
-    faulty, expected, touched = messages, [], set()
-    for fault, node in zip(mix, [*nodes, None]):
-        faulty, more, gxids = inject(faulty, fault, rng, thresholds, touched, node)
-        expected += more
-        touched |= gxids
-    check(spark, faulty, expected, thresholds)
+    check_a_mix(spark, clean, seed, WORKERS)
