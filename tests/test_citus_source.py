@@ -145,6 +145,24 @@ class Writers:
         assert not self.errors, self.errors
 
 
+def acknowledged_or_explained(cluster, slot, group, timeout):
+    """Wait until capture has acknowledged everything written so far; if it does not,
+    fail with what every worker and every node's slot says."""
+    try:
+        wait_until_acknowledged(cluster, slot, timeout=timeout)
+    except GpcdcError as e:
+        lines = [str(e)]
+        for node in cluster.nodes:
+            with cluster.connect_node(node) as conn:
+                slot_row = conn.execute("SELECT active, active_pid, confirmed_flush_lsn, pg_current_wal_flush_lsn() "
+                                        "FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+                prepared = conn.execute("SELECT gid, prepared FROM pg_prepared_xacts").fetchall()
+            lines.append(f"node {node.content}: slot (active, pid, acknowledged, flushed) {slot_row}, prepared {prepared}")
+            lines.append(f"worker status {group.status(node.content)}")
+            lines.append(group.log_file(node.content).read_text()[-3000:])
+        pytest.fail("\n".join(lines))
+
+
 def oracle_slots(cluster, name):
     """An independent test_decoding slot (two-phase) on every worker, made before anything else."""
     for node in cluster.segments:
@@ -309,7 +327,7 @@ def test_capture_killed_and_replay_resumed_while_writers_run_apply_everything_on
             group.start_node(node, group.log_file(node))
             with Replayer(config) as replayer:  # a replayer stopped partway (its batches are its checkpoints)
                 replayer.run()
-    wait_until_acknowledged(cluster, pipeline.slot, timeout=90)
+    acknowledged_or_explained(cluster, pipeline.slot, group, timeout=240)
     with Replayer(config) as replayer:
         done = replayer.run()
     assert done.pending == 0
@@ -440,11 +458,7 @@ def test_replayer_and_capture_killed_at_random_moments_apply_everything_once(pip
             if replayer is not None and replayer.poll() is None:
                 replayer.kill()
                 replayer.wait()
-    try:
-        wait_until_acknowledged(cluster, pipeline.slot, timeout=240)
-    except GpcdcError as e:  # what each worker says, for whoever reads the failure
-        pytest.fail(f"{e}\n" + "\n".join(f"node {n}: {group.status(n)}\n{group.log_file(n).read_text()[-3000:]}"
-                                          for n in (-1, 0, 1)))
+    acknowledged_or_explained(cluster, pipeline.slot, group, timeout=240)
     with Replayer(config) as last:
         assert last.run().pending == 0
     assert table_rows(target_cluster, table) == table_rows(cluster, table)

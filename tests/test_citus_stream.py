@@ -44,7 +44,9 @@ def worker_wal(draw):
     """A worker's decoding stream: distributed transactions with 1-3 parts each
     (prepared, then committed in any order, or all rolled back), and one-phase
     commits, interleaved as the server may write them. Returns (messages, expected):
-    expected is, in the order capture must hand them out, (gxid or None, sorted ids)."""
+    expected is, in the order capture must hand them out, (gxid or None, sorted ids);
+    records are the WAL records decoded, as (LSN, messages): a session started at an LSN
+    is sent those at or after it."""
     count = draw(st.integers(1, 5))
     steps = []  # (dtx index or None, kind, part number)
     for i in range(count):
@@ -58,11 +60,12 @@ def worker_wal(draw):
     while any(queues):  # interleave, keeping each transaction's own order
         live = [q for q in queues if q]
         order.append(draw(st.sampled_from(live)).pop(0))
-    messages, slots, committed = [], [], set()
+    messages, slots, committed, records = [], [], set(), []
     lsn, next_id, xid = 1000, 1, 500
     rows: dict[int, list[int]] = {}
     for dtx, kind, part in order:
         lsn += 100
+        first = len(messages)
         gid = f"citus_0_{PID}_{dtx}_{part}" if dtx is not None else None
         if kind in ("prepare", "one_phase"):
             xid += 1
@@ -85,27 +88,30 @@ def worker_wal(draw):
                 slots.append((dtx, None))
         else:
             messages.append(w.rollback_prepared(lsn - 50, lsn + 50, 0, gid))
+        records.append((lsn, messages[first:]))
     expected = [(gxid_of_gid(f"citus_0_{PID}_{dtx}_0"), sorted(rows[dtx])) if dtx is not None else (None, ids)
                 for dtx, ids in slots]
     rolled_back = sum(1 for dtx, kind, _ in order if kind == "rollback")
-    return messages, expected, rolled_back
+    return messages, expected, rolled_back, records
 
 
 @settings(max_examples=300, deadline=None)
 @given(worker_wal())
 def test_a_worker_hands_out_each_distributed_transaction_whole_at_its_first_commit(case):
-    messages, expected, rolled_back = case
+    messages, expected, rolled_back, _records = case
     stream = worker()
     out = []
     prepared_at: dict[str, int] = {}
     for payload in messages:
         if payload[:1] == b"b":
             prepared_at[payload[29:-1].decode()] = int.from_bytes(payload[1:9], "big")
+        elif payload[:1] == b"r":  # rolled back: never to be handed out
+            prepared_at.pop(payload[38:-1].decode())
         out += decode(stream.feed(payload))
-        # Never acknowledged past a part that is not handed out yet.
-        waiting = [prepared_at[g] for g in stream._prepared] + [
-            p.begin.final_lsn for m in stream._merges.values() for p in m.parts]
-        if waiting:
+        handed_out = {e["gxid"] for e in out if e.get("status") == "BEGIN"}
+        # Never acknowledged past the PREPARE of a part not handed out yet, committed or not.
+        waiting = [lsn for g, lsn in prepared_at.items() if gxid_of_gid(g) not in handed_out]
+        if waiting and not stream.in_transaction:  # (inside one, nothing is acknowledged)
             assert stream.ack_limit is not None and stream.ack_limit <= min(waiting)
     parts, current, numbers = [], None, []
     for event in out:
@@ -133,6 +139,34 @@ def test_a_worker_hands_out_each_distributed_transaction_whole_at_its_first_comm
         again = worker(numbered_after=tail)
         resumed = [e for p in messages for e in decode(again.feed(p))]
         assert comparable(resumed) == [e for n, e in zip(part_numbers(out), comparable(out)) if n > k]
+
+
+@settings(max_examples=300, deadline=None)
+@given(worker_wal(), st.data())
+def test_sessions_restarted_where_they_acknowledged_hand_out_everything_once(case, data):
+    """Capture killed at any moment resumes at the slot's acknowledged position, where the
+    server sends again only the records at or after it: a COMMIT PREPARED whose PREPARE
+    is before it comes alone. Together the sessions hand out what one session would."""
+    messages, _expected, _rolled_back, records = case
+    one_session = worker()
+    whole = [e for p in messages for e in decode(one_session.feed(p))]
+    out: list[dict] = []
+    acknowledged = 0
+    for _restart in range(data.draw(st.integers(1, 3))):
+        ends = [e for e in out if e.get("status") == "END"]
+        session = worker(numbered_after=(ends[-1]["commit_lsn"], ends[-1]["number"]) if ends else (-1, 0))
+        sent = [(lsn, payloads) for lsn, payloads in records if lsn >= acknowledged]
+        stop = data.draw(st.integers(0, len(sent)))
+        for lsn, payloads in sent[:stop]:
+            out += [e for p in payloads for e in decode(session.feed(p))]
+            # Acknowledged as the worker does: as far as it has read, but never past a part
+            # it has not handed out.
+            limit = session.ack_limit
+            acknowledged = max(acknowledged, lsn + 50 if limit is None else min(lsn + 50, limit))
+    ends = [e for e in out if e.get("status") == "END"]
+    last = worker(numbered_after=(ends[-1]["commit_lsn"], ends[-1]["number"]) if ends else (-1, 0))
+    out += [e for lsn, payloads in records if lsn >= acknowledged for p in payloads for e in decode(last.feed(p))]
+    assert comparable(out) == comparable(whole)
 
 
 def comparable(events):

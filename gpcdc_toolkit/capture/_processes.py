@@ -126,7 +126,9 @@ class CaptureGroup:
         """SIGKILL one worker (for fault tests); returns its pid."""
         pid = self.pid(content)
         if pid is None:
-            raise GpcdcError(f"no capture worker runs for node {content}")
+            last = (self.status(content) or {}).get("state", "never started")
+            raise GpcdcError(f"no capture worker runs for node {content} (its last state: {last})",
+                             fix=f"see {self.log_file(content)}")
         kill_pid(pid)
         return pid
 

@@ -18,7 +18,11 @@ So on a worker (:class:`CitusStream` with content >= 0):
   they hold disjoint rows (a shard stays on its connection within a transaction),
   and until the last commits, what the worker commits after the first is held
   behind them, so the partition keeps the worker's commit order;
-* a plain COMMIT is a one-phase transaction with no gxid.
+* a plain COMMIT is a one-phase transaction with no gxid;
+* the slot is acknowledged only where no prepared transaction of the worker
+  straddles it (PREPARE before it, a COMMIT PREPARED at or after it): a session
+  restarted there is sent a transaction whole or not at all, never a COMMIT PREPARED
+  whose PREPARE it did not see.
 
 On the coordinator, each local transaction that inserts ``pg_dist_transaction`` rows
 is a distributed commit decision: it becomes the commit record, listing the workers
@@ -97,6 +101,8 @@ class _Merge:
     parts: list[_Txn] = field(default_factory=list)
     waiting: set[str] = field(default_factory=set)
     end_lsn: int = 0
+    prepared_from: int = 0  # the earliest PREPARE LSN of the parts committed so far
+    last_commit: int = 0  # the latest COMMIT PREPARED LSN of the parts committed so far
 
 
 class CitusStream(TransactionAssembler):
@@ -115,16 +121,43 @@ class CitusStream(TransactionAssembler):
         self._queue: deque[_Merge | Callable[[], list[Outbound]]] = deque()  # handed out in this order
         self._held_commits: deque[int] = deque()  # commit LSNs of what the queue holds back
         self._decision_columns: dict[int, tuple[int, int]] = {}  # relid -> positions of groupid, gid
+        # (first PREPARE, last COMMIT PREPARED) of the prepared transactions committed whole,
+        # those the acknowledgement may still fall inside; and where it may go (see _settle)
+        self._spans: list[tuple[int, int]] = []
+        self._ack_limit: int | None = None
         self._decisions: list[tuple[int, str]] = []  # (groupid, gid) rows of the coordinator's open transaction
 
     # -- what the worker may acknowledge ------------------------------------------------
     @property
     def ack_limit(self) -> int | None:
-        # A part decoded at its PREPARE is not decoded again once the slot is past that
-        # PREPARE: the slot stays at or before every part not yet handed out.
-        lsns = [lsn for _txn, lsn in self._prepared.values()]
-        lsns += [part.begin.final_lsn for merge in self._merges.values() for part in merge.parts]
-        return min(lsns, default=None)
+        return self._ack_limit
+
+    def _settle(self) -> None:
+        """Where the slot may be acknowledged to. A part decoded at its PREPARE is not
+        decoded again once the slot is past that PREPARE: a restarted session would get
+        its COMMIT PREPARED alone (a part it cannot hand out, or one already handed out it
+        cannot tell apart), or a transaction's later parts without its earlier ones. So the
+        limit is at or before the PREPARE of every part not yet handed out, then moved back
+        to the start of any transaction committed whole that straddles it, until none does.
+        A limit once found stays valid (what is prepared later is past it), so it never
+        goes back, and spans ending before it can never straddle it again."""
+        opened = [lsn for _txn, lsn in self._prepared.values()]
+        opened += [held.prepared_from for held in self._queue if isinstance(held, _Merge)]
+        if not opened:  # whatever comes next begins past every span decoded so far
+            self._spans.clear()
+            self._ack_limit = None
+            return
+        limit = min(opened)
+        straddling = True
+        while straddling:
+            straddling = False
+            for first, last in self._spans:
+                if first < limit <= last:
+                    limit, straddling = first, True
+        if self._ack_limit is not None:
+            limit = max(limit, self._ack_limit)
+        self._ack_limit = limit
+        self._spans = [span for span in self._spans if span[1] >= limit]
 
     @property
     def held_from(self) -> int | None:
@@ -150,12 +183,14 @@ class CitusStream(TransactionAssembler):
             if self.content == COORDINATOR:
                 return []  # the coordinator's own prepared transactions carry no decision of its workers
             self._prepared[message.gid] = (txn, message.prepare_lsn)
+            self._settle()
             return []
         if isinstance(message, pg.CommitPrepared):
             return self._commit_prepared(message)
         if isinstance(message, pg.RollbackPrepared):
             if self._prepared.pop(message.gid, None) is not None:
                 self.rolled_back_parts += 1
+                self._settle()
                 gxid = gxid_of_gid(message.gid)
                 if gxid is not None and gxid in self._merges:
                     raise ProtocolError(
@@ -187,6 +222,11 @@ class CitusStream(TransactionAssembler):
 
     # -- worker parts ---------------------------------------------------------------------
     def _commit_prepared(self, message: pg.CommitPrepared) -> list[Outbound]:
+        out = self._commit_part(message)
+        self._settle()
+        return out
+
+    def _commit_part(self, message: pg.CommitPrepared) -> list[Outbound]:
         if self._txn is not None:
             raise ProtocolError(f"node {self.content}: COMMIT PREPARED of {message.gid!r} inside xid {self._txn.begin.xid}")
         if self.content == COORDINATOR:
@@ -195,11 +235,12 @@ class CitusStream(TransactionAssembler):
         if held is None:
             raise ProtocolError(f"node {self.content}: COMMIT PREPARED of {message.gid!r} at LSN {message.commit_lsn}, "
                                 "whose PREPARE was not decoded (the slot was acknowledged past it)")
-        txn = held[0]
+        txn, prepared_lsn = held
         txn.begin = pg.Begin(message.commit_lsn, message.commit_ts_us, txn.begin.xid)
         txn.held = False
         gxid = gxid_of_gid(message.gid)
         if gxid is None:  # a prepared transaction of someone else's: one local transaction
+            self._spans.append((prepared_lsn, message.commit_lsn))
             txn.one_phase = True
             self.completed_end_lsn = message.end_lsn
             return self._in_order(lambda: self._finish(txn, message.end_lsn), message.commit_lsn)
@@ -211,11 +252,14 @@ class CitusStream(TransactionAssembler):
             self._held_commits.append(message.commit_lsn)
             if merge.waiting:
                 self._merges[gxid] = merge
+        merge.prepared_from = min(merge.prepared_from, prepared_lsn) if merge.parts else prepared_lsn
+        merge.last_commit = max(merge.last_commit, message.commit_lsn)
         merge.parts.append(txn)
         merge.waiting.discard(message.gid)
         merge.end_lsn = max(merge.end_lsn, message.end_lsn)
         if not merge.waiting:
             self._merges.pop(gxid, None)
+            self._spans.append((merge.prepared_from, merge.last_commit))
         return self._drain()
 
     def _in_order(self, hand_out: Callable[[], list[Outbound]], commit_lsn: int) -> list[Outbound]:
