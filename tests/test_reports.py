@@ -83,6 +83,11 @@ def test_the_demo_runs_every_notebook_with_parameters_and_leaves_nothing_running
     for run in runs.values():
         assert (reports / run["dir"] / "notebook.ipynb").is_file() and (reports / run["dir"] / "report.html").is_file()
         assert run["figures"] and run["seconds"] > 0
+    # The figures two reports both show reconcile: the replay applied what the workload
+    # committed (after it, nothing else wrote until the replay ran), row for row.
+    workload, replay = dict(runs["workload"]["figures"]), dict(runs["replay"]["figures"])
+    assert replay["transactions applied"] - replay["of them without rows"] == workload["transactions committed"]
+    assert replay["row changes applied"] == workload["row changes"]
     executed = json.loads((reports / runs["workload"]["dir"] / "notebook.ipynb").read_text())
     injected = [c for c in executed["cells"] if "injected-parameters" in c["metadata"].get("tags", [])]
     assert "duration = 2.0" in "".join(injected[0]["source"])

@@ -92,6 +92,7 @@ class ApplyStats:
     transactions: int = 0
     rows: int = 0
     ddl: int = 0
+    empty: int = 0  # of the transactions, those with no row and no DDL (the bootstrap's cut, sync points)
     batches: int = 0
     last_commit_ts_ms: int = 0  # source commit time of the latest transaction applied
 
@@ -207,6 +208,7 @@ class Applier:
             raise ApplyError(f"{_what(batch)} failed on the target, and nothing of it was applied: {_first_line(e)}",
                              fix=fix) from None
         self.stats.transactions += len(batch)
+        self.stats.empty += sum(1 for w in batch if not ddl and not any(len(part.payload or ()) for part in w.parts))
         self.stats.batches += 1
         self.stats.last_commit_ts_ms = max(self.stats.last_commit_ts_ms, *(commit_ts_ms(w) for w in batch))
 

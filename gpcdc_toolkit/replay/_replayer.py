@@ -84,6 +84,7 @@ class Progress:
     set_aside: int = 0  # malformed messages quarantined in this run
     batches: int = 0  # target transactions committed
     batch_seconds: float = 0.0  # the time they took, applied and committed
+    empty: int = 0  # of the transactions, those with no row and no DDL (the bootstrap's cut, sync points)
 
     @property
     def rate(self) -> float:
@@ -94,7 +95,8 @@ class Progress:
         return self.rows / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     def line(self) -> str:
-        return (f"applied {self.transactions} transactions ({self.ddl} DDL, {self.rows} rows), "
+        return (f"applied {self.transactions} transactions ({self.ddl} DDL, {self.empty} without rows, "
+                f"{self.rows} row changes), "
                 f"{self.rate:,.0f} tx/s, {self.rows_per_s:,.0f} rows/s, {self.pending} pending, "
                 f"lag {self.lag_ms / 1000:.1f} s"
                 + (f"; {self.set_aside} malformed messages set aside (quarantine.jsonl)" if self.set_aside else ""))
@@ -232,7 +234,8 @@ class _Run:
                              read=checkpoint.read, lsn=checkpoint.lsn, spill_rows=self.settings.spill_rows,
                              spill=lambda: SqliteSpill(self.spill_dir.name))
         self.started = time.monotonic()
-        self.stats_at_start = (self.applier.stats.transactions, self.applier.stats.rows, self.applier.stats.ddl)
+        self.stats_at_start = (self.applier.stats.transactions, self.applier.stats.rows, self.applier.stats.ddl,
+                               self.applier.stats.empty)
         unknown = sorted(set(checkpoint.read) - {COORDINATOR, *segments})
         if unknown:
             raise StreamError(f"{self.topics.changes} has {len(segments)} partitions, but this target's replay read "
@@ -470,12 +473,12 @@ class _Run:
 
     def progress(self) -> Progress:
         stats = self.applier.stats
-        transactions, rows, ddl = (stats.transactions - self.stats_at_start[0], stats.rows - self.stats_at_start[1],
-                                   stats.ddl - self.stats_at_start[2])
+        transactions, rows, ddl, empty = (now - then for now, then in zip(
+            (stats.transactions, stats.rows, stats.ddl, stats.empty), self.stats_at_start))
         pending = (self.reassembler.pending if self.reassembler is not None else 0) + len(self.in_hand)
         waiting = [commit_ts_ms(w) for w in self.in_hand]
         if self.reassembler is not None and (oldest := self.reassembler.oldest_waiting_ts_ms()) is not None:
             waiting.append(oldest)
         lag = max(0, int(time.time() * 1000) - min(waiting)) if waiting else 0
         return Progress(transactions, rows, ddl, pending, lag, time.monotonic() - self.started, self.caught_up,
-                        self.set_aside, self.batches, self.batch_seconds)
+                        self.set_aside, self.batches, self.batch_seconds, empty)
