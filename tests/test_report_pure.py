@@ -432,3 +432,34 @@ def test_the_browser_filters_by_time_table_and_finding():
     assert browser.tables == ["public.t", "sales.orders"] and browser.rules == ["missing_part"]
     assert browser.widest() == 11
     assert stream(syncpoint=True).widest() == 11  # the latest wide one that wrote rows, not a sync point
+
+
+CLASSES = ["jp-Cell", "jp-OutputArea", "dataframe", "jp-Dialog", "lm-Menu", "a_b"]
+selector = st.lists(st.sampled_from([*(f".{c}" for c in CLASSES), "div", "table tr", ":root"]), min_size=1, max_size=3)
+
+
+@given(st.lists(st.lists(selector, min_size=1, max_size=3), max_size=8), st.sets(st.sampled_from(CLASSES)))
+def test_a_style_rule_is_kept_when_one_of_its_selectors_can_match(rules, used):
+    from gpcdc_toolkit.report._export import used_rules
+
+    css = "\n".join(", ".join(" ".join(s) for s in selectors) + " { color: red; }" for selectors in rules)
+    kept = used_rules(css, used)
+    expected = [selectors for selectors in rules
+                if any({p[1:] for p in s if p.startswith(".")} <= used for s in selectors)]
+    assert kept.count("color: red") == len(expected)
+
+
+def test_style_rules_inside_media_and_parentheses_are_judged_without_dropping_what_can_match():
+    from gpcdc_toolkit.report._export import used_rules
+
+    css = """:root { --x: 1px; }
+    @media print { .jp-Dialog { display: none; } .jp-Cell { break-inside: avoid; } }
+    @media screen { .lm-Menu { color: blue; } }
+    .jp-Cell:not(.jp-mod-noOutputs) > .jp-OutputArea { margin: 0; }
+    :is(.lm-Menu, .jp-Cell) { color: green; }
+    @font-face { font-family: x; src: local(x); }"""
+    kept = used_rules(css, {"jp-Cell", "jp-OutputArea"})
+    assert "--x" in kept and "break-inside" in kept and "@font-face" in kept
+    assert "margin: 0" in kept  # the class under :not() need not be there
+    assert ".jp-Dialog { display" not in kept and "@media screen" not in kept
+    assert "color: green" in kept  # :is() matches where any of its classes is

@@ -22,13 +22,18 @@ import pytest
 
 from gpcdc_toolkit.bootstrap import Pipeline, drop_slots
 from gpcdc_toolkit.broker import EmbeddedBroker
-from gpcdc_toolkit.capture import CaptureGroup, child_environment
+from gpcdc_toolkit.capture import CaptureGroup, child_environment, ensure_topics
+from gpcdc_toolkit.cluster import Session
 from gpcdc_toolkit.config import load_config
+from gpcdc_toolkit.connect import kafka_client_settings
+from gpcdc_toolkit.protocol import Topics
 from gpcdc_toolkit.replay import Replayer
 from gpcdc_toolkit.report import NOTEBOOKS, external_references, has_points, read_runs, run_notebook
 from gpcdc_toolkit.report._export import PLOTLY_MIME
 from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.workload import reset_tables
+
+from ._audit_stream import StreamBuilder
 
 JOBS = ["bootstrap", "capture", "workload", "replay", "audit", "validate", "explore"]
 CHARTS = {"bootstrap": 1, "capture": 2, "workload": 1, "replay": 3, "audit": 3, "validate": 2, "explore": 2}
@@ -81,7 +86,9 @@ def test_the_demo_runs_every_notebook_with_parameters_and_leaves_nothing_running
     runs = {run["job"]: run for run in read_runs(reports)}
     assert sorted(runs) == sorted(JOBS) and {r["status"] for r in runs.values()} == {"ok"}
     for run in runs.values():
-        assert (reports / run["dir"] / "notebook.ipynb").is_file() and (reports / run["dir"] / "report.html").is_file()
+        # Bounded: plotly.js once per report, never in the stored notebook.
+        assert (reports / run["dir"] / "notebook.ipynb").stat().st_size <= 200_000, run["job"]
+        assert (reports / run["dir"] / "report.html").stat().st_size <= 1_500_000, run["job"]
         assert run["figures"] and run["seconds"] > 0
     # The figures two reports both show reconcile: the replay applied what the workload
     # committed (after it, nothing else wrote until the replay ran), row for row.
@@ -138,21 +145,80 @@ def test_the_reports_draw_offline_with_their_headline_figures(demo, tmp_path):
     assert shown == ["audit"] and "1 shown" in visible_text(audit_only)
     nothing = page_as_shown(reports / "index.html", tmp_path / "none.png", "job=audit&status=failed")
     assert re.findall(r'<section data-job="([^"]+)"(?! hidden)', nothing) == [] and "0 shown" in visible_text(nothing)
-    for job, run in runs.items():
-        page = (reports / run["dir"] / "report.html").read_text()
-        assert external_references(page) == [], job
-        dom = page_as_shown(reports / run["dir"] / "report.html", tmp_path / f"{job}.png")
-        # Every chart drew, and has something to show: a figure with no point is an
-        # empty state, a sentence saying why, never empty axes.
-        figures = [output["data"][PLOTLY_MIME] for cell in json.loads((reports / run["dir"] / "notebook.ipynb").read_text())
-                   ["cells"] for output in cell.get("outputs", []) if PLOTLY_MIME in output.get("data", {})]
-        assert all(has_points(go.Figure(f)) for f in figures), f"{job}: a chart with nothing to draw"
-        drawn, empty = len(re.findall(r'class="[^"]*\bjs-plotly-plot\b', dom)), dom.count('class="gpcdc-empty"')
-        assert drawn == len(figures) and drawn + empty == CHARTS[job], (job, drawn, empty)
-        text = visible_text(dom)
-        assert all(f"{format_figure(v)} {label}" in text for label, v in run["figures"]), job
-        assert run["verdict"] in text
-        assert re.search(rf"← all runs · {job} ?, started {run['started']} UTC · ok in ", text), job  # and a link back
+    for run in runs.values():
+        report_as_shown(reports, run, tmp_path)
+
+
+def report_as_shown(reports: Path, run: dict, tmp_path: Path) -> tuple[str, int]:
+    """A run's report opened offline in Chromium, checked: no external reference, every
+    chart drawn with something to show (a figure with no point is an empty state, a
+    sentence saying why, never empty axes), its headline figures, verdict and run line
+    with the link back. Returns its visible text and how many charts drew."""
+    from gpcdc_toolkit.report._headline import format_figure
+
+    job = run["job"]
+    page = (reports / run["dir"] / "report.html").read_text()
+    assert external_references(page) == [], job
+    dom = page_as_shown(reports / run["dir"] / "report.html", tmp_path / f"{run['dir']}.png")
+    figures = [output["data"][PLOTLY_MIME] for cell in json.loads((reports / run["dir"] / "notebook.ipynb").read_text())
+               ["cells"] for output in cell.get("outputs", []) if PLOTLY_MIME in output.get("data", {})]
+    assert all(has_points(go.Figure(f)) for f in figures), f"{job}: a chart with nothing to draw"
+    drawn, empty = len(re.findall(r'class="[^"]*\bjs-plotly-plot\b', dom)), dom.count('class="gpcdc-empty"')
+    assert drawn == len(figures) and drawn + empty == CHARTS[job], (job, drawn, empty)
+    text = visible_text(dom)
+    assert all(f"{format_figure(v)} {label}" in text for label, v in run["figures"]), job
+    assert run["verdict"] in text
+    assert re.search(rf"← all runs · {job} ?, started {run['started']} UTC · {run['status']} in ", text), job
+    return text, drawn
+
+
+def test_reports_with_findings_and_differences_draw_them_and_list_every_check(source, broker, work_dir, tmp_path):
+    """The other side of a healthy run: an audit of a stream with a damaged and a missing
+    part, and a validation of a target whose table differs from the source's by hand."""
+    tag = uuid.uuid4().hex[:6]
+    reports = tmp_path / "reports"
+    target = Sandbox(f"rt-{tag}", work_dir).up(segments=2)
+    table = f'"Diff {tag}"'
+    config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
+                          "kafka.topic_prefix": f"rf{tag}", "source.sandbox": "source", "target.sandbox": target.name,
+                          "report.dir": str(reports)}, environ={})
+    try:
+        stream = StreamBuilder(config.kafka.topic_prefix)
+        stream.record(1, [0, 1], 10, 1000).part(0, 1, 100, 1001).part(1, 1, 100, 1001, count=2)  # damaged
+        stream.record(2, [0, 2], 20, 1010).part(0, 2, 110, 1011)  # segment 2's part missing
+        for node in (-1, 0, 1, 2):
+            stream.watermark(node, 50, 5000)
+        ensure_topics(kafka_client_settings(config), Topics(config.kafka.topic_prefix), 3)
+        stream.produce(kafka_client_settings(config))
+        audit = run_notebook(config, "audit", {"fail_on": "error"})
+        for cluster in (source, target.cluster()):
+            with Session(cluster) as session:
+                session.ddl(f"CREATE TABLE {table} (id int PRIMARY KEY, v text) DISTRIBUTED BY (id)")
+                with session.transaction() as tx:
+                    tx.insert(("public", f"Diff {tag}"), [{"id": i, "v": f"v{i}"} for i in range(200)])
+        with Session(target.cluster()) as session, session.transaction() as tx:  # by hand, on the target
+            tx.update(("public", f"Diff {tag}"), {"id": 7}, {"v": "changed"})
+            tx.delete(("public", f"Diff {tag}"), {"id": 8})
+            tx.insert(("public", f"Diff {tag}"), [{"id": 500, "v": "extra"}])
+        validation = run_notebook(config, "validate", {"tables": f"public.{table}", "syncpoint": "none"})
+    finally:
+        with Session(source) as session:
+            session.ddl(f"DROP TABLE IF EXISTS {table}")
+        target.down(remove=True)
+    assert (audit.status, validation.status) == ("findings", "findings"), (audit.error, validation.error)
+    runs = {run["job"]: run for run in read_runs(reports)}
+    text, drawn = report_as_shown(reports, runs["audit"], tmp_path)
+    assert drawn == CHARTS["audit"]  # findings over time, watermarks, parts per segment: each with its points
+    figures = dict(runs["audit"]["figures"])
+    assert (figures["errors"], figures["warnings"]) == (2, 0), figures
+    # Every check that ran, those that found nothing too, with its count.
+    assert re.search(r"\d+ rules and \d+ expectation suites \(\d+ expectations\) ran: \d+ found something", text)
+    for rule in ("damaged_part", "missing_part", "commit_lsn_backwards", "key_order", "silent_node"):
+        assert rule in text, rule
+    text, drawn = report_as_shown(reports, runs["validate"], tmp_path)
+    assert drawn == CHARTS["validate"]  # chunks differing by level, rows by kind
+    assert dict(runs["validate"]["figures"])["rows differing"] == 3
+    assert "changed" in text and "fix" in text
 
 
 @pytest.fixture

@@ -115,12 +115,66 @@ def to_html(notebook: Mapping[str, Any], title: str, banner: str = "") -> str:
     body, _resources = exporter.from_notebook_node(node, resources={"gpcdc_banner": banner})
     # plotly's notebook renderer adds MathJax from a CDN to every figure, for LaTeX in
     # labels: a report loads nothing from a network (labels are shown as written).
-    page = _EXTERNAL_SCRIPT.sub("", str(body))
+    page = _used_styles_only(_EXTERNAL_SCRIPT.sub("", str(body)))
     # plotly.js once, before the figures that use it (unless a cell inlined it already).
     if "Plotly.newPlot(" in page and "</head>" in page and "* plotly.js" not in page:
         head, rest = page.split("</head>", 1)
         page = f'{head}<script type="text/javascript">{plotly_js(trace_types(notebook))}</script>\n</head>{rest}'
     return page
+
+
+_STYLE = re.compile(r'(<style type="text/css">)(.*?)(</style>)', re.DOTALL)
+_CLASS_ATTRIBUTE = re.compile(r"""\bclass\s*=\s*(?:"([^"]*)"|'([^']*)')""", re.IGNORECASE)
+_CLASS = re.compile(r"\.(-?[_a-zA-Z][\w-]*)")
+_PARENTHESIZED = re.compile(r"\([^()]*\)")
+
+
+def _used_styles_only(page: str) -> str:
+    """The page with the style rules that can match none of its elements left out: most
+    of JupyterLab's stylesheet (about 240 KB) styles what a report never holds."""
+    classes = {c for m in _CLASS_ATTRIBUTE.finditer(page) for c in (m[1] or m[2] or "").split()}
+    return _STYLE.sub(lambda m: m[1] + used_rules(m[2], classes) + m[3], page)
+
+
+def used_rules(css: str, classes: set[str]) -> str:
+    """``css`` without the rules whose every selector names a class not in ``classes``.
+    Classes in parentheses do not count (``:not(.x)`` matches where ``x`` is absent,
+    ``:is(.x, .y)`` where either is there): in doubt, a rule stays. At-rules other than
+    ``@media`` and ``@supports`` are kept whole; those two are pruned inside."""
+    import tinycss2
+
+    kept = []
+    for rule in tinycss2.parse_stylesheet(css, skip_comments=True, skip_whitespace=True):
+        if rule.type == "qualified-rule":
+            selectors = _top_level_split(tinycss2.serialize(rule.prelude))
+            if any(set(_CLASS.findall(_outside_parentheses(selector))) <= classes for selector in selectors):
+                kept.append(rule.serialize())
+        elif rule.type == "at-rule" and rule.lower_at_keyword in ("media", "supports") and rule.content is not None:
+            inner = used_rules(tinycss2.serialize(rule.content), classes)
+            if inner:
+                kept.append(f"@{rule.at_keyword}{tinycss2.serialize(rule.prelude)}{{{inner}}}")
+        elif rule.type != "error":
+            kept.append(rule.serialize())
+        else:
+            return css  # a stylesheet this cannot read is left as it is
+    return "\n".join(kept)
+
+
+def _outside_parentheses(selector: str) -> str:
+    while (inner := _PARENTHESIZED.sub("", selector)) != selector:
+        selector = inner
+    return selector
+
+
+def _top_level_split(selectors: str) -> list[str]:
+    """A selector list split at its commas, those inside parentheses aside."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(selectors):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(selectors[start:i])
+            start = i + 1
+    return [*parts, selectors[start:]]
 
 
 def trace_types(notebook: Mapping[str, Any]) -> set[str]:
