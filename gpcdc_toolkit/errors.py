@@ -2,8 +2,9 @@
 
 Every error carries a one-line message that says what happened and, where there is
 one, the fix. The command line prints ``str(error)`` and exits with the class's
-``exit_code``: 1 in general, 2 for the configuration, 4 for the stream (3 is
-``gpcdc status`` finding workers down or in trouble). Errors of the pure core derive
+``exit_code``: 1 in general, 2 for the configuration, 4 for the stream, 5 for a
+source cluster that changed under the pipeline (3 is ``gpcdc status`` finding workers
+down or in trouble). Errors of the pure core derive
 from ``ValueError`` too, as the bad values they are.
 """
 
@@ -36,6 +37,14 @@ class StreamError(GpcdcError):
 
 class ClusterError(GpcdcError):
     """A cluster cannot be used: unreachable, misconfigured, or not Greenplum-shaped."""
+
+
+class ClusterChangedError(ClusterError):
+    """A node of the source is not what the pipeline started on: its slot was dropped or
+    invalidated, another server answers for it (a mirror promoted), or the cluster has
+    nodes the pipeline does not capture. Capture of that node cannot go on as it was."""
+
+    exit_code = 5
 
 
 class UnreachableError(ClusterError):

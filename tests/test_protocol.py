@@ -230,3 +230,13 @@ def test_an_unchanged_toasted_value_is_listed_apart_and_a_key_left_out_is_taken_
     # ... else the row cannot be named, and capture stops saying how to fix it.
     with pytest.raises(ProtocolError, match="leaves out its key column 'id'.*REPLICA IDENTITY FULL"):
         feed(a, w.begin(700, 11), w.message("gpcdc.gxid", "45"), w.update(1, ["<toast>", "x", "t", "1", "1"]))
+
+
+def test_a_node_answered_by_another_server_is_named_so():
+    from gpcdc_toolkit.protocol import NodeStart
+
+    recorded = NodeStart(0, "s", 10, 10, None, system_identifier="7301", timeline=1)
+    assert recorded.replaced_by("7301", 1) is None
+    assert recorded.replaced_by("7301", 2).startswith("is on timeline 2, not 1: its mirror or standby was promoted")
+    assert recorded.replaced_by("9999", 1).startswith("is another server (system identifier 9999, not 7301)")
+    assert NodeStart(0, "s", 10, 10, None).replaced_by("9999", 3) is None  # an older start point recorded neither

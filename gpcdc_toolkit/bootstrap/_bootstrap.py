@@ -134,6 +134,7 @@ class _Slot:
         self.conn = replication_connection(cluster, node)
         self.consistent_lsn = 0
         self.snapshot_name: str | None = None
+        self.identity: dict[str, Any] = {}  # the server's system identifier and timeline
 
     def create(self, export: bool, timeout: float) -> None:
         """CREATE_REPLICATION_SLOT; it waits for every transaction holding an xid on the
@@ -145,6 +146,8 @@ class _Slot:
             if self.cluster.two_phase_decoding:
                 options.append("TWO_PHASE")
             with self.conn.cursor() as cur:
+                cur.execute("IDENTIFY_SYSTEM")
+                system_identifier, timeline, _, _ = cur.fetchone()
                 cur.execute(f'CREATE_REPLICATION_SLOT "{self.name}" LOGICAL {PLUGIN} ({", ".join(options)})')
                 _, lsn, snapshot, _ = cur.fetchone()
         except psycopg2.errors.QueryCanceled:
@@ -161,6 +164,7 @@ class _Slot:
             timer.cancel()
         self.consistent_lsn = parse_lsn(lsn)
         self.snapshot_name = snapshot
+        self.identity = {"system_identifier": str(system_identifier), "timeline": int(timeline)}
 
     def close(self) -> None:
         self.conn.close()
@@ -352,7 +356,8 @@ def _peaceful(cluster: Cluster, pipeline: Pipeline, slots: list[_Slot], timeout:
     return StartPoint(
         method="peaceful", created_at=_now(), lock_window_ms=round(window_ms, 1), publication=pipeline.publication,
         snapshot=DistributedSnapshot(int(xmax), frozenset({snapshotting.gxid})),
-        nodes=tuple(NodeStart(s.node.content, s.name, s.consistent_lsn, s.consistent_lsn, s.snapshot_name) for s in slots),
+        nodes=tuple(NodeStart(s.node.content, s.name, s.consistent_lsn, s.consistent_lsn, s.snapshot_name, **s.identity)
+                    for s in slots),
     )
 
 
@@ -381,7 +386,8 @@ def _snapshot_filter(cluster: Cluster, pipeline: Pipeline, slots: list[_Slot], t
     return StartPoint(
         method="snapshot", created_at=_now(), publication=pipeline.publication, snapshot=snapshot,
         nodes=tuple(NodeStart(s.node.content, s.name, s.consistent_lsn, exported[s.node.content][1],
-                              exported[s.node.content][0], exported[s.node.content][2]) for s in slots),
+                              exported[s.node.content][0], exported[s.node.content][2], **s.identity)
+                    for s in slots),
         extra={"cut_ms": round(cut_ms, 1)},
     )
 

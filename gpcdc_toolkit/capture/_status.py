@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass
 
@@ -59,11 +60,15 @@ def capture_status(cluster: Cluster, group: CaptureGroup) -> list[NodeStatus]:
     return rows
 
 
-def wait_until_acknowledged(cluster: Cluster, slot: str, timeout: float = 60.0) -> None:
-    """Wait until every node's slot is acknowledged past the WAL flushed now, that is,
-    until capture has in Kafka everything committed before the call."""
+def wait_until_acknowledged(cluster: Cluster, slot: str, timeout: float = 60.0,
+                            contents: Iterable[int] | None = None) -> None:
+    """Wait until every node's slot (or only those of ``contents``) is acknowledged past
+    the WAL flushed now, that is, until capture has in Kafka everything committed there
+    before the call."""
+    wanted = None if contents is None else set(contents)
     with ExitStack() as stack:
-        conns = {node.content: stack.enter_context(cluster.connect_node(node)) for node in cluster.nodes}
+        conns = {node.content: stack.enter_context(cluster.connect_node(node)) for node in cluster.nodes
+                 if wanted is None or node.content in wanted}
         pending = {content: parse_lsn(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])  # type: ignore[index]
                    for content, conn in conns.items()}
         deadline = time.monotonic() + timeout

@@ -39,7 +39,7 @@ from .._runtime import write_json
 from ..cluster import Cluster, Node
 from ..config import CaptureSettings
 from ..connect import kafka_logger
-from ..errors import GpcdcError, StreamError
+from ..errors import BrokerError, ClusterChangedError, GpcdcError, StreamError, UnreachableError
 from ..ingest import end_offsets, first_message, located, read_to_end
 from ..protocol import (
     COORDINATOR,
@@ -58,6 +58,8 @@ from ..protocol import (
 log = logging.getLogger(__name__)
 
 _CLOCK_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+_REBOOTSTRAP = ("bootstrap the pipeline again (`gpcdc bootstrap drop`, then `gpcdc bootstrap create`) and replay into "
+                "a fresh target; docs/reliability.md says what a node change loses and why")
 
 
 class DeliveryFailed(RuntimeError):
@@ -142,7 +144,7 @@ class CaptureWorker:
                 self._session(stop)
                 self._set_state("stopped")
                 return
-            except (ProtocolError, HistoryLost) as e:
+            except (ProtocolError, HistoryLost, ClusterChangedError) as e:
                 self.stats.last_error = str(e)
                 self._set_state(f"failed: {e}")
                 raise  # starting over would meet it again
@@ -181,21 +183,17 @@ class CaptureWorker:
         ensure_topics(self.settings.kafka, self.topics, self.dispatcher.partitions)
         self._delivery_error = None
         producer = Producer(producer_config(self.settings, self._on_delivery_error))
+        self.node = self._current_node()
         probe = self.cluster.connect_node(self.node)
         conn = None
         try:
             conn = psycopg2.connect(self.cluster.dsn(self.node),
                                     connection_factory=psycopg2.extras.LogicalReplicationConnection,
                                     connect_timeout=10)
-            row = probe.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                                (self.slot,)).fetchone()
-            if row is None:
-                raise GpcdcError(f"slot {self.slot} does not exist on {self.node}",
-                                 fix="run `gpcdc bootstrap create` first")
-            acked = parse_lsn(row[0])
+            cur = conn.cursor()
+            acked = self._slot_position(cur, probe)
             self._check_history(producer, acked)
             numbered_after = self._numbered_after() if self._numbered else None
-            cur = conn.cursor()
             cur.start_replication(slot_name=self.slot, decode=False, options={
                 **self.cluster.decoding_options(), "publication_names": self.start.publication})
             self._loop(stop, cur, conn, producer, probe, acked, numbered_after)
@@ -207,6 +205,39 @@ class CaptureWorker:
             if conn is not None:
                 conn.close()
             probe.close()
+
+    def _current_node(self) -> Node:
+        """The server that answers for this node now, from the coordinator's catalog (a
+        mirror promoted in place of a failed primary answers on another port)."""
+        try:
+            current = type(self.cluster).connect(self.cluster.coordinator_dsn)
+        except UnreachableError:
+            return self.node  # the session fails on it, and is retried
+        for node in current.nodes:
+            if node.content == self.node.content:
+                return node
+        raise ClusterChangedError(f"the source no longer lists {self.node}", fix=_REBOOTSTRAP)
+
+    def _slot_position(self, cur: Any, probe: psycopg.Connection[Any]) -> int:
+        """Where the slot was acknowledged to, once the server is the one the slot was
+        made on and the slot is still there and usable."""
+        cur.execute("IDENTIFY_SYSTEM")
+        system_identifier, timeline, _, _ = cur.fetchone()
+        change = self.start.node(self.node.content).replaced_by(str(system_identifier), int(timeline))
+        if change:
+            raise ClusterChangedError(
+                f"{self.node} {change}; its slot {self.slot} and the changes committed there after "
+                "the slot's acknowledged position are not on this server's stream", fix=_REBOOTSTRAP)
+        row = probe.execute("SELECT confirmed_flush_lsn::text, wal_status FROM pg_replication_slots "
+                            "WHERE slot_name = %s", (self.slot,)).fetchone()
+        if row is None:
+            raise ClusterChangedError(f"slot {self.slot} is missing on {self.node}: it was dropped, so the changes "
+                                      "since its acknowledged position can no longer be decoded", fix=_REBOOTSTRAP)
+        if row[1] == "lost":
+            raise ClusterChangedError(
+                f"slot {self.slot} on {self.node} was invalidated: the WAL it still needed was removed "
+                "(the slot fell further behind than max_slot_wal_keep_size)", fix=_REBOOTSTRAP)
+        return parse_lsn(row[0])
 
     def _check_history(self, producer: Producer, acked: int) -> None:
         """Before streaming: the node's partition must begin with this bootstrap's
@@ -432,6 +463,4 @@ def delete_topics(kafka: Mapping[str, Any], topics: Topics) -> list[str]:
 
 
 def _retryable(error: GpcdcError) -> bool:
-    from ..errors import BrokerError, UnreachableError
-
     return isinstance(error, (BrokerError, UnreachableError))

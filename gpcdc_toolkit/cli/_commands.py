@@ -8,12 +8,13 @@ from ._command import Command
 from ._pipeline import BootstrapCreate, BootstrapDrop, CaptureRun, CaptureStart, CaptureStop, Status
 from ._replay import Replay
 from ._run import ReportsPrune, Run
-from ._servers import BrokerDown, BrokerStatus, BrokerUp, SandboxDown, SandboxStatus, SandboxUp
+from ._servers import BrokerDown, BrokerStatus, BrokerUp, SandboxDown, SandboxFailover, SandboxStatus, SandboxUp
 from ._validate import SyncPointCommand, Validate
 from ._workload import Demo, Workload
 
 GROUPS: dict[str, tuple[str, list[Command]]] = {
-    "sandbox": ("sandbox clusters of PostgreSQL 15 servers", [SandboxUp(), SandboxDown(), SandboxStatus()]),
+    "sandbox": ("sandbox clusters of PostgreSQL 15 servers",
+                [SandboxUp(), SandboxDown(), SandboxStatus(), SandboxFailover()]),
     "broker": ("the embedded Apache Kafka broker", [BrokerUp(), BrokerDown(), BrokerStatus()]),
     "bootstrap": ("replication slots at a distributed-transaction-consistent point", [BootstrapCreate(), BootstrapDrop()]),
     "capture": ("capture workers: every node into Kafka", [CaptureRun(), CaptureStart(), CaptureStop()]),

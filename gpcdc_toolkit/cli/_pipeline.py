@@ -128,9 +128,12 @@ class Status(Command):
         troubled = [r for r in rows if r.state.startswith(("reconnecting", "waiting", "failed"))]
         for r in troubled:
             # A live worker that cannot reach Kafka, or one that stopped for good, says why.
-            print(f"gpcdc: node {r.node}'s capture worker is {r.state.split(':')[0]}"
-                  + (f": {r.last_error}" if r.last_error else ""), file=sys.stderr)
-        down = [str(r.node) for r in rows if not r.alive]
+            if r.state.startswith("failed"):
+                print(f"gpcdc: node {r.node}'s capture stopped for good: {r.last_error}", file=sys.stderr)
+            else:
+                print(f"gpcdc: node {r.node}'s capture worker is {r.state.split(':')[0]}"
+                      + (f": {r.last_error}" if r.last_error else ""), file=sys.stderr)
+        down = [str(r.node) for r in rows if not r.alive and not r.state.startswith("failed")]
         if down:
             print(f"gpcdc: capture workers are not running for nodes {', '.join(down)} "
                   f"(start them with `gpcdc capture start`)", file=sys.stderr)

@@ -22,11 +22,27 @@ class SandboxUp(Command):
         parser.add_argument("--flavour", choices=FLAVOURS, default="greenplum",
                             help="greenplum: coordinator and segments (default); postgres: one plain server (a "
                                  "replay target); citus: a Citus coordinator and --segments workers (a replay target)")
+        parser.add_argument("--mirrors", action="store_true",
+                            help="a synchronous mirror per segment and a standby coordinator (greenplum only)")
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
         sandbox = Sandbox(args.name, config.work_dir).up(segments=args.segments, base_port=args.base_port,
-                                                         flavour=args.flavour)
+                                                         flavour=args.flavour, mirrors=args.mirrors)
         say(f"sandbox {sandbox.name!r} is up: {sandbox.dsn}")
+        return 0
+
+
+class SandboxFailover(Command):
+    name, help = "failover", "fail a segment's primary and promote its mirror in its place (as Greenplum's FTS does)"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--name", default="source", help="sandbox name (default: source)")
+        parser.add_argument("--segment", type=int, required=True, help="the segment's content id")
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        promoted = Sandbox(args.name, config.work_dir).failover(args.segment)
+        say(f"segment {args.segment} of sandbox {args.name!r} failed over: its mirror is the primary, on port "
+            f"{promoted.port}")
         return 0
 
 
@@ -55,12 +71,13 @@ class SandboxStatus(Command):
             say(f"no sandboxes in {config.work_dir}")
         down = 0
         for sandbox in sandboxes:
-            status = sandbox.status()
+            mirrors = {m.datadir for m in sandbox.mirrors}
             say(f"sandbox {sandbox.name}:")
-            for node, pid in status:
+            for node, pid in sandbox.status():
                 down += pid is None
                 state = f"running (pid {pid})" if pid else "stopped"
-                say(f"  {node.name:<12} port {node.port:<5} {state:<22} {node.datadir}")
+                role = "mirror" if node.datadir in mirrors else "primary"
+                say(f"  {node.name:<12} {role:<8} port {node.port:<5} {state:<22} {node.datadir}")
         return 0 if down == 0 else 3
 
 

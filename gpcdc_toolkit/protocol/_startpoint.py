@@ -64,6 +64,23 @@ class NodeStart:
     snapshot_name: str | None  # the exported snapshot, valid only while bootstrap runs
     # The initial snapshot's own visibility ("xmin:xmax:xip,..."), where the cut recorded it.
     local_snapshot: str | None = None
+    # The server the slot was made on, as IDENTIFY_SYSTEM names it (None: not recorded):
+    # a node answering with another is not the one whose WAL the slot follows.
+    system_identifier: str | None = None
+    timeline: int | None = None
+
+    def replaced_by(self, system_identifier: str, timeline: int) -> str | None:
+        """How the server now answering for this node differs from the one the slot was
+        made on (None: it is the same, or the start point did not record it)."""
+        if self.system_identifier is None or self.timeline is None:
+            return None
+        if system_identifier != self.system_identifier:
+            return (f"is another server (system identifier {system_identifier}, not {self.system_identifier}): "
+                    "it was rebuilt or replaced")
+        if timeline != self.timeline:
+            return (f"is on timeline {timeline}, not {self.timeline}: its mirror or standby was promoted in its "
+                    "place (or it was restored from a backup)")
+        return None
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,12 @@ controller functions (``controller.sql``); segments carry the data. The state fi
 ``sandbox.json`` names the nodes; servers are stopped through their own
 ``postmaster.pid``, never by process name.
 
+With ``mirrors``, each segment has a mirror and the coordinator a standby: physical
+streaming replicas (``pg_basebackup``), synchronous as Greenplum's are, listed in
+``gp_segment_configuration`` with role ``m``. :meth:`Sandbox.failover` fails a
+segment's primary and promotes its mirror as Greenplum's fault-tolerance service does.
+A mirror has no logical slot (PostgreSQL 15 does not carry them to a standby).
+
 Two other flavours stand for the targets users have, reached through a front door:
 ``postgres``, one plain server, and ``citus``, a Citus coordinator and N workers
 (Citus installed into PostgreSQL 15; see ``citus_installed``).
@@ -38,6 +44,7 @@ SUPERUSER = "gpcdc"
 DATABASE = "postgres"
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,30}$")
 FLAVOURS = ("greenplum", "postgres", "citus")
+_MIRROR_SLOT = "sandbox_mirror"  # the physical slot that keeps a primary's WAL until its mirror has it
 
 # The sandbox trades durability for speed (fsync off): it is for tests and demos, and
 # survives killed clients, not a killed machine. synchronous_commit stays on, because
@@ -146,7 +153,13 @@ class Sandbox:
 
     @property
     def nodes(self) -> list[SandboxNode]:
+        """The primaries (the coordinator first)."""
         return [SandboxNode(**n) for n in self._state()["nodes"]]
+
+    @property
+    def mirrors(self) -> list[SandboxNode]:
+        """The mirrors (the coordinator's standby as content -1), where there are."""
+        return [SandboxNode(**n) for n in self._state().get("mirrors", [])]
 
     @property
     def dsn(self) -> str:
@@ -166,14 +179,16 @@ class Sandbox:
                                    fix=f"start it with `gpcdc sandbox up --name {self.name}`") from None
 
     def status(self) -> list[tuple[SandboxNode, int | None]]:
-        """Each node with its postmaster pid, or None when it is not running."""
-        return [(node, node.pid()) for node in self.nodes]
+        """Each node, primaries then mirrors, with its postmaster pid (None: not running)."""
+        return [(node, node.pid()) for node in [*self.nodes, *self.mirrors]]
 
     # -- lifecycle -------------------------------------------------------------------
-    def up(self, segments: int = 3, base_port: int | None = None, flavour: str = "greenplum") -> Sandbox:
+    def up(self, segments: int = 3, base_port: int | None = None, flavour: str = "greenplum",
+           mirrors: bool = False) -> Sandbox:
         """Create and start the sandbox, or start it if it exists. Idempotent.
         ``flavour``: greenplum (segments), postgres (one server: ``segments`` 0) or
-        citus (``segments`` workers).
+        citus (``segments`` workers); ``mirrors`` (greenplum only): a mirror per segment
+        and a standby coordinator.
 
         On failure, whatever this call started is stopped and whatever it created is
         removed.
@@ -182,6 +197,8 @@ class Sandbox:
             raise SandboxError(f"unknown sandbox flavour {flavour!r}", fix=f"use one of {', '.join(FLAVOURS)}")
         if flavour == "postgres":
             segments = 0
+        if mirrors and flavour != "greenplum":
+            raise SandboxError(f"a {flavour} sandbox has no mirrors", fix="use --flavour greenplum, or leave out --mirrors")
         if self.exists:
             state = self._state()
             if state.get("flavour", "greenplum") != flavour:
@@ -193,9 +210,12 @@ class Sandbox:
                     f"sandbox {self.name!r} exists with {len(state['nodes']) - 1} segments, not {segments}",
                     fix=f"use --segments {len(state['nodes']) - 1}, or `gpcdc sandbox down --name {self.name} --remove` first",
                 )
+            if mirrors and not state.get("mirrors"):
+                raise SandboxError(f"sandbox {self.name!r} exists without mirrors",
+                                   fix=f"leave out --mirrors, or `gpcdc sandbox down --name {self.name} --remove` first")
             started: list[SandboxNode] = []
             try:
-                for node in self.nodes:
+                for node in [*self.nodes, *self.mirrors]:
                     if node.pid() is None:
                         self._pg_ctl(node, "start")
                         started.append(node)
@@ -234,6 +254,15 @@ class Sandbox:
                 self._install_controller(nodes)
             elif flavour == "citus":
                 _join_citus(nodes)
+            if mirrors:
+                state["mirrors"] = []
+                for node, port in zip(nodes, self._choose_ports(len(nodes), None if base_port is None
+                                                                else base_port + len(nodes))):
+                    mirror = self._mirror(node, port, pg_bin, user)
+                    started.append(mirror)
+                    state["mirrors"].append(asdict(mirror))
+                    write_json(self.path / "sandbox.json.creating", state)
+                self._list_mirrors(nodes, [SandboxNode(**m) for m in state["mirrors"]])
             os.replace(self.path / "sandbox.json.creating", self._state_file)
         except BaseException:
             for node in started:
@@ -242,10 +271,42 @@ class Sandbox:
             raise
         return self
 
+    def failover(self, content: int) -> SandboxNode:
+        """Fail segment ``content``'s primary (stopped at once, as a crash) and promote its
+        mirror in its place, as Greenplum's fault-tolerance service does: the catalog
+        then lists the mirror as the primary, and the failed primary as a mirror that is
+        down (its data is removed: a sandbox does not recover it). Returns the new primary."""
+        state = self._state()
+        mirror = next((m for m in self.mirrors if m.content == content), None)
+        if content == COORDINATOR or mirror is None:
+            what = "the coordinator fails over by hand" if content == COORDINATOR else (
+                f"segment {content} has no mirror" if any(n.content == content for n in self.nodes)
+                else f"there is no segment {content}")
+            raise SandboxError(f"cannot fail over {what} in sandbox {self.name!r}",
+                               fix="choose a segment with a mirror (`gpcdc sandbox status`); mirrors come with "
+                                   "`gpcdc sandbox up --mirrors`")
+        primary = next(n for n in self.nodes if n.content == content)
+        coordinator = self.nodes[0]
+        self._stop(primary, mode="immediate")
+        user = pwd.getpwnam(state["os_user"]) if state["os_user"] else None
+        self._run_as(user, [str(Path(state["pg_bin"]) / "pg_ctl"), "promote", "-D", mirror.datadir, "-w", "-t", "60",
+                            "-s"], f"promoting the mirror of segment {content}")
+        with psycopg.connect(f"host=127.0.0.1 port={coordinator.port} user={SUPERUSER} dbname={DATABASE}",
+                             autocommit=True) as conn, conn.transaction():
+            conn.execute("UPDATE gp_dist.gp_segment_configuration SET role = 'p', mode = 'n' "
+                         "WHERE content = %s AND port = %s", (content, mirror.port))
+            conn.execute("UPDATE gp_dist.gp_segment_configuration SET role = 'm', mode = 'n', status = 'd' "
+                         "WHERE content = %s AND port = %s", (content, primary.port))
+        state["nodes"] = [asdict(mirror) if n["content"] == content else n for n in state["nodes"]]
+        state["mirrors"] = [m for m in state["mirrors"] if m["content"] != content]
+        write_json(self._state_file, state)
+        shutil.rmtree(primary.datadir, ignore_errors=True)
+        return mirror
+
     def down(self, *, remove: bool = False) -> None:
         """Stop every node (by its pid file); with ``remove``, delete the data too."""
         errors = []
-        for node in self.nodes:
+        for node in [*self.mirrors, *self.nodes]:
             try:
                 self._stop(node)
             except SandboxError as e:
@@ -360,6 +421,37 @@ class Sandbox:
     def _stop(self, node: SandboxNode, **kwargs: Any) -> None:
         if node.pid() is not None:
             self._pg_ctl(node, "stop", **kwargs)
+
+    def _mirror(self, primary: SandboxNode, port: int, pg_bin: Path, user: pwd.struct_passwd | None) -> SandboxNode:
+        """A streaming replica of ``primary`` on ``port``, started, and the primary made to
+        wait for it at each commit (Greenplum's mirrors are synchronous: a failover loses
+        no committed transaction)."""
+        mirror = SandboxNode(primary.content, port, f"{primary.datadir}-mirror")
+        Path(mirror.datadir).mkdir(mode=0o700)
+        if user:
+            os.chown(mirror.datadir, user.pw_uid, user.pw_gid)
+        self._run_as(user, [str(pg_bin / "pg_basebackup"), "-D", mirror.datadir, "-h", "127.0.0.1",
+                            "-p", str(primary.port), "-U", SUPERUSER, "-X", "stream", "-R", "-c", "fast", "--no-sync",
+                            "-C", "-S", _MIRROR_SLOT], f"pg_basebackup of {primary.name}")
+        with (Path(mirror.datadir) / "postgresql.conf").open("a") as conf:
+            conf.write(f"\n# gpcdc sandbox mirror\nport = {port}\n")
+        self._pg_ctl(mirror, "start", pg_bin=pg_bin, user=user)
+        with psycopg.connect(f"host=127.0.0.1 port={primary.port} user={SUPERUSER} dbname={DATABASE}",
+                             autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            conn.execute("SELECT pg_reload_conf()")
+        return mirror
+
+    @staticmethod
+    def _list_mirrors(nodes: list[SandboxNode], mirrors: list[SandboxNode]) -> None:
+        coordinator = nodes[0]
+        with psycopg.connect(f"host=127.0.0.1 port={coordinator.port} user={SUPERUSER} dbname={DATABASE}",
+                             autocommit=True) as conn, conn.transaction(), conn.cursor() as cur:
+            cur.execute("UPDATE gp_dist.gp_segment_configuration SET mode = 's'")
+            cur.executemany(
+                "INSERT INTO gp_dist.gp_segment_configuration VALUES "
+                "(%s, %s, 'm', 'm', 's', 'u', %s, '127.0.0.1', '127.0.0.1', %s)",
+                [(dbid, m.content, m.port, m.datadir) for dbid, m in enumerate(mirrors, start=len(nodes) + 1)])
 
     def _install_controller(self, nodes: list[SandboxNode]) -> None:
         controller = resources.files("gpcdc_toolkit.cluster").joinpath("controller.sql").read_text()

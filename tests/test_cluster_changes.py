@@ -1,0 +1,176 @@
+"""The source cluster changing under the pipeline, on real servers: a sandbox with
+synchronous mirrors fails a segment over as Greenplum's fault-tolerance service does;
+capture of the failed-over segment, of a segment whose slot was dropped, and of one
+whose slot was invalidated stops for good and says why in one line, with an exit
+status of its own, while the other nodes go on."""
+
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import psycopg
+import pytest
+
+from gpcdc_toolkit.bootstrap import Pipeline, bootstrap, drop_slots
+from gpcdc_toolkit.capture import CaptureGroup, capture_status, wait_until_acknowledged
+from gpcdc_toolkit.cluster import Session
+from gpcdc_toolkit.config import load_config
+from gpcdc_toolkit.errors import ClusterChangedError, SandboxError
+from gpcdc_toolkit.sandbox import Sandbox
+
+from .test_replay_faults import ENV
+
+
+@pytest.fixture(scope="module")
+def mirrored(work_dir):
+    """A sandbox of 2 segments with mirrors and a standby, made for this module (its
+    segments fail over)."""
+    sandbox = Sandbox(f"mirrored-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2, mirrors=True)
+    try:
+        yield sandbox
+    finally:
+        sandbox.down(remove=True)
+
+
+@pytest.fixture
+def captured(mirrored, broker, work_dir):
+    """A table written on both segments, a pipeline bootstrapped and captured up to now:
+    (cluster, config, pipeline, group)."""
+    cluster = mirrored.cluster()
+    table = f"t{uuid.uuid4().hex[:6]}"
+    with Session(cluster) as session:
+        session.ddl(f"CREATE TABLE {table} (id int PRIMARY KEY, v text) DISTRIBUTED BY (id)")
+    config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
+                          "kafka.topic_prefix": f"m{uuid.uuid4().hex[:8]}", "source.sandbox": mirrored.name},
+                         environ={})
+    pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+    group = CaptureGroup(config.with_settings({"capture.max_backoff": 1.0}))
+    bootstrap(cluster, pipeline, "snapshot")
+    group.start()
+    write(cluster, table, range(0, 40))
+    wait_until_acknowledged(cluster, pipeline.slot)
+    try:
+        yield cluster, config, pipeline, group, table
+    finally:
+        group.stop()
+        drop_slots(mirrored.cluster(), pipeline.slot, publication=pipeline.publication)
+
+
+def write(cluster, table, ids):
+    with Session(cluster) as session, session.transaction() as tx:
+        tx.insert(table, [{"id": i, "v": "x"} for i in ids])
+
+
+def failed_state(group, content, timeout=60.0):
+    """The worker's last state once it has stopped for good (polling the status file it
+    writes before it exits)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = (group.status(content) or {}).get("state", "")
+        if state.startswith("failed: "):
+            return state
+        threading.Event().wait(0.1)
+    pytest.fail(f"node {content}'s worker did not stop within {timeout:g} s: {group.status(content)}")
+
+
+def test_a_mirrored_sandbox_lists_its_mirrors_as_greenplum_does_and_fails_over(mirrored):
+    with psycopg.connect(mirrored.dsn) as conn:
+        rows = conn.execute("SELECT content, role, preferred_role, mode, status FROM gp_segment_configuration "
+                            "ORDER BY role DESC, content").fetchall()
+    assert [r for r in rows if r[1] == "p"] == [(c, "p", "p", "s", "u") for c in (-1, 0, 1)]
+    assert [r for r in rows if r[1] == "m"] == [(c, "m", "m", "s", "u") for c in (-1, 0, 1)]
+    for node in mirrored.cluster().nodes:  # each primary waits for its mirror at commit
+        with mirrored.cluster().connect_node(node) as conn:
+            assert conn.execute("SELECT sync_state FROM pg_stat_replication").fetchall() == [("sync",)]
+    with pytest.raises(SandboxError, match="the coordinator fails over by hand"):
+        mirrored.failover(-1)
+    with pytest.raises(SandboxError, match="there is no segment 7"):
+        mirrored.failover(7)
+
+
+def test_a_failed_over_segment_stops_its_capture_with_the_reason_and_the_others_go_on(mirrored, captured):
+    cluster, config, pipeline, group, table = captured
+    before = {n.content: n.port for n in cluster.nodes}
+    done = subprocess.run([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(config.work_dir),
+                           "sandbox", "failover", "--name", mirrored.name, "--segment", "1"],
+                          env=ENV, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    assert done.returncode == 0, done.stderr
+    now = mirrored.cluster()
+    assert {n.content: n.port for n in now.nodes} == {**before, 1: mirrored.nodes[2].port} != before
+    with psycopg.connect(mirrored.dsn) as conn:
+        assert conn.execute("SELECT role, status FROM gp_segment_configuration WHERE content = 1 AND port = %s",
+                            (before[1],)).fetchone() == ("m", "d")
+    state = failed_state(group, 1)
+    assert f"{now.segments[1]} is on timeline 2, not 1: its mirror or standby was promoted in its place" in state
+    assert "bootstrap the pipeline again" in state
+    # Nothing committed is lost by the failover itself (the mirror was synchronous),
+    # and the other nodes' capture goes on.
+    write(now, table, range(40, 80))
+    assert sum(len(rows) for rows in now.rows_by_segment(table).values()) == 80
+    wait_until_acknowledged(now, pipeline.slot, contents=[-1, 0])
+    status = {row.node: row for row in capture_status(now, group)}
+    assert status[1].state.startswith("failed: ") and status[1].acked_lsn == "no slot"
+    shown = subprocess.run([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(config.work_dir),
+                            "--source-sandbox", mirrored.name, "--kafka-bootstrap-servers",
+                            config.kafka.bootstrap_servers, "--kafka-topic-prefix", config.kafka.topic_prefix, "status"],
+                           env=ENV, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    assert shown.returncode == 3, shown.stdout + shown.stderr
+    assert shown.stderr.splitlines() == [f"gpcdc: node 1's capture stopped for good: {state.removeprefix('failed: ')}"]
+
+
+def test_a_dropped_slot_and_an_invalidated_slot_stop_their_nodes_capture_with_the_reason(captured):
+    cluster, config, pipeline, group, table = captured
+    segment0, coordinator = cluster.segments[0], cluster.coordinator
+    group.kill(0)
+    with cluster.connect_node(segment0, autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (pipeline.slot,))
+    group.start_node(0, group.log_file(0))
+    assert failed_state(group, 0) == (
+        f"failed: slot {pipeline.slot} is missing on {segment0}: it was dropped, so the changes since its acknowledged "
+        "position can no longer be decoded: bootstrap the pipeline again (`gpcdc bootstrap drop`, then `gpcdc "
+        "bootstrap create`) and replay into a fresh target; docs/reliability.md says what a node change loses and why")
+    # The coordinator's slot falls behind further than max_slot_wal_keep_size allows.
+    group.kill(-1)
+    with cluster.connect_node(coordinator, autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        conn.execute("SELECT pg_reload_conf()")
+        try:
+            for _attempt in range(20):
+                conn.execute("CREATE TABLE IF NOT EXISTS wal_filler (x text)")
+                conn.execute("INSERT INTO wal_filler SELECT repeat('x', 1000) FROM generate_series(1, 3000)")
+                conn.execute("SELECT pg_switch_wal()")
+                conn.execute("CHECKPOINT")
+                status = conn.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s",
+                                      (pipeline.slot,)).fetchone()[0]
+                if status == "lost":
+                    break
+            assert status == "lost"
+        finally:
+            conn.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+            conn.execute("SELECT pg_reload_conf()")
+            conn.execute("DROP TABLE IF EXISTS wal_filler")
+    group.start_node(-1, group.log_file(-1))
+    assert failed_state(group, -1).startswith(
+        f"failed: slot {pipeline.slot} on {coordinator} was invalidated: the WAL it still needed was removed")
+    # Segment 1 is untouched: its capture goes on.
+    write(cluster, table, range(100, 120))
+    wait_until_acknowledged(cluster, pipeline.slot, contents=[1])
+
+
+def test_the_worker_process_exits_with_the_status_of_a_changed_cluster(captured):
+    cluster, config, pipeline, group, _table = captured
+    group.kill(1)
+    with cluster.connect_node(cluster.segments[1], autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (pipeline.slot,))
+    worker = subprocess.run(group.worker_argv(1), env={**ENV, **_child_env(config)}, capture_output=True, text=True,
+                            stdin=subprocess.DEVNULL, timeout=120)
+    assert worker.returncode == ClusterChangedError.exit_code == 5, worker.stderr
+    assert f"slot {pipeline.slot} is missing on {cluster.segments[1]}" in worker.stderr.strip().splitlines()[-1]
+
+
+def _child_env(config):
+    from gpcdc_toolkit.capture import child_environment
+
+    return child_environment(config)
