@@ -200,6 +200,9 @@ def test_a_missing_part_stops_the_replay_with_a_report_and_nothing_partial(sourc
 
 def test_a_part_damaged_inside_stops_the_replay_before_it(source, captured_pipeline):
     target, config, pipeline, group = captured_pipeline
+    # A few transactions first, which the replay applies before it stops: the damaged
+    # part is the largest, which may be the workload's first (its large transaction).
+    run_workload(source, WorkloadSpec(threads=1, transactions=3, hot_keys=3, seed=11))
     run_workload(source, WorkloadSpec(threads=2, transactions=120, hot_keys=3, multi_segment_share=0.8,
                                       large_transaction_rows=40, seed=12))
     wait_until_acknowledged(source, pipeline.slot)

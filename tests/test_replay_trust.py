@@ -249,7 +249,7 @@ def test_a_broker_that_lost_its_data_is_refused_by_capture_status_and_replay(sou
         with pytest.raises(GpcdcError, match="Kafka lost events it had acknowledged"):
             group.start()
         shown = gpcdc(work_dir, *status)
-        assert shown.returncode == 3 and "failed" in shown.stderr and "bootstrap the pipeline again" in shown.stderr
+        assert shown.returncode == 3 and "stopped for good" in shown.stderr and "bootstrap the pipeline again" in shown.stderr
         # A replay into a fresh target loads the snapshot, then refuses the stream.
         target = Sandbox(f"target-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
         line = one_line_error(gpcdc(work_dir, "--target-sandbox", target.name, *status[:-1], "replay", "--once"))
