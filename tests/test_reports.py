@@ -35,6 +35,8 @@ from gpcdc_toolkit.workload import reset_tables
 
 from ._audit_stream import StreamBuilder
 
+pytestmark = pytest.mark.reports  # long: `./dev test-reports`, not the default run
+
 JOBS = ["bootstrap", "capture", "workload", "replay", "audit", "validate", "explore"]
 CHARTS = {"bootstrap": 1, "capture": 2, "workload": 1, "replay": 3, "audit": 3, "validate": 2, "explore": 2}
 GPCDC = str(Path(sys.executable).parent / "gpcdc")
