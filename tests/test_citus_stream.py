@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpcdc_toolkit.citus import CitusGidError, CitusStream, gxid_of_gid
-from gpcdc_toolkit.protocol import COORDINATOR, LocalSnapshot, NodeStart, ProtocolError, StartPoint
+from gpcdc_toolkit.protocol import COORDINATOR, LocalSnapshot, NodeStart, ProtocolError, StartPoint, UnknownNodesError
 from tests import _pgwire as w
 
 PID = 4242
@@ -234,7 +234,7 @@ def test_the_coordinators_decision_is_the_commit_record():
 
 
 def test_a_decision_for_an_unknown_node_group_is_refused():
-    with pytest.raises(ProtocolError, match="node groups \\[5\\]"):
+    with pytest.raises(UnknownNodesError, match="node groups \\[5\\], which the pipeline's start point does not list"):
         decisions(coordinator(), 800, 77, [(5, f"citus_0_{PID}_5_1")])
 
 

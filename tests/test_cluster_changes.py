@@ -174,3 +174,24 @@ def _child_env(config):
     from gpcdc_toolkit.capture import child_environment
 
     return child_environment(config)
+
+
+def test_segments_added_since_the_bootstrap_stop_capture_with_the_reason(mirrored, captured, work_dir):
+    cluster, config, pipeline, group, table = captured
+    # An expansion as the catalog shows it: a new server listed as segment 2.
+    added = Sandbox(f"added-{uuid.uuid4().hex[:4]}", work_dir).up(flavour="postgres")
+    try:
+        with psycopg.connect(mirrored.dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO gp_dist.gp_segment_configuration VALUES "
+                         "(100, 2, 'p', 'p', 'n', 'u', %s, '127.0.0.1', '127.0.0.1', %s)",
+                         (added.nodes[0].port, added.nodes[0].datadir))
+        assert [n.content for n in mirrored.cluster().segments] == [0, 1, 2]
+        group.kill(0)  # the next session of a worker looks at the catalog again
+        group.start_node(0, group.log_file(0))
+        assert failed_state(group, 0).startswith(
+            "failed: the source lists segments [2], which the pipeline's start point does not (added since the "
+            "bootstrap): no slot of the pipeline decodes them: bootstrap the pipeline again")
+    finally:
+        with psycopg.connect(mirrored.dsn, autocommit=True) as conn:
+            conn.execute("DELETE FROM gp_dist.gp_segment_configuration WHERE dbid = 100")
+        added.down(remove=True)

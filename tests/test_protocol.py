@@ -240,3 +240,15 @@ def test_a_node_answered_by_another_server_is_named_so():
     assert recorded.replaced_by("7301", 2).startswith("is on timeline 2, not 1: its mirror or standby was promoted")
     assert recorded.replaced_by("9999", 1).startswith("is another server (system identifier 9999, not 7301)")
     assert NodeStart(0, "s", 10, 10, None).replaced_by("9999", 3) is None  # an older start point recorded neither
+
+
+def test_a_decision_naming_segments_the_start_point_lacks_stops_the_coordinators_capture():
+    from gpcdc_toolkit.errors import ClusterChangedError
+    from gpcdc_toolkit.protocol import UnknownNodesError
+
+    a = TransactionAssembler(-1, source_name="gpcdc", database="db", start=start_point())
+    feed(a, w.begin(900, 3), w.message("gpcdc.commit", '{"gxid":150,"segments":[0]}'), w.commit(900, 950))
+    with pytest.raises(UnknownNodesError, match=r"gxid 151 has parts on segments \[1, 2\], which the pipeline's start "
+                                                r"point does not list \(it captures segments \[0\]\)") as raised:
+        feed(a, w.begin(960, 4), w.message("gpcdc.commit", '{"gxid":151,"segments":[0,1,2]}'), w.commit(960, 990))
+    assert isinstance(raised.value, ClusterChangedError) and raised.value.exit_code == 5

@@ -213,6 +213,10 @@ class CaptureWorker:
             current = type(self.cluster).connect(self.cluster.coordinator_dsn)
         except UnreachableError:
             return self.node  # the session fails on it, and is retried
+        added = sorted({n.content for n in current.nodes} - {n.content for n in self.start.nodes})
+        if added:
+            raise ClusterChangedError(f"the source lists segments {added}, which the pipeline's start point does not "
+                                      "(added since the bootstrap): no slot of the pipeline decodes them", fix=_REBOOTSTRAP)
         for node in current.nodes:
             if node.content == self.node.content:
                 return node

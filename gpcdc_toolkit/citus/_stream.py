@@ -42,7 +42,7 @@ import orjson
 
 from ..protocol import COORDINATOR, Outbound, ProtocolError, TransactionAssembler
 from ..protocol import _pgoutput as pg
-from ..protocol._assembler import _Txn
+from ..protocol._assembler import UnknownNodesError, _Txn
 
 _GID = re.compile(r"citus_(\d+)_(\d+)_(\d+)_(\d+)")
 DECISIONS = ("pg_catalog", "pg_dist_transaction")  # the coordinator's table of commit decisions
@@ -328,8 +328,7 @@ class CitusStream(TransactionAssembler):
                                 f"transactions, or gids that are not Citus's: {sorted(g for _, g in decisions)[:5]}")
         unknown = sorted({group for group, _gid in decisions if group not in self.groups})
         if unknown:
-            raise ProtocolError(f"node {self.content}: gxid {gxids.pop()} has parts on node groups {unknown}, which "
-                                "the pipeline's start point does not list (a node added since the bootstrap)")
+            raise UnknownNodesError(self.content, gxids.pop(), f"node groups {unknown}", self.groups.values())
         txn.gxid = gxids.pop()
         self._decide(txn)
         if txn.dropped:

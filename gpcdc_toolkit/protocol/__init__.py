@@ -2,7 +2,7 @@
 their constants are defined), pgoutput decoding, transaction assembly, WAL markers, start
 points, and the Greenplum DDL syntax the stream carries (pure: no I/O library is imported)."""
 
-from ._assembler import Outbound, ProtocolError, TransactionAssembler, pipeline_marker
+from ._assembler import Outbound, ProtocolError, TransactionAssembler, UnknownNodesError, pipeline_marker
 from ._ddl import CreateTable, DdlError, parse_create_table
 from ._events import (
     COORDINATOR,
@@ -26,7 +26,7 @@ from ._startpoint import DistributedSnapshot, LocalSnapshot, NodeStart, StartPoi
 from ._topics import Dispatcher, Topics
 
 __all__ = [
-    "COORDINATOR", "PROTOCOL_VERSION", "UNCHANGED", "Outbound", "ProtocolError", "TransactionAssembler",
+    "COORDINATOR", "PROTOCOL_VERSION", "UNCHANGED", "Outbound", "ProtocolError", "TransactionAssembler", "UnknownNodesError",
     "pipeline_marker", "KINDS", "CoordinatorRecord", "Kind", "PipelineMarker", "RowEvent", "Source",
     "TransactionEvent", "Watermark", "is_pipeline_marker", "kind_of", "problem_of",
     "CreateTable", "DdlError", "parse_create_table",

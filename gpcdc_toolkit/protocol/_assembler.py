@@ -14,13 +14,13 @@ its row events say ``one_phase: null``, and its END event carries the flag.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from ..errors import StreamError
+from ..errors import ClusterChangedError, StreamError
 from . import _markers as markers
 from . import _pgoutput as pg
 from ._events import COORDINATOR, PROTOCOL_VERSION, UNCHANGED
@@ -29,6 +29,18 @@ from ._startpoint import StartPoint
 
 class ProtocolError(StreamError, ValueError):
     """The stream breaks the protocol: the message says where."""
+
+
+class UnknownNodesError(ClusterChangedError, ValueError):
+    """A commit decision lists nodes the pipeline's start point does not: they joined the
+    cluster since the bootstrap (an expansion), and no slot of the pipeline decodes them."""
+
+    def __init__(self, content: int, gxid: int, unknown: str, known: Iterable[int]) -> None:
+        super().__init__(
+            f"node {content}: gxid {gxid} has parts on {unknown}, which the pipeline's start point does not list "
+            f"(it captures segments {sorted(known)}): nodes were added since the bootstrap",
+            fix="bootstrap the pipeline again (`gpcdc bootstrap drop`, then `gpcdc bootstrap create`) and replay "
+                "into a fresh target")
 
 
 @dataclass(slots=True)
@@ -218,6 +230,7 @@ class TransactionAssembler:
             body: dict[str, Any] = {"type": "commit" if isinstance(marker, markers.CommitRecord) else "ddl",
                                     "gxid": marker.gxid}
             if isinstance(marker, markers.CommitRecord):
+                self._known_nodes(marker.gxid, marker.segments or ())
                 body["segments"] = list(marker.segments) if marker.segments is not None else None
                 if marker.syncpoint is not None:
                     body["syncpoint"] = {str(node): lsn for node, lsn in marker.syncpoint}
@@ -226,6 +239,16 @@ class TransactionAssembler:
             body.update(self._position(txn))
             txn.pending.append((body, None))  # type: ignore[union-attr]
         return []
+
+    def _known_nodes(self, gxid: int, segments: Iterable[int]) -> None:
+        """A decision naming segments the start point does not (added since the
+        bootstrap) stops capture: their parts are decoded by no slot of the pipeline."""
+        if self.start is None:
+            return
+        known = {n.content for n in self.start.nodes}
+        unknown = set(segments) - known
+        if unknown:
+            raise UnknownNodesError(self.content, gxid, f"segments {sorted(unknown)}", known - {COORDINATOR})
 
     def _position(self, txn: _Txn) -> dict[str, Any]:
         return {"segment": self.content, "xid": txn.begin.xid, "commit_lsn": txn.begin.final_lsn,
