@@ -323,13 +323,14 @@ class CitusStream(TransactionAssembler):
         if not decisions:
             return self._finish(txn, commit.end_lsn)  # a sync point's record (its marker), or nothing
         gxids = {gxid_of_gid(gid) for _group, gid in decisions}
-        if len(gxids) != 1 or None in gxids:
+        gxid = gxids.pop()
+        if gxids or gxid is None:
             raise ProtocolError(f"node {self.content}: xid {txn.begin.xid} records the parts of several distributed "
                                 f"transactions, or gids that are not Citus's: {sorted(g for _, g in decisions)[:5]}")
         unknown = sorted({group for group, _gid in decisions if group not in self.groups})
         if unknown:
-            raise UnknownNodesError(self.content, gxids.pop(), f"node groups {unknown}", self.groups.values())
-        txn.gxid = gxids.pop()
+            raise UnknownNodesError(self.content, gxid, f"node groups {unknown}", self.groups.values())
+        txn.gxid = gxid
         self._decide(txn)
         if txn.dropped:
             self.dropped_transactions += 1
