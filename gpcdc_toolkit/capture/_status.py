@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from ..cluster import Cluster
 from ..errors import GpcdcError
 from ..protocol import format_lsn, parse_lsn
+from ._changes import added_nodes, node_change
 from ._processes import CaptureGroup
 
 
@@ -27,16 +28,26 @@ class NodeStatus:
     last_commit: str
     state: str = ""  # the worker's own word: streaming, reconnecting in 4 s, waiting for Kafka, failed: ...
     last_error: str | None = None
+    changed: str | None = None  # how the node changed under the pipeline, with the fix (see _changes)
 
 
 def capture_status(cluster: Cluster, group: CaptureGroup) -> list[NodeStatus]:
     rows = []
     slot = group.pipeline.slot
+    # Not bootstrapped: no start point to compare the nodes with.
+    start = group.pipeline.start_point() if group.pipeline.start_point_file.is_file() else None
+    started = {n.content: n for n in start.nodes} if start else {}
+    added = added_nodes((n.content for n in cluster.nodes), start.nodes) if start else None
     for node in cluster.nodes:
         with cluster.connect_node(node) as conn:
-            current, confirmed = conn.execute(
-                "SELECT pg_current_wal_lsn()::text, (SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
-                "WHERE slot_name = %s)", (slot,)).fetchone()  # type: ignore[misc]
+            # The timeline is the current WAL file's first eight hex digits.
+            current, confirmed, wal_status, found, system_identifier, walfile = conn.execute(
+                "SELECT pg_current_wal_lsn()::text, s.confirmed_flush_lsn::text, s.wal_status, s.slot_name IS NOT NULL, "
+                "c.system_identifier::text, pg_walfile_name(pg_current_wal_lsn()) FROM pg_control_system() c "
+                "LEFT JOIN pg_replication_slots s ON s.slot_name = %s", (slot,)).fetchone()  # type: ignore[misc]
+        change = None if start is None else added if node.content not in started else node_change(
+            node, started[node.content], system_identifier=system_identifier, timeline=int(walfile[:8], 16),
+            slot_found=found, wal_status=wal_status)
         behind = parse_lsn(current) - parse_lsn(confirmed) if confirmed else 0
         pid = group.pid(node.content)
         status = group.status(node.content) or {}
@@ -56,6 +67,7 @@ def capture_status(cluster: Cluster, group: CaptureGroup) -> list[NodeStatus]:
             if last_ms else "-",
             state=str(status.get("state", "")) if pid or str(status.get("state", "")).startswith("failed") else "",
             last_error=status.get("last_error"),
+            changed=str(change) if change else None,
         ))
     return rows
 

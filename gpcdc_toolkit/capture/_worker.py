@@ -54,12 +54,11 @@ from ..protocol import (
     parse_lsn,
     pipeline_marker,
 )
+from ._changes import REBOOTSTRAP, added_nodes, node_change
 
 log = logging.getLogger(__name__)
 
 _CLOCK_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
-_REBOOTSTRAP = ("bootstrap the pipeline again (`gpcdc bootstrap drop`, then `gpcdc bootstrap create`) and replay into "
-                "a fresh target; docs/reliability.md says what a node change loses and why")
 
 
 class DeliveryFailed(RuntimeError):
@@ -213,34 +212,24 @@ class CaptureWorker:
             current = type(self.cluster).connect(self.cluster.coordinator_dsn)
         except UnreachableError:
             return self.node  # the session fails on it, and is retried
-        added = sorted({n.content for n in current.nodes} - {n.content for n in self.start.nodes})
-        if added:
-            raise ClusterChangedError(f"the source lists segments {added}, which the pipeline's start point does not "
-                                      "(added since the bootstrap): no slot of the pipeline decodes them", fix=_REBOOTSTRAP)
+        if added := added_nodes((n.content for n in current.nodes), self.start.nodes):
+            raise added
         for node in current.nodes:
             if node.content == self.node.content:
                 return node
-        raise ClusterChangedError(f"the source no longer lists {self.node}", fix=_REBOOTSTRAP)
+        raise ClusterChangedError(f"the source no longer lists {self.node}", fix=REBOOTSTRAP)
 
     def _slot_position(self, cur: Any, probe: psycopg.Connection[Any]) -> int:
         """Where the slot was acknowledged to, once the server is the one the slot was
         made on and the slot is still there and usable."""
         cur.execute("IDENTIFY_SYSTEM")
         system_identifier, timeline, _, _ = cur.fetchone()
-        change = self.start.node(self.node.content).replaced_by(str(system_identifier), int(timeline))
-        if change:
-            raise ClusterChangedError(
-                f"{self.node} {change}; its slot {self.slot} and the changes committed there after "
-                "the slot's acknowledged position are not on this server's stream", fix=_REBOOTSTRAP)
         row = probe.execute("SELECT confirmed_flush_lsn::text, wal_status FROM pg_replication_slots "
                             "WHERE slot_name = %s", (self.slot,)).fetchone()
-        if row is None:
-            raise ClusterChangedError(f"slot {self.slot} is missing on {self.node}: it was dropped, so the changes "
-                                      "since its acknowledged position can no longer be decoded", fix=_REBOOTSTRAP)
-        if row[1] == "lost":
-            raise ClusterChangedError(
-                f"slot {self.slot} on {self.node} was invalidated: the WAL it still needed was removed "
-                "(the slot fell further behind than max_slot_wal_keep_size)", fix=_REBOOTSTRAP)
+        if change := node_change(self.node, self.start.node(self.node.content), system_identifier=str(system_identifier),
+                                 timeline=int(timeline), slot_found=row is not None, wal_status=row and row[1]):
+            raise change
+        assert row is not None
         return parse_lsn(row[0])
 
     def _check_history(self, producer: Producer, acked: int) -> None:

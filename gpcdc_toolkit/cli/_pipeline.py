@@ -16,7 +16,7 @@ from ..capture import (
 )
 from ..config import Config
 from ..connect import kafka_client_settings, open_cluster
-from ..errors import GpcdcError
+from ..errors import ClusterChangedError, GpcdcError
 from ..protocol import StartPoint, format_lsn
 from ._command import Command, say
 
@@ -125,6 +125,11 @@ class Status(Command):
             say(f"{r.node:>4} {r.worker:<14} {r.bytes_behind:>12} {r.seconds_behind:>8} {r.events:>10} "
                    f"{r.megabytes:>8.1f} {r.acked_lsn:>12} {r.last_commit:<24}")
         say(f"target: {_target(config)}")
+        changed = [r for r in rows if r.changed]
+        for r in changed:  # what a worker would stop on, whether one runs or not
+            print(f"gpcdc: node {r.node} changed under the pipeline: {r.changed}", file=sys.stderr)
+        if changed:
+            return ClusterChangedError.exit_code
         troubled = [r for r in rows if r.state.startswith(("reconnecting", "waiting", "failed"))]
         for r in troubled:
             # A live worker that cannot reach Kafka, or one that stopped for good, says why.
