@@ -57,6 +57,12 @@ class StreamBuilder:
                                       "xid": lsn, "commit_lsn": lsn, "commit_ts_ms": ts, "ddl_count": len(ddl)}, ts)
         return self
 
+    def lost(self, node, reason, ts=9_000):
+        """The lost mark capture ends a node's partition with when the node changed."""
+        topic, partition = (self.dtx, 0) if node == -1 else (self.changes, node)
+        self._put(topic, partition, None, {"type": "lost", "segment": node, "reason": reason, "version": 2}, ts)
+        return self
+
     def watermark(self, node, resolved, ts, prepared=(), prepared_ts=None):
         value = {"resolved": resolved, "resolved_ts_ms": ts, "segment": node, "ts_ms": ts,
                  "prepared": list(prepared), "prepared_ts_ms": ts - 1 if prepared_ts is None else prepared_ts}

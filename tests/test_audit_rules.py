@@ -72,7 +72,7 @@ def replayer_head(messages, segments):
             reassembler.add_record(framed)
         elif isinstance(framed, Watermark):
             reassembler.add_watermark(framed.segment, framed.resolved_ts_ms, framed.prepared, framed.prepared_ts_ms,
-                                      framed.parts)
+                                      framed.parts, framed.lost, framed.offset)
         reassembler.ready()
     missing = {(m.gxid, m.segment) for m in reassembler.missing()}
     return missing, set(reassembler.in_doubt()) - missing
@@ -132,3 +132,15 @@ def test_in_a_numbered_stream_a_part_that_changed_nothing_is_no_finding_and_a_lo
     assert named == {p for p in audit_missing if p[0] in head}
     assert {s for g, s in missing if g is None} <= lost
     assert all(s in gapped for _g, s in audit_missing)  # missing only where a number is missing
+
+
+def test_a_lost_mark_is_a_finding_and_the_replayer_calls_what_it_cuts_off_missing(spark):
+    b = StreamBuilder(segments=2)
+    b.record(1, [0, 1], 10, 1000).part(0, 1, 100, 1001).part(1, 1, 100, 1001)
+    b.record(2, [0, 1], 20, 2000).part(0, 2, 110, 2001)
+    b.lost(1, "segment 1 is on timeline 2, not 1")
+    missing, late = replayer_head(b.messages(), 2)
+    assert missing == {(2, 1)} and late == set()
+    lost = [f for f in findings_of(spark, b) if f["rule"] == "lost_node"]
+    assert [(f["severity"], f["segments"]) for f in lost] == [("error", [1])]
+    assert "node 1 is lost to the pipeline" in lost[0]["evidence"]

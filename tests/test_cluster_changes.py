@@ -18,7 +18,9 @@ from gpcdc_toolkit.capture import CaptureGroup, capture_status, wait_until_ackno
 from gpcdc_toolkit.cluster import Session
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.errors import ClusterChangedError, SandboxError
+from gpcdc_toolkit.replay import MissingPartError, Replayer
 from gpcdc_toolkit.sandbox import Sandbox
+from gpcdc_toolkit.validate import table_rows
 
 from .test_replay_faults import ENV
 
@@ -90,7 +92,7 @@ def test_a_mirrored_sandbox_lists_its_mirrors_as_greenplum_does_and_fails_over(m
         mirrored.failover(7)
 
 
-def test_a_failed_over_segment_stops_its_capture_with_the_reason_and_the_others_go_on(mirrored, captured):
+def test_a_failed_over_segment_stops_its_capture_with_the_reason_and_the_others_go_on(mirrored, captured, work_dir):
     cluster, config, pipeline, group, table = captured
     before = {n.content: n.port for n in cluster.nodes}
     done = subprocess.run([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(config.work_dir),
@@ -110,6 +112,18 @@ def test_a_failed_over_segment_stops_its_capture_with_the_reason_and_the_others_
     write(now, table, range(40, 80))
     assert sum(len(rows) for rows in now.rows_by_segment(table).values()) == 80
     wait_until_acknowledged(now, pipeline.slot, contents=[-1, 0])
+    # The replayer applies what was captured, and stops before the first transaction the
+    # lost segment cannot complete (its part of rows 40-79), saying why.
+    target = Sandbox(f"mt-{uuid.uuid4().hex[:4]}", work_dir).up(segments=1)
+    try:
+        with Replayer(config.with_settings({"target.sandbox": target.name})) as replayer, \
+                pytest.raises(MissingPartError) as raised:
+            replayer.run()
+        assert sorted(table_rows(target.cluster(), table)) == [(i, "x") for i in range(40)]
+    finally:
+        target.down(remove=True)
+    assert raised.value.missing.segment == 1 and raised.value.missing.present == (0,)
+    assert f"segment 1 is lost to the pipeline ({now.segments[1]} is on timeline 2, not 1" in str(raised.value)
     status = {row.node: row for row in capture_status(now, group)}
     assert status[1].state.startswith("failed: ") and status[1].acked_lsn == "no slot"
     shown = subprocess.run([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(config.work_dir),

@@ -252,3 +252,22 @@ def test_a_decision_naming_segments_the_start_point_lacks_stops_the_coordinators
                                                 r"point does not list \(it captures segments \[0\]\)") as raised:
         feed(a, w.begin(960, 4), w.message("gpcdc.commit", '{"gxid":151,"segments":[0,1,2]}'), w.commit(960, 990))
     assert isinstance(raised.value, ClusterChangedError) and raised.value.exit_code == 5
+
+
+def test_the_changes_that_stop_a_nodes_capture_are_said_with_the_fix():
+    from gpcdc_toolkit.capture._changes import REBOOTSTRAP, added_nodes, node_change
+    from gpcdc_toolkit.protocol import NodeStart
+
+    start = NodeStart(1, "gpcdc_p", 10, 10, None, system_identifier="7301", timeline=1)
+    same = {"system_identifier": "7301", "timeline": 1}
+    assert node_change("segment 1", start, **same, slot_found=True, wal_status="reserved") is None
+    assert node_change("segment 1", start, **same, slot_found=True, wal_status="unreserved") is None
+    dropped = node_change("segment 1", start, **same, slot_found=False, wal_status=None)
+    assert str(dropped) == ("slot gpcdc_p is missing on segment 1: it was dropped, so the changes since its "
+                            f"acknowledged position can no longer be decoded: {REBOOTSTRAP}")
+    assert "was invalidated" in str(node_change("segment 1", start, **same, slot_found=True, wal_status="lost"))
+    promoted = node_change("segment 1", start, system_identifier="7301", timeline=2, slot_found=False, wal_status=None)
+    assert str(promoted).startswith("segment 1 is on timeline 2, not 1"), "the server's change is the cause to name"
+    assert promoted.exit_code == 5
+    assert added_nodes([-1, 0, 1], [NodeStart(c, "s", 1, 1, None) for c in (-1, 0, 1)]) is None
+    assert "lists segments [2, 3]" in str(added_nodes([-1, 0, 1, 2, 3], [NodeStart(c, "s", 1, 1, None) for c in (-1, 0, 1)]))

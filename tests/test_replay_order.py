@@ -308,3 +308,43 @@ def test_a_commit_record_lost_and_sent_again_stops_the_order():
     r.add_record(Record(1, (0, 1), commit_lsn=10))
     with pytest.raises(ReassemblyError, match="gxid 2 .*never seen before"):
         r.add_record(Record(2, (0, 1), commit_lsn=20))
+
+
+def test_a_lost_segment_makes_the_first_transaction_it_cannot_complete_missing_and_nothing_after():
+    r = Reassembler(2, clock_skew_ms=100)
+    r.add_record(Record(1, (0, 1), commit_ts_ms=1_000, offset=3))
+    r.add_record(Record(2, (0, 1), commit_ts_ms=2_000, offset=4))
+    r.add_part(Part(0, 1, False, 10, offset=10))
+    r.add_part(Part(1, 1, False, 10, offset=20))
+    r.add_part(Part(0, 2, False, 11, offset=11))
+    r.add_part(Part(0, 3, True, 12, offset=12))  # one-phase after 2 on segment 0: waits for it
+    assert [w.gxid for w in r.ready()] == [1] and r.missing() == []  # gxid 2's part on 1: late, not missing
+    r.add_watermark(1, -1, lost="segment 1 is on timeline 2, not 1", lost_at=21)
+    [missing] = r.missing()
+    assert (missing.gxid, missing.segment, missing.present, missing.damage) == (2, 1, (0,), None)
+    assert missing.lost == "segment 1 is lost to the pipeline (segment 1 is on timeline 2, not 1)"
+    assert dict(missing.offsets) == {-1: 4, 0: 11}
+    assert r.ready() == [] and r.resume_offsets()[1] == 21, "the mark is read again after a restart"
+
+
+def test_a_lost_segment_does_not_stop_what_it_was_not_part_of():
+    r = Reassembler(2)
+    r.add_watermark(1, -1, lost="slot s is missing", lost_at=5)
+    r.add_record(Record(1, (0,), commit_ts_ms=1_000))
+    r.add_part(Part(0, 1, False, 10))
+    r.add_part(Part(0, 2, True, 11))
+    assert [w.gxid for w in r.ready()] == [1, 2] and r.missing() == []
+
+
+def test_with_the_coordinator_lost_a_part_whose_record_never_came_is_missing():
+    r = Reassembler(2)
+    r.add_record(Record(1, (0, 1)))
+    r.add_part(Part(0, 1, False, 10, offset=10))
+    r.add_part(Part(1, 1, False, 10, offset=20))
+    r.add_part(Part(1, 2, False, 11, offset=21))
+    assert [w.gxid for w in r.ready()] == [1] and r.missing() == []  # gxid 2's record may still come
+    r.add_watermark(-1, -1, lost="slot s on coordinator was invalidated", lost_at=7)
+    [missing] = r.missing()
+    assert (missing.gxid, missing.segment, missing.present) == (2, 1, (1,))
+    assert missing.lost.startswith("the coordinator is lost to the pipeline (slot s on coordinator was invalidated)")
+    assert r.resume_offsets()[-1] == 7

@@ -98,6 +98,8 @@ ADVICE: dict[str, str] = {
     "conflicting_duplicate": "Two copies of one event differ: something else writes to the topic, or a message was "
                              "damaged; do not replay past it until explained.",
     "watermark_gap": "A node was silent for a while: look at its capture worker's log for that time.",
+    "lost_node": "The node changed under the pipeline (a mirror promoted, its slot dropped or invalidated): "
+                 "`gpcdc status` says how. Bootstrap the pipeline again and replay into a fresh target.",
     "silent_node": "A node is silent now: check its capture worker (gpcdc status) and restart it.",
     "corrupt_message": "A message is not of the protocol: find its producer; the replayer stops at it.",
 }

@@ -223,6 +223,20 @@ def corrupt_messages(stream: Stream, t: Thresholds) -> DataFrame:
         first_seen=col("timestamp")))
 
 
+def lost_nodes(stream: Stream, t: Thresholds) -> DataFrame:
+    """A node whose capture stopped for good because it changed under the pipeline (a
+    mirror promoted, its slot dropped or invalidated): what it committed after its slot's
+    acknowledged position is not in the stream."""
+    lost = stream.events.where(col("kind") == "lost")
+    return lost.select(finding(
+        "lost_node", "error",
+        F.concat(lit("node "), col("segment").cast("string"), lit(" is lost to the pipeline: its capture stopped for "
+                                                                  "good at this mark, and what it committed later was "
+                                                                  "never captured")),
+        segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
+        offsets=F.array(col("offset")), first_seen=col("timestamp")))
+
+
 def damaged_parts(stream: Stream, t: Thresholds) -> DataFrame:
     """A part whose rows do not match its END (count, sequence 1..count), or with no END
     although a later transaction follows it in its partition."""
@@ -615,6 +629,6 @@ def lost_parts(stream: Stream, t: Thresholds) -> DataFrame:
 
 
 Rule = Callable[[Stream, Thresholds], DataFrame]
-RULES: tuple[Rule, ...] = (corrupt_messages, damaged_parts, missing_parts, lost_parts, orphan_parts, unlisted_parts,
+RULES: tuple[Rule, ...] = (corrupt_messages, lost_nodes, damaged_parts, missing_parts, lost_parts, orphan_parts, unlisted_parts,
                            one_phase_contradictions, lost_ddl_records, legacy_markers, commit_order,
                            after_watermark, key_order, ddl_barriers, duplicates, silence)

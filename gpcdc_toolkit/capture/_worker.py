@@ -51,6 +51,7 @@ from ..protocol import (
     format_lsn,
     is_pipeline_marker,
     kind_of,
+    lost_marker,
     parse_lsn,
     pipeline_marker,
 )
@@ -190,7 +191,11 @@ class CaptureWorker:
                                     connection_factory=psycopg2.extras.LogicalReplicationConnection,
                                     connect_timeout=10)
             cur = conn.cursor()
-            acked = self._slot_position(cur, probe)
+            try:
+                acked = self._slot_position(cur, probe)
+            except ClusterChangedError as e:
+                self._mark_lost(producer, e.message)
+                raise
             self._check_history(producer, acked)
             numbered_after = self._numbered_after() if self._numbered else None
             cur.start_replication(slot_name=self.slot, decode=False, options={
@@ -231,6 +236,18 @@ class CaptureWorker:
             raise change
         assert row is not None
         return parse_lsn(row[0])
+
+    def _mark_lost(self, producer: Producer, reason: str) -> None:
+        """End the node's partition with a lost mark (see ``lost_marker``), so that readers
+        stop waiting for its parts; where the partition is not the node's own, readers
+        cannot be told, and wait."""
+        if self.dispatcher.kind != "segment":
+            return
+        content = self.node.content
+        topic, partition = (self.topics.dtx, 0) if content == COORDINATOR else (self.topics.changes, content)
+        producer.produce(topic, lost_marker(content, reason).value, partition=partition)
+        if producer.flush(self.settings.capture.flush_timeout) or self._delivery_error is not None:
+            raise DeliveryFailed(f"Kafka did not take {self.node}'s lost mark; {reason}")
 
     def _check_history(self, producer: Producer, acked: int) -> None:
         """Before streaming: the node's partition must begin with this bootstrap's

@@ -2,7 +2,7 @@
 their constants are defined), pgoutput decoding, transaction assembly, WAL markers, start
 points, and the Greenplum DDL syntax the stream carries (pure: no I/O library is imported)."""
 
-from ._assembler import Outbound, ProtocolError, TransactionAssembler, UnknownNodesError, pipeline_marker
+from ._assembler import Outbound, ProtocolError, TransactionAssembler, UnknownNodesError, lost_marker, pipeline_marker
 from ._ddl import CreateTable, DdlError, parse_create_table
 from ._events import (
     COORDINATOR,
@@ -27,7 +27,7 @@ from ._topics import Dispatcher, Topics
 
 __all__ = [
     "COORDINATOR", "PROTOCOL_VERSION", "UNCHANGED", "Outbound", "ProtocolError", "TransactionAssembler", "UnknownNodesError",
-    "pipeline_marker", "KINDS", "CoordinatorRecord", "Kind", "PipelineMarker", "RowEvent", "Source",
+    "pipeline_marker", "lost_marker", "KINDS", "CoordinatorRecord", "Kind", "PipelineMarker", "RowEvent", "Source",
     "TransactionEvent", "Watermark", "is_pipeline_marker", "kind_of", "problem_of",
     "CreateTable", "DdlError", "parse_create_table",
     "CommitRecord", "DdlRecord", "GxidMarker", "MarkerError", "OnePhaseMarker",

@@ -52,6 +52,14 @@ class Outbound:
     value: bytes
 
 
+def lost_marker(content: int, reason: str) -> Outbound:
+    """The last message of a node's partition when its capture stops for good because
+    the node changed under the pipeline (``reason``): nothing of the node comes after
+    it, so a reader waits for none of its parts not arrived by then."""
+    body = {"type": "lost", "segment": content, "reason": reason, "version": PROTOCOL_VERSION}
+    return Outbound("lost", None, orjson.dumps(body))
+
+
 def pipeline_marker(identity: str, content: int, *, numbered: bool = False) -> Outbound:
     """The first message of each of a pipeline's partitions: which bootstrap wrote it,
     and for a numbered stream, that no part comes before it (``parts``: 0)."""

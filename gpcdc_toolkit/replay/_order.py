@@ -88,6 +88,7 @@ class Missing:
     watermark_ts_ms: int
     offsets: tuple[tuple[int, int], ...] = ()  # (segment, offset) of the parts present; -1: the record
     damage: str | None = None  # the part arrived, but not whole
+    lost: str | None = None  # the part cannot come: its node is lost to the pipeline (why)
 
 
 class ReassemblyError(StreamError, ValueError):
@@ -131,6 +132,7 @@ class _Segment:
     last_number: int | None = None
     gap: tuple[int, int] | None = None  # numbers that never arrived, first and last
     blocked_from: int | None = None  # offset of the first part after the gap
+    lost: str | None = None  # why the segment's capture stopped for good: nothing of it comes any more
 
 
 class Reassembler:
@@ -157,6 +159,8 @@ class Reassembler:
         self._parts: dict[int, dict[int, Part]] = {}  # gxid -> segment -> part (two-phase)
         self._next = 0  # coordinator position of the next record to hand out
         self._damaged: Missing | None = None  # the first damaged part met where it would go out
+        self._coordinator_lost: str | None = None  # why the coordinator's capture stopped: no record comes any more
+        self._lost_at: dict[int, int] = {}  # partition -> offset of its lost mark
 
     # -- input ----------------------------------------------------------------------------
     def add_part(self, part: Part) -> None:
@@ -226,10 +230,19 @@ class Reassembler:
         segment.last_number = part.number
 
     def add_watermark(self, segment: int, resolved_ts_ms: int, prepared: Iterable[int] | None = None,
-                      prepared_ts_ms: int | None = None, parts: int | None = None) -> None:
+                      prepared_ts_ms: int | None = None, parts: int | None = None, lost: str | None = None,
+                      lost_at: int = -1) -> None:
+        """A node's progress; ``lost``: its capture stopped for good (a lost mark at offset
+        ``lost_at`` ends its partition: every part of it that will ever come is read)."""
+        if lost is not None:
+            self._lost_at[segment] = min(self._lost_at.get(segment, lost_at), lost_at)
         if segment < 0:
-            return  # the coordinator's: records come in their own order, nothing waits on it
+            # The coordinator's: records come in their own order, nothing waits on it, unless
+            # it is lost (then no record comes for parts arrived without one).
+            self._coordinator_lost = self._coordinator_lost or lost
+            return
         seg = self.segments[segment]
+        seg.lost = seg.lost or lost
         if parts is not None:
             seg.numbered = True
             if seg.last_number is None:
@@ -321,7 +334,7 @@ class Reassembler:
         (Citus lists every prepared connection, written to or not); one with changes
         would have arrived, numbered, before the proving watermark."""
         segment = self.segments[s]
-        return segment.numbered and segment.gap is None and self._proven_absent(record, s)
+        return segment.numbered and segment.gap is None and segment.lost is None and self._proven_absent(record, s)
 
     def _hold_damaged(self, part: Part, record: Record | None, parts: Mapping[int, Part]) -> None:
         """Hand out nothing from here on: a damaged part stops the order where it stands."""
@@ -337,7 +350,7 @@ class Reassembler:
         missing (see :class:`Missing`). Until then a part that has not arrived is late."""
         if self._damaged is not None:
             return [self._damaged]
-        return self._missing_parts() or self._lost_parts()
+        return self._missing_parts() or self._lost_parts() or self._unrecorded()
 
     def _lost_parts(self) -> list[Missing]:
         """Gaps in a segment's numbers, once everything before the gap has passed: parts
@@ -361,6 +374,11 @@ class Reassembler:
         out = []
         for s in record.segments:
             segment = self.segments[s]
+            if s not in parts and segment.lost is not None:
+                offsets = ((-1, record.offset), *((c, parts[c].offset) for c in sorted(parts)))
+                out.append(Missing(record.gxid, s, tuple(sorted(parts)), record.commit_ts_ms, segment.watermark_ts_ms,
+                                   offsets, lost=f"segment {s} is lost to the pipeline ({segment.lost})"))
+                continue
             if s in parts or segment.prepared is None or record.gxid in segment.prepared:
                 continue  # arrived, not provable, or still prepared there: it can still commit
             if self._proven_absent(record, s) and not self._empty(record, s):
@@ -368,6 +386,18 @@ class Reassembler:
                 out.append(Missing(record.gxid, s, tuple(sorted(parts)), record.commit_ts_ms,
                                    segment.watermark_ts_ms, offsets))
         return out
+
+    def _unrecorded(self) -> list[Missing]:
+        """With the coordinator lost and every record it wrote handed out, the first part
+        still waiting for its record: that record cannot come."""
+        if self._coordinator_lost is None or self._records or not self._parts:
+            return []
+        gxid, parts = min(self._parts.items(), key=lambda item: min(p.offset for p in item[1].values()))
+        first = min(parts.values(), key=lambda p: p.offset)
+        return [Missing(gxid, first.segment, tuple(sorted(parts)), -1, self.segments[first.segment].watermark_ts_ms,
+                        tuple((c, parts[c].offset) for c in sorted(parts)),
+                        lost=f"the coordinator is lost to the pipeline ({self._coordinator_lost}), and gxid {gxid}'s "
+                             "commit record never came")]
 
     def in_doubt(self) -> list[tuple[int, int]]:
         """(gxid, segment) of the next record's parts that have not arrived and cannot be
@@ -392,6 +422,8 @@ class Reassembler:
                 out[content] = min(out.get(content, part.offset), part.offset)
         if self._records:
             out[-1] = self._records[0].offset
+        for content, offset in self._lost_at.items():  # read again at every resume, so that it is known
+            out[content] = min(out.get(content, offset), offset)
         return out
 
     def oldest_waiting_ts_ms(self) -> int | None:

@@ -57,6 +57,8 @@ class MissingPartError(StreamError):
             offset = dict(missing.offsets).get(missing.segment)
             why = (f"{missing.damage} (before offset {offset} of {topics.changes} partition {missing.segment})"
                    if offset is not None else f"{missing.damage} (before its latest watermark)")
+        elif missing.lost is not None:
+            why = f"{missing.lost}; {where} lists segment {missing.segment}, whose part never came"
         elif missing.damage is not None:
             offset = dict(missing.offsets).get(missing.segment)
             why = (f"segment {missing.segment}'s part at offset {offset} of {topics.changes} partition "
@@ -382,7 +384,7 @@ class _Run:
             self.reassembler.add_record(framed)
         else:
             self.reassembler.add_watermark(framed.segment, framed.resolved_ts_ms, framed.prepared,
-                                           framed.prepared_ts_ms, framed.parts)
+                                           framed.prepared_ts_ms, framed.parts, framed.lost, framed.offset)
 
     def _apply_ready(self) -> None:
         while self.in_hand:

@@ -45,6 +45,8 @@ class Watermark:
     prepared: frozenset[int] | None = None  # gxids the node held prepared at prepared_ts_ms (None: not said)
     prepared_ts_ms: int | None = None
     parts: int | None = None  # the number of the node's last part before it (numbered streams)
+    lost: str | None = None  # a lost mark: why the node's capture stopped for good
+    offset: int = -1  # where a lost mark is (read again at every resume: see Reassembler.resume_offsets)
 
 
 def _watermark(partition: int, value: Mapping[str, Any]) -> Watermark | None:
@@ -184,6 +186,8 @@ class Framer:
             return None
         if kind == "resolved":
             return _watermark(partition, value)
+        if kind == "lost":
+            return Watermark(partition, -1, lost=value["reason"], offset=offset)
         if kind == "pipeline":  # a numbered stream's marker: its numbering starts here
             return Watermark(partition, -1, parts=value["parts"]) if value.get("parts") is not None else None
         if kind not in ("begin", "end"):
@@ -226,6 +230,8 @@ class Framer:
         kind = kind_of(value)
         if kind == "resolved":
             return _watermark(COORDINATOR, value)
+        if kind == "lost":
+            return Watermark(COORDINATOR, -1, lost=value["reason"], offset=offset)
         if kind == "ddl":
             first, statements = self._ddl.setdefault(value["gxid"], (offset, []))
             if value["statement"] not in statements:  # a resend after a capture restart
