@@ -112,6 +112,10 @@ class SandboxNode:
     def name(self) -> str:
         return "coordinator" if self.content == COORDINATOR else f"segment {self.content}"
 
+    @property
+    def dsn(self) -> str:
+        return f"host=127.0.0.1 port={self.port} user={SUPERUSER} dbname={DATABASE}"
+
     def pid(self) -> int | None:
         """The postmaster's pid, from its own pid file, when it is running."""
         try:
@@ -163,8 +167,7 @@ class Sandbox:
 
     @property
     def dsn(self) -> str:
-        coordinator = self.nodes[0]
-        return f"host=127.0.0.1 port={coordinator.port} user={SUPERUSER} dbname={DATABASE}"
+        return self.nodes[0].dsn
 
     @property
     def flavour(self) -> str:
@@ -291,8 +294,7 @@ class Sandbox:
         user = pwd.getpwnam(state["os_user"]) if state["os_user"] else None
         self._run_as(user, [str(Path(state["pg_bin"]) / "pg_ctl"), "promote", "-D", mirror.datadir, "-w", "-t", "60",
                             "-s"], f"promoting the mirror of segment {content}")
-        with psycopg.connect(f"host=127.0.0.1 port={coordinator.port} user={SUPERUSER} dbname={DATABASE}",
-                             autocommit=True) as conn, conn.transaction():
+        with psycopg.connect(coordinator.dsn, autocommit=True) as conn, conn.transaction():
             conn.execute("UPDATE gp_dist.gp_segment_configuration SET role = 'p', mode = 'n' "
                          "WHERE content = %s AND port = %s", (content, mirror.port))
             conn.execute("UPDATE gp_dist.gp_segment_configuration SET role = 'm', mode = 'n', status = 'd' "
@@ -436,17 +438,14 @@ class Sandbox:
         with (Path(mirror.datadir) / "postgresql.conf").open("a") as conf:
             conf.write(f"\n# gpcdc sandbox mirror\nport = {port}\n")
         self._pg_ctl(mirror, "start", pg_bin=pg_bin, user=user)
-        with psycopg.connect(f"host=127.0.0.1 port={primary.port} user={SUPERUSER} dbname={DATABASE}",
-                             autocommit=True) as conn:
+        with psycopg.connect(primary.dsn, autocommit=True) as conn:
             conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
             conn.execute("SELECT pg_reload_conf()")
         return mirror
 
     @staticmethod
     def _list_mirrors(nodes: list[SandboxNode], mirrors: list[SandboxNode]) -> None:
-        coordinator = nodes[0]
-        with psycopg.connect(f"host=127.0.0.1 port={coordinator.port} user={SUPERUSER} dbname={DATABASE}",
-                             autocommit=True) as conn, conn.transaction(), conn.cursor() as cur:
+        with psycopg.connect(nodes[0].dsn, autocommit=True) as conn, conn.transaction(), conn.cursor() as cur:
             cur.execute("UPDATE gp_dist.gp_segment_configuration SET mode = 's'")
             cur.executemany(
                 "INSERT INTO gp_dist.gp_segment_configuration VALUES "
@@ -455,9 +454,7 @@ class Sandbox:
 
     def _install_controller(self, nodes: list[SandboxNode]) -> None:
         controller = resources.files("gpcdc_toolkit.cluster").joinpath("controller.sql").read_text()
-        coordinator = nodes[0]
-        dsn = f"host=127.0.0.1 port={coordinator.port} user={SUPERUSER} dbname={DATABASE}"
-        with psycopg.connect(dsn, autocommit=True) as conn:
+        with psycopg.connect(nodes[0].dsn, autocommit=True) as conn:
             with conn.transaction():
                 conn.execute(controller)
                 with conn.cursor() as cur:
@@ -480,13 +477,10 @@ def citus_installed(pg_bin: Path | None = None) -> None:
 
 def _join_citus(nodes: list[SandboxNode]) -> None:
     """The Citus extension on every node; the first the coordinator, the others its workers."""
-    def dsn(node: SandboxNode) -> str:
-        return f"host=127.0.0.1 port={node.port} user={SUPERUSER} dbname={DATABASE}"
-
     for node in nodes:
-        with psycopg.connect(dsn(node), autocommit=True) as conn:
+        with psycopg.connect(node.dsn, autocommit=True) as conn:
             conn.execute("CREATE EXTENSION citus")
-    with psycopg.connect(dsn(nodes[0]), autocommit=True) as conn:
+    with psycopg.connect(nodes[0].dsn, autocommit=True) as conn:
         conn.execute("SELECT citus_set_coordinator_host('127.0.0.1', %s)", (nodes[0].port,))
         for worker in nodes[1:]:
             conn.execute("SELECT citus_add_node('127.0.0.1', %s)", (worker.port,))
