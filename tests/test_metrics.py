@@ -58,8 +58,11 @@ def test_prometheus_scrapes_what_the_pipeline_did_and_the_shipped_alerts_fire(so
 
             prometheus.wait_for(f"{applied} transactions applied, scraped", lambda: list(
                 prometheus.query("gpcdc_replay_applied_transactions_total").values()) == [applied])
-            lag = prometheus.query("gpcdc_capture_lag_bytes")
-            assert len(lag) == len(nodes) and all(v >= 0 for v in lag.values())
+            # Every node's target scraped (Prometheus scrapes each on its own clock; the
+            # coordinator's has no row events to have waited for above).
+            lag = prometheus.wait_for("a lag reading from every node", lambda: (
+                readings if len(readings := prometheus.query("gpcdc_capture_lag_bytes")) == len(nodes) else None))
+            assert all(v >= 0 for v in lag.values())
             assert prometheus.firing() == set()  # nothing to say about a healthy pipeline
             # A worker killed: it stops answering, and the shipped rule says so.
             group.kill(1)
