@@ -96,6 +96,8 @@ class TargetRef(ClusterRef):
 class KafkaSettings:
     bootstrap_servers: str | None = setting(None, "Kafka bootstrap servers; unset: the embedded broker")
     topic_prefix: str = setting("gpcdc", "prefix of every topic the toolkit writes", check=_topic_prefix_problem)
+    replication_factor: int = setting(0, "replicas of each topic the toolkit creates (3 on a production cluster); "
+                                         "0: the brokers' default.replication.factor", minimum=0)
     # Extra librdkafka settings: the file's table [kafka.client] only.
     client: Mapping[str, str] = internal(default_factory=dict)
 

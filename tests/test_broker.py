@@ -150,3 +150,37 @@ def test_starts_at_the_same_moment_take_turns(tmp_path_factory):
         check_reachable(broker.bootstrap_servers)
     finally:
         broker.remove()
+
+
+def test_a_node_of_a_cluster_of_three_replicates_three_times_and_needs_two_in_sync(tmp_path_factory):
+    from gpcdc_toolkit.broker._embedded import Quorum, _server_properties
+
+    def properties(quorum):
+        text = _server_properties(9092, 9093, tmp_path_factory.mktemp("data"), quorum)
+        return dict(line.split("=", 1) for line in text.splitlines())
+
+    one = properties(None)
+    assert (one["node.id"], one["default.replication.factor"], one["min.insync.replicas"]) == ("1", "1", "1")
+    three = properties(Quorum(2, "1@127.0.0.1:1,2@127.0.0.1:2,3@127.0.0.1:3", 3))
+    assert (three["node.id"], three["controller.quorum.voters"]) == ("2", "1@127.0.0.1:1,2@127.0.0.1:2,3@127.0.0.1:3")
+    for key in ("default.replication.factor", "offsets.topic.replication.factor",
+                "transaction.state.log.replication.factor"):
+        assert three[key] == "3", key
+    assert three["min.insync.replicas"] == three["transaction.state.log.min.isr"] == "2"
+    # More nodes keep three replicas: a fourth copy buys nothing two in sync do not.
+    assert properties(Quorum(1, "…", 5))["default.replication.factor"] == "3"
+
+
+def test_a_cluster_names_its_nodes_by_kafkas_ids(tmp_path_factory):
+    import pytest
+
+    from gpcdc_toolkit.broker import EmbeddedCluster
+    from gpcdc_toolkit.errors import BrokerError
+
+    cluster = EmbeddedCluster(tmp_path_factory.mktemp("cluster"), nodes=3)
+    assert [node.path.name for node in cluster.nodes] == ["node-1", "node-2", "node-3"]
+    assert cluster.node(3) is cluster.nodes[2]
+    with pytest.raises(BrokerError, match="nodes 1 to 3, not 4"):
+        cluster.node(4)
+    with pytest.raises(ValueError, match="at least one node, not 0"):
+        EmbeddedCluster(tmp_path_factory.mktemp("none"), nodes=0)

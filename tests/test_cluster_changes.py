@@ -24,6 +24,8 @@ from gpcdc_toolkit.validate import table_rows
 
 from .test_replay_faults import ENV
 
+pytestmark = pytest.mark.changes
+
 
 @pytest.fixture(scope="module")
 def mirrored(work_dir):

@@ -58,23 +58,29 @@ def check_reachable(kafka: str | Mapping[str, str], timeout: float = 5.0) -> Non
         ) from None
 
 
-def _server_properties(port: int, controller_port: int, data: Path) -> str:
+def _server_properties(port: int, controller_port: int, data: Path, quorum: Quorum | None = None) -> str:
+    quorum = quorum or Quorum(1, f"1@127.0.0.1:{controller_port}", 1)
+    # Every topic's replicas on as many nodes as there are, up to three; a write is
+    # acknowledged once two of three have it, so that one node may die without a loss.
+    replicas = min(quorum.nodes, 3)
+    min_isr = min(replicas, 2)
     settings = {
         "process.roles": "broker,controller",
-        "node.id": 1,
-        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "node.id": quorum.node_id,
+        "controller.quorum.voters": quorum.voters,
         "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
         "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "log.dirs": data,
-        # One node: every internal topic has one replica.
-        "offsets.topic.replication.factor": 1,
-        "transaction.state.log.replication.factor": 1,
-        "transaction.state.log.min.isr": 1,
-        "share.coordinator.state.topic.replication.factor": 1,
-        "share.coordinator.state.topic.min.isr": 1,
+        "default.replication.factor": replicas,
+        "min.insync.replicas": min_isr,
+        "offsets.topic.replication.factor": replicas,
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": min_isr,
+        "share.coordinator.state.topic.replication.factor": replicas,
+        "share.coordinator.state.topic.min.isr": min_isr,
         "group.initial.rebalance.delay.ms": 0,
         # After a crash, the controller waits out the dead incarnation's session before it
         # lets the restarted broker lead its partitions: seconds, not the default nine.
@@ -108,6 +114,14 @@ def _new_cluster_id() -> str:
 
 
 @dataclass(frozen=True)
+class Quorum:
+    """A node's place in a KRaft quorum of ``nodes`` nodes, each broker and controller."""
+    node_id: int
+    voters: str  # controller.quorum.voters: "1@127.0.0.1:port,2@..."
+    nodes: int
+
+
+@dataclass(frozen=True)
 class BrokerStatus:
     running: bool
     pid: int | None
@@ -119,8 +133,8 @@ class EmbeddedBroker:
     """The Kafka broker of a work directory. ``broker.json`` keeps its ports and cluster
     id for good; ``broker.pid`` says which process runs it now."""
 
-    def __init__(self, work_dir: str | os.PathLike[str]) -> None:
-        self.path = Path(work_dir).absolute() / "broker"
+    def __init__(self, work_dir: str | os.PathLike[str], name: str = "broker") -> None:
+        self.path = Path(work_dir).absolute() / name
         self._state_file = self.path / "broker.json"
         self._pid_file = self.path / "broker.pid"
         self.data = self.path / "data"
@@ -179,7 +193,13 @@ class EmbeddedBroker:
                 raise BrokerError(f"the embedded broker already runs on port {self.port}",
                                   fix="stop it first (`gpcdc broker down`) to move it to another port")
             return self
+        self._await(self._launch(port), timeout)
+        return self
+
+    def _launch(self, port: int | None) -> subprocess.Popen[bytes]:
+        """Start the broker's process (its ports and storage first); not waiting for it."""
         state = self._state() or {}
+        quorum = Quorum(int(state["node_id"]), state["voters"], int(state["nodes"])) if "voters" in state else None
         if port is None and state.get("port"):
             port = int(state["port"])
             if port_in_use(port):
@@ -190,14 +210,14 @@ class EmbeddedBroker:
                               fix="choose another --port, or omit it to use a free one")
         port = port or free_port()
         controller_port = int(state.get("controller_port") or 0)
-        if not controller_port or controller_port == port or port_in_use(controller_port):
-            controller_port = free_port(avoid={port})
+        if quorum is None and (not controller_port or controller_port == port or port_in_use(controller_port)):
+            controller_port = free_port(avoid={port})  # a quorum's voters know the port: it is kept
         cluster_id = state.get("cluster_id") or _new_cluster_id()
         (self.path / "logs").mkdir(parents=True, exist_ok=True)
         properties = self.path / "server.properties"
-        properties.write_text(_server_properties(port, controller_port, self.data))
+        properties.write_text(_server_properties(port, controller_port, self.data, quorum))
         (self.path / "log4j2.properties").write_text(_log4j_properties(self.log_file))
-        write_json(self._state_file, {"port": port, "controller_port": controller_port, "cluster_id": cluster_id})
+        write_json(self._state_file, {**state, "port": port, "controller_port": controller_port, "cluster_id": cluster_id})
         java = self._java()
         classpath = kafka_classpath()
         # The logs grow across runs: a failure is explained by what this run adds.
@@ -211,7 +231,14 @@ class EmbeddedBroker:
                 stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )
         write_atomic(self._pid_file, str(proc.pid))
+        return proc
+
+    def _await(self, proc: subprocess.Popen[bytes], timeout: float) -> None:
+        """Return once the started broker answers; stop it and raise if it exits or
+        does not answer within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
+        port = self.port
+        assert port is not None  # written by _launch
         while True:
             if proc.poll() is not None:
                 self._pid_file.unlink(missing_ok=True)
@@ -221,7 +248,7 @@ class EmbeddedBroker:
                 # A plain connect first: a client would log every refused attempt.
                 socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
                 check_reachable(f"127.0.0.1:{port}", timeout=5.0)
-                return self
+                return
             except (OSError, BrokerError):
                 if time.monotonic() > deadline:
                     stop_pid(proc.pid)

@@ -147,7 +147,7 @@ def run_worker(config: Config, content: int) -> None:
         raise GpcdcError(f"the source cluster has no node with content {content}",
                          fix=f"use one of {', '.join(map(str, sorted(nodes)))}")
     settings = WorkerSettings(prefix=config.kafka.topic_prefix, kafka=kafka_client_settings(config),
-                              capture=config.capture)
+                              capture=config.capture, replicas=config.kafka.replication_factor)
     database = conninfo.conninfo_to_dict(cluster.coordinator_dsn).get("dbname") or "postgres"
     worker = CaptureWorker(cluster, nodes[content], start, settings, database=str(database),
                            partitions=cluster.segment_count, status_file=group.status_file(content))

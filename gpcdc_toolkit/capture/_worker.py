@@ -77,6 +77,7 @@ class WorkerSettings:
     prefix: str
     kafka: dict[str, str]
     capture: CaptureSettings = CaptureSettings()
+    replicas: int = 0  # of each topic capture creates; 0: the brokers' default
 
 
 @dataclass
@@ -180,7 +181,7 @@ class CaptureWorker:
         from ..broker import check_reachable
 
         check_reachable(self.settings.kafka)
-        ensure_topics(self.settings.kafka, self.topics, self.dispatcher.partitions)
+        ensure_topics(self.settings.kafka, self.topics, self.dispatcher.partitions, self.settings.replicas)
         self._delivery_error = None
         producer = Producer(producer_config(self.settings, self._on_delivery_error))
         self.node = self._current_node()
@@ -441,14 +442,16 @@ class CaptureWorker:
         return acked
 
 
-def ensure_topics(kafka: Mapping[str, Any], topics: Topics, partitions: int) -> None:
+def ensure_topics(kafka: Mapping[str, Any], topics: Topics, partitions: int, replicas: int = 0) -> None:
     """Create the pipeline's topics unless they exist (the changes topic with one
-    partition per segment, the coordinator's with one)."""
+    partition per segment, the coordinator's with one), each with ``replicas``
+    replicas (0: the brokers' default.replication.factor)."""
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # C module, no __all__
 
     admin = AdminClient(dict(kafka))
     existing = admin.list_topics(timeout=10).topics
-    wanted = [NewTopic(topics.changes, partitions, 1), NewTopic(topics.dtx, 1, 1)]
+    replication = replicas or -1  # -1: Kafka's for "the broker's default"
+    wanted = [NewTopic(topics.changes, partitions, replication), NewTopic(topics.dtx, 1, replication)]
     missing = [t for t in wanted if t.topic not in existing]
     if not missing:
         return

@@ -58,8 +58,10 @@ _BROKER_AWAY = {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BR
 # after it was paused long enough to be fenced): asked again, it answers.
 # While a broker starts (again), its metadata can lack a partition for a moment, which
 # the client reports as an unknown partition: asked again, it is there.
-_SETTLING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-             KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT, KafkaError._UNKNOWN_PARTITION}
+# On a cluster, the client drops its handle of a node that left the metadata, failing
+# the request that was on it: asked again, another node answers.
+_SETTLING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION,
+             KafkaError._DESTROY_BROKER, *_BROKER_AWAY}
 
 
 def high_watermarks(consumer: Consumer, topic: str, partitions: list[int], timeout: float = 30.0) -> dict[int, int]:

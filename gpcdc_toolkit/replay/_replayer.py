@@ -227,6 +227,7 @@ class _Run:
             self.consumer.close()
             raise
         self.segments = len(self.partitions)
+        self.broker_wait = broker_wait
 
     def begin(self, checkpoint: Checkpoint, identity: str) -> None:
         """Start reading from ``checkpoint``; ``identity`` names the bootstrap whose
@@ -249,8 +250,8 @@ class _Run:
         self.identity = identity
         self.unmarked = {p for p, offset in self.next.items() if offset == 0 and not checkpoint.read}
         self.window_end = {p: o for p, o in checkpoint.read.items() if o > self.next.get(p, 0)}
-        ends = {**high_watermarks(self.consumer, self.topics.changes, segments),
-                COORDINATOR: high_watermarks(self.consumer, self.topics.dtx, [0])[0]}
+        ends = {**high_watermarks(self.consumer, self.topics.changes, segments, self.broker_wait),
+                COORDINATOR: high_watermarks(self.consumer, self.topics.dtx, [0], self.broker_wait)[0]}
         for partition, read in sorted(self.window_end.items()):
             if ends[partition] < read:
                 raise StreamError(f"{self._name(partition)} ends at offset {ends[partition]}, before offset {read} "

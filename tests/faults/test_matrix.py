@@ -6,6 +6,7 @@ row, and the audit finds nothing wrong with the stream.
 The default run has one reduced scenario (each fault once, in one run); the full
 matrix, every fault repeated in several runs, is `./dev faults` (marker `faults`)."""
 
+import collections
 import contextlib
 import json
 import random
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from gpcdc_toolkit.bootstrap import Pipeline, bootstrap, drop_slots
-from gpcdc_toolkit.broker import EmbeddedBroker
+from gpcdc_toolkit.broker import EmbeddedBroker, EmbeddedCluster
 from gpcdc_toolkit.capture import CaptureGroup, wait_until_acknowledged
 from gpcdc_toolkit.cluster import Session, resolve_in_doubt
 from gpcdc_toolkit.config import load_config
@@ -48,28 +49,41 @@ class Pipeline_:
         self.replayer = subprocess.Popen(replay_command(work_dir, self.target, self.config), env=ENV,
                                          stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, text=True)
 
+    def stop_replayer(self):
+        if self.replayer is not None and self.replayer.poll() is None:
+            self.replayer.kill()
+            self.replayer.wait()
+
     def said(self):
         self.log.seek(0)
         return self.log.read()[-3000:]
 
 
 @contextlib.contextmanager
-def pipeline_of(source_sandbox, work_dir):
-    """A pipeline of ``source_sandbox`` with its own broker (which the faults kill) and
-    target, capture and a following replayer (a process of its own) running; all
-    stopped after."""
+def pipeline_of(source_sandbox, work_dir, kafka=EmbeddedBroker, replicas=1):
+    """A pipeline of ``source_sandbox`` with its own Kafka (which the faults kill: made
+    by ``kafka(directory)``, topics with ``replicas`` replicas) and target, capture and
+    a following replayer (a process of its own) running; all stopped after."""
     source = source_sandbox.cluster()
     tag = uuid.uuid4().hex[:6]
-    broker = EmbeddedBroker(work_dir / f"faults-{tag}").up()
-    target = Sandbox(f"target-{tag}", work_dir).up(segments=2)
-    config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
-                          "kafka.topic_prefix": f"f{tag}", "source.sandbox": source_sandbox.name,
-                          "target.sandbox": target.name, "capture.heartbeat_interval": 0.3}, environ={})
-    pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
-    env = Pipeline_(config, pipeline, CaptureGroup(config), broker, target,
-                    log=(work_dir / f"replay-{tag}.log").open("w+"))
-    env.source_sandbox = source_sandbox
-    try:
+    broker = kafka(work_dir / f"faults-{tag}")
+    target = Sandbox(f"target-{tag}", work_dir)
+    with contextlib.ExitStack() as cleanup:  # what started is stopped, in reverse
+        cleanup.callback(broker.remove)
+        broker.up()
+        cleanup.callback(target.down, remove=True)
+        target.up(segments=2)
+        config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
+                              "kafka.topic_prefix": f"f{tag}", "kafka.replication_factor": replicas,
+                              "source.sandbox": source_sandbox.name, "target.sandbox": target.name,
+                              "capture.heartbeat_interval": 0.3}, environ={})
+        pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+        env = Pipeline_(config, pipeline, CaptureGroup(config), broker, target,
+                        log=cleanup.enter_context((work_dir / f"replay-{tag}.log").open("w+")))
+        env.source_sandbox = source_sandbox
+        cleanup.callback(drop_slots, source, pipeline.slot, publication=pipeline.publication)
+        cleanup.callback(env.group.stop)
+        cleanup.callback(env.stop_replayer)
         reset_tables(source)
         run_workload(source, WorkloadSpec(threads=1, transactions=20, hot_keys=3, seed=5))
         env.start = bootstrap(source, pipeline, "snapshot")
@@ -77,14 +91,6 @@ def pipeline_of(source_sandbox, work_dir):
         Applier(target.cluster(), config.kafka.topic_prefix).close()  # its tables, to count what it applies
         env.start_replayer(work_dir)
         yield env
-    finally:
-        if env.replayer is not None and env.replayer.poll() is None:
-            env.replayer.kill()
-            env.replayer.wait()
-        env.group.stop()
-        drop_slots(source, pipeline.slot, publication=pipeline.publication)
-        broker.remove()
-        target.down(remove=True)
 
 
 @pytest.fixture
@@ -147,7 +153,41 @@ def restarting(node, mode):
     return fault
 
 
+def kill_leader_then_a_second_broker(env, source, work_dir):
+    """Kafka as a cluster of three: the node leading most of the pipeline's partitions
+    SIGKILLed; once capture has written through the new leaders, a second node
+    SIGKILLed for a while (one node left: below min.insync.replicas, no controller
+    quorum); then both started again."""
+    cluster = env.broker
+    cluster.node(most_leading(env.config)).kill()
+    wait_until_acknowledged(source, env.pipeline.slot, timeout=120)  # written with two replicas in sync
+    cluster.node(random.choice([node for node in range(1, 4) if cluster.node(node).pid is not None])).kill()
+    threading.Event().wait(random.uniform(2.0, 5.0))  # the outage: how long the cluster stays below its minimum
+    began = time.monotonic()
+    cluster.up()
+    wait_until_acknowledged(source, env.pipeline.slot, timeout=180)
+    return time.monotonic() - began
+
+
+def topic_partitions(config):
+    """The pipeline's partitions as Kafka's metadata lists them."""
+    from confluent_kafka.admin import AdminClient
+
+    from gpcdc_toolkit.protocol import Topics
+
+    topics = Topics(config.kafka.topic_prefix)
+    listed = AdminClient({"bootstrap.servers": config.kafka.bootstrap_servers}).list_topics(timeout=30).topics
+    return [p for name in (topics.changes, topics.dtx) for p in listed[name].partitions.values()]
+
+
+def most_leading(config):
+    leaders = collections.Counter(p.leader for p in topic_partitions(config))
+    return leaders.most_common(1)[0][0]
+
+
 FAULTS = {"capture worker SIGKILL": kill_capture, "replayer SIGKILL": kill_replayer, "broker SIGKILL": kill_broker}
+# Faults of a Kafka cluster (three nodes); on a pipeline whose Kafka is one.
+KAFKA_CLUSTER_FAULTS = {"Kafka leader, then a second broker, SIGKILL": kill_leader_then_a_second_broker}
 # Faults whose writers see errors (the workload reconnects; a transaction cut at its
 # commit is in doubt until the recovery finishes it); on a source of their own.
 RESTARTS = {"segment restart (fast)": restarting("segment", "fast"),
@@ -167,7 +207,8 @@ def run_scenario(env, source, work_dir, faults, *, seconds=6.0, seed=0):
     try:
         for fault in faults:
             threading.Event().wait(rng.uniform(0.2, seconds / (len(faults) + 1)))  # a random moment
-            env.recoveries.setdefault(fault, []).append(round({**FAULTS, **RESTARTS}[fault](env, source, work_dir), 2))
+            recovery = {**FAULTS, **RESTARTS, **KAFKA_CLUSTER_FAULTS}[fault](env, source, work_dir)
+            env.recoveries.setdefault(fault, []).append(round(recovery, 2))
     finally:
         load.join()
     wait_until_acknowledged(source, env.pipeline.slot, timeout=120)
@@ -228,6 +269,24 @@ def test_fault_matrix(spark, source, work_dir, running, fault, run):
 def test_fault_matrix_restarts(spark, own_source, work_dir, fault, run):
     with pipeline_of(own_source, work_dir) as env:
         check_fault(spark, own_source.cluster(), work_dir, env, fault, run)
+
+
+@pytest.mark.changes
+def test_a_kafka_cluster_losing_the_leader_then_a_second_broker_loses_nothing(spark, source_sandbox, work_dir):
+    """Three Kafka nodes, topics of replication factor 3 and min.insync.replicas 2:
+    the leader dies under a workload, then a second node for a while. Nothing
+    acknowledged to a slot is lost, nothing applied twice, the target equals the
+    source, the audit finds nothing."""
+    with pipeline_of(source_sandbox, work_dir, kafka=EmbeddedCluster, replicas=3) as env:
+        assert {len(p.replicas) for p in topic_partitions(env.config)} == {3}
+        figures = run_scenario(env, source_sandbox.cluster(), work_dir, list(KAFKA_CLUSTER_FAULTS), seconds=10.0,
+                               seed=31)
+        assert figures["lost"] == 0 and figures["transactions"] > 100
+        assert applied_once_each(env, figures)
+        assert audit_is_clean(spark, env) == []
+        env.replayer.terminate()
+        assert env.replayer.wait(60) == 0, env.said()
+        print("KAFKA-CLUSTER", json.dumps({**figures, "recovery_s": env.recoveries}))
 
 
 @pytest.mark.faults
