@@ -141,6 +141,22 @@ def test_a_lost_mark_is_a_finding_and_the_replayer_calls_what_it_cuts_off_missin
     b.lost(1, "segment 1 is on timeline 2, not 1")
     missing, late = replayer_head(b.messages(), 2)
     assert missing == {(2, 1)} and late == set()
-    lost = [f for f in findings_of(spark, b) if f["rule"] == "lost_node"]
+    found = findings_of(spark, b)
+    lost = [f for f in found if f["rule"] == "lost_node"]
     assert [(f["severity"], f["segments"]) for f in lost] == [("error", [1])]
     assert "node 1 is lost to the pipeline" in lost[0]["evidence"]
+    # The audit names the same transaction the replayer stops at: its part never comes.
+    cut_off = [f for f in found if f["rule"] in ("missing_part", "late_part")]
+    assert [(f["rule"], f["severity"], f["gxid"], f["segments"]) for f in cut_off] == [("missing_part", "error", 2, [1])]
+    assert "segment 1 is lost to the pipeline: it never comes" in cut_off[0]["evidence"]
+
+
+def test_a_lost_node_is_not_also_called_silent_but_a_silent_one_still_is(spark):
+    b = StreamBuilder(segments=2)
+    b.watermark(0, 100, 1_000).watermark(1, 100, 1_000).watermark(-1, 100, 1_000)
+    b.lost(1, "slot gpcdc_x is missing")
+    b.watermark(0, 200, 100_000).watermark(-1, 200, 100_000)
+    silent = {f["segments"][0] for f in findings_of(spark, b) if f["rule"] == "silent_node"}
+    assert silent == set()
+    b.watermark(0, 300, 200_000)  # now the coordinator is behind too, and not lost
+    assert {f["segments"][0] for f in findings_of(spark, b) if f["rule"] == "silent_node"} == {-1}

@@ -283,16 +283,22 @@ def missing_parts(stream: Stream, t: Thresholds) -> DataFrame:
     flagged = (stream.parts.where(col("gxid").isNotNull()).select("gxid", "segment").distinct()
                .withColumn("flagged", lit(True)))
     rows = (absent.join(arrived, "gxid", "left").join(latest, "segment", "left").join(cut, "segment", "left")
-            .join(_empty_proof(stream), "segment", "left").join(flagged, ["gxid", "segment"], "left"))
+            .join(_empty_proof(stream), "segment", "left").join(flagged, ["gxid", "segment"], "left")
+            .join(_lost(stream), "segment", "left"))
     before_window = col("segment_from").isNotNull() & (
         _ms("commit_ts") - t.clock_skew_ms < _ms("segment_from"))
-    proven = (col("prepared_ts").isNotNull() & ~F.array_contains(F.coalesce(col("prepared"), F.array()), col("gxid"))
-              & (_ms("prepared_ts") >= _ms("commit_ts") + t.clock_skew_ms) & ~before_window)
+    # A lost mark ends its segment's partition: a part not before it never comes.
+    lost = col("lost").isNotNull() & ~before_window
+    proven = lost | (col("prepared_ts").isNotNull()
+                     & ~F.array_contains(F.coalesce(col("prepared"), F.array()), col("gxid"))
+                     & (_ms("prepared_ts") >= _ms("commit_ts") + t.clock_skew_ms) & ~before_window)
     still_prepared = F.array_contains(F.coalesce(col("prepared"), F.array()), col("gxid"))
     head = F.concat(lit("gxid "), _text("gxid"), lit("'s commit record lists segments "), F.to_json("segments"),
                     lit("; the part of segment "), _text("segment"), lit(" has not arrived (arrived: "),
                     F.coalesce(F.to_json("arrived"), lit("[]")), lit(")"))
-    why = (F.when(proven, F.concat(lit(", and segment "), _text("segment"), lit("'s prepared list of "),
+    why = (F.when(lost, F.concat(lit(", and segment "), _text("segment"), lit(" is lost to the pipeline: it never "
+                                                                               "comes")))
+           .when(proven, F.concat(lit(", and segment "), _text("segment"), lit("'s prepared list of "),
                                    _text("prepared_ts"), lit(" no longer holds it")))
            .when(before_window, F.concat(lit("; segment "), _text("segment"), lit("'s part may lie before the "
                                                                                   "window read, which starts at "),
@@ -302,12 +308,17 @@ def missing_parts(stream: Stream, t: Thresholds) -> DataFrame:
            .otherwise(F.concat(lit("; late by "), _text(_ms("resolved_ts") - _ms("commit_ts")),
                                lit(" ms of segment "), _text("segment"), lit("'s watermark, no prepared list "
                                                                              "after the commit yet"))))
-    changed_nothing = proven & F.coalesce(col("gap_free"), lit(False)) & col("flagged").isNull()
+    changed_nothing = proven & ~lost & F.coalesce(col("gap_free"), lit(False)) & col("flagged").isNull()
     return rows.where(~changed_nothing).select(finding(
         "missing_part", F.when(proven, lit("error")).otherwise(lit("info")), F.concat(head, why),
         gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
         offsets=F.array(col("offset")), commit_ts=col("commit_ts"), first_seen=col("first_seen"))
     ).withColumn("rule", F.when(col("severity") == "error", lit("missing_part")).otherwise(lit("late_part")))
+
+
+def _lost(stream: Stream) -> DataFrame:
+    """The segments whose capture stopped for good (a lost mark): column ``lost``."""
+    return stream.events.where(col("kind") == "lost").select("segment").distinct().withColumn("lost", lit(True))
 
 
 def orphan_parts(stream: Stream, t: Thresholds) -> DataFrame:
@@ -600,7 +611,9 @@ def silence(stream: Stream, t: Thresholds) -> DataFrame:
     last = marks.groupBy("topic", "partition", "segment").agg(
         F.max("resolved_ts").alias("last_ts"), F.max("offset").alias("offset"), F.max("timestamp").alias("seen"))
     latest = marks.agg(F.max("resolved_ts").alias("latest_ts"))
-    tail = last.crossJoin(latest).where(_ms("latest_ts") - _ms("last_ts") > t.silence_ms).select(finding(
+    # A lost node is silent for good: its lost mark is the finding (lost_node).
+    tail = last.join(_lost(stream), "segment", "left_anti").crossJoin(latest).where(
+        _ms("latest_ts") - _ms("last_ts") > t.silence_ms).select(finding(
         "silent_node", "warning",
         F.concat(lit("node "), _text("segment"), lit(" has sent no watermark since "), _text("last_ts"),
                  lit(", "), _text(_ms("latest_ts") - _ms("last_ts")), lit(" ms before the latest of any node")),
