@@ -88,9 +88,7 @@ def test_a_mirrored_sandbox_lists_its_mirrors_as_greenplum_does_and_fails_over(m
     for node in mirrored.cluster().nodes:  # each primary waits for its mirror at commit
         with mirrored.cluster().connect_node(node) as conn:
             assert conn.execute("SELECT sync_state FROM pg_stat_replication").fetchall() == [("sync",)]
-    with pytest.raises(SandboxError, match="the coordinator fails over by hand"):
-        mirrored.failover(-1)
-    with pytest.raises(SandboxError, match="there is no segment 7"):
+    with pytest.raises(SandboxError, match="cannot fail over node 7 of sandbox .*: there is no segment 7"):
         mirrored.failover(7)
 
 
@@ -212,3 +210,67 @@ def test_segments_added_since_the_bootstrap_stop_capture_with_the_reason(mirrore
         with psycopg.connect(mirrored.dsn, autocommit=True) as conn:
             conn.execute("DELETE FROM gp_dist.gp_segment_configuration WHERE dbid = 100")
         added.down(remove=True)
+
+
+def test_a_coordinator_whose_standby_took_over_stops_its_capture_and_the_replay_at_the_first_unrecorded_part(
+        broker, work_dir):
+    """The coordinator fails, its standby is activated: capture finds the new
+    coordinator through the configuration, sees it is another timeline, and ends the
+    coordinator's partition with a lost mark; the segments' capture goes on. The
+    replayer applies every transaction whose commit record came and stops at the first
+    part whose record cannot come."""
+    sandbox = Sandbox(f"cf-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2, mirrors=True)
+    try:
+        cluster = sandbox.cluster()
+        with Session(cluster) as session:
+            session.ddl("CREATE TABLE t (id int PRIMARY KEY, v text) DISTRIBUTED BY (id)")
+        config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
+                              "kafka.topic_prefix": f"c{uuid.uuid4().hex[:8]}", "source.sandbox": sandbox.name},
+                             environ={})
+        pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+        group = CaptureGroup(config.with_settings({"capture.max_backoff": 1.0}))
+        bootstrap(cluster, pipeline, "snapshot")
+        group.start()
+        try:
+            write(cluster, "t", range(0, 40))
+            wait_until_acknowledged(cluster, pipeline.slot)
+            before = cluster.coordinator.port
+            done = subprocess.run([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(config.work_dir),
+                                   "sandbox", "failover", "--name", sandbox.name, "--coordinator"],
+                                  env=ENV, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+            assert done.returncode == 0, done.stderr
+            now = sandbox.cluster()
+            assert now.coordinator.port != before and [n.port for n in now.segments] == [n.port for n in
+                                                                                           cluster.segments]
+            with psycopg.connect(sandbox.dsn) as conn:  # the catalog, as the new coordinator holds it
+                assert conn.execute("SELECT role, status FROM gp_segment_configuration WHERE content = -1 "
+                                    "ORDER BY role DESC").fetchall() == [("p", "u"), ("m", "d")]
+            state = failed_state(group, -1)
+            assert f"{now.coordinator} is on timeline 2, not 1: its mirror or standby was promoted" in state
+            # Written through the new coordinator: the segments' parts are captured, their
+            # commit records are not.
+            write(now, "t", range(40, 80))
+            wait_until_acknowledged(now, pipeline.slot, contents=[0, 1])
+            target = Sandbox(f"ct-{uuid.uuid4().hex[:4]}", work_dir).up(segments=1)
+            try:
+                with Replayer(config.with_settings({"target.sandbox": target.name})) as replayer, \
+                        pytest.raises(MissingPartError) as raised:
+                    replayer.run()
+                assert sorted(table_rows(target.cluster(), "t")) == [(i, "x") for i in range(40)]
+            finally:
+                target.down(remove=True)
+            assert "the coordinator is lost to the pipeline" in str(raised.value)
+            assert "commit record never came" in str(raised.value)
+            shown = subprocess.run([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(config.work_dir),
+                                    "--source-sandbox", sandbox.name, "--kafka-bootstrap-servers",
+                                    config.kafka.bootstrap_servers, "--kafka-topic-prefix", config.kafka.topic_prefix,
+                                    "status"], env=ENV, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                                   timeout=120)
+            assert shown.returncode == 5, shown.stdout + shown.stderr
+            assert shown.stderr.splitlines() == [
+                f"gpcdc: node -1 changed under the pipeline: {state.removeprefix('failed: ')}"]
+        finally:
+            group.stop()
+            drop_slots(sandbox.cluster(), pipeline.slot, publication=pipeline.publication)
+    finally:
+        sandbox.down(remove=True)

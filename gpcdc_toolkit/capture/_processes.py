@@ -150,7 +150,8 @@ def run_worker(config: Config, content: int) -> None:
                               capture=config.capture, replicas=config.kafka.replication_factor)
     database = conninfo.conninfo_to_dict(cluster.coordinator_dsn).get("dbname") or "postgres"
     worker = CaptureWorker(cluster, nodes[content], start, settings, database=str(database),
-                           partitions=cluster.segment_count, status_file=group.status_file(content))
+                           partitions=cluster.segment_count, status_file=group.status_file(content),
+                           source=lambda: open_cluster(config, "source"))
     if config.capture.metrics_port:
         from .._metrics import capture_metrics, capture_port, serve
 

@@ -24,7 +24,7 @@ import select
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,9 +121,15 @@ def producer_config(settings: WorkerSettings, on_error: Any) -> dict[str, Any]:
 
 
 class CaptureWorker:
+    """Streams one node's slot into Kafka. ``source`` finds the source cluster again
+    at each session (default: through the coordinator ``cluster`` was found at): a
+    coordinator whose standby took over is found where the configuration now leads."""
+
     def __init__(self, cluster: Cluster, node: Node, start: StartPoint, settings: WorkerSettings,
-                 *, database: str, partitions: int, status_file: Path | None = None) -> None:
+                 *, database: str, partitions: int, status_file: Path | None = None,
+                 source: Callable[[], Cluster] | None = None) -> None:
         self.cluster = cluster
+        self._source = source or (lambda: type(self.cluster).connect(self.cluster.coordinator_dsn))
         self.node = node
         self.start = start
         self.settings = settings
@@ -215,9 +221,10 @@ class CaptureWorker:
         """The server that answers for this node now, from the coordinator's catalog (a
         mirror promoted in place of a failed primary answers on another port)."""
         try:
-            current = type(self.cluster).connect(self.cluster.coordinator_dsn)
+            current = self._source()
         except UnreachableError:
             return self.node  # the session fails on it, and is retried
+        self.cluster = current
         if added := added_nodes((n.content for n in current.nodes), self.start.nodes):
             raise added
         for node in current.nodes:

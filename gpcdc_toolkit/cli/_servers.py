@@ -7,6 +7,7 @@ import sys
 import time
 
 from ..broker import KAFKA_VERSION, EmbeddedBroker, check_reachable
+from ..cluster import COORDINATOR
 from ..config import Config
 from ..sandbox import FLAVOURS, Sandbox, list_sandboxes
 from ._command import Command, say
@@ -33,16 +34,21 @@ class SandboxUp(Command):
 
 
 class SandboxFailover(Command):
-    name, help = "failover", "fail a segment's primary and promote its mirror in its place (as Greenplum's FTS does)"
+    name, help = "failover", ("fail a segment's primary and promote its mirror in its place (as Greenplum's FTS "
+                              "does), or the coordinator and promote its standby (as gpactivatestandby does)")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--name", default="source", help="sandbox name (default: source)")
-        parser.add_argument("--segment", type=int, required=True, help="the segment's content id")
+        which = parser.add_mutually_exclusive_group(required=True)
+        which.add_argument("--segment", type=int, help="the segment's content id")
+        which.add_argument("--coordinator", action="store_true", help="the coordinator: its standby takes over")
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
-        promoted = Sandbox(args.name, config.work_dir).failover(args.segment)
-        say(f"segment {args.segment} of sandbox {args.name!r} failed over: its mirror is the primary, on port "
-            f"{promoted.port}")
+        content = COORDINATOR if args.coordinator else args.segment
+        promoted = Sandbox(args.name, config.work_dir).failover(content)
+        what = "the coordinator" if args.coordinator else f"segment {content}"
+        say(f"{what} of sandbox {args.name!r} failed over: its {'standby' if args.coordinator else 'mirror'} is the "
+            f"primary, on port {promoted.port}")
         return 0
 
 

@@ -9,7 +9,8 @@ controller functions (``controller.sql``); segments carry the data. The state fi
 With ``mirrors``, each segment has a mirror and the coordinator a standby: physical
 streaming replicas (``pg_basebackup``), synchronous as Greenplum's are, listed in
 ``gp_segment_configuration`` with role ``m``. :meth:`Sandbox.failover` fails a
-segment's primary and promotes its mirror as Greenplum's fault-tolerance service does.
+segment's primary and promotes its mirror as Greenplum's fault-tolerance service does,
+or the coordinator and promotes its standby as ``gpactivatestandby`` does.
 A mirror has no logical slot (PostgreSQL 15 does not carry them to a standby).
 
 Two other flavours stand for the targets users have, reached through a front door:
@@ -275,25 +276,28 @@ class Sandbox:
         return self
 
     def failover(self, content: int) -> SandboxNode:
-        """Fail segment ``content``'s primary (stopped at once, as a crash) and promote its
-        mirror in its place, as Greenplum's fault-tolerance service does: the catalog
-        then lists the mirror as the primary, and the failed primary as a mirror that is
-        down (its data is removed: a sandbox does not recover it). Returns the new primary."""
+        """Fail node ``content``'s primary (stopped at once, as a crash) and promote its
+        mirror in its place: for a segment as Greenplum's fault-tolerance service does,
+        for the coordinator (content -1) as ``gpactivatestandby`` does with its standby.
+        The catalog (on the coordinator that then runs) lists the mirror as the primary,
+        and the failed primary as a mirror that is down (its data is removed: a sandbox
+        does not recover it). Returns the new primary."""
         state = self._state()
         mirror = next((m for m in self.mirrors if m.content == content), None)
-        if content == COORDINATOR or mirror is None:
-            what = "the coordinator fails over by hand" if content == COORDINATOR else (
+        if mirror is None:
+            what = "the coordinator has no standby" if content == COORDINATOR else (
                 f"segment {content} has no mirror" if any(n.content == content for n in self.nodes)
                 else f"there is no segment {content}")
-            raise SandboxError(f"cannot fail over {what} in sandbox {self.name!r}",
-                               fix="choose a segment with a mirror (`gpcdc sandbox status`); mirrors come with "
-                                   "`gpcdc sandbox up --mirrors`")
+            raise SandboxError(f"cannot fail over node {content} of sandbox {self.name!r}: {what}",
+                               fix="choose a node with a mirror (`gpcdc sandbox status`); mirrors and a standby come "
+                                   "with `gpcdc sandbox up --mirrors`")
         primary = next(n for n in self.nodes if n.content == content)
-        coordinator = self.nodes[0]
         self._stop(primary, mode="immediate")
         user = pwd.getpwnam(state["os_user"]) if state["os_user"] else None
         self._run_as(user, [str(Path(state["pg_bin"]) / "pg_ctl"), "promote", "-D", mirror.datadir, "-w", "-t", "60",
-                            "-s"], f"promoting the mirror of segment {content}")
+                            "-s"], f"promoting the mirror of node {content}")
+        # The catalog is the coordinator's: the promoted standby's own copy, when it is the coordinator.
+        coordinator = mirror if content == COORDINATOR else self.nodes[0]
         with psycopg.connect(coordinator.dsn, autocommit=True) as conn, conn.transaction():
             conn.execute("UPDATE gp_dist.gp_segment_configuration SET role = 'p', mode = 'n' "
                          "WHERE content = %s AND port = %s", (content, mirror.port))
