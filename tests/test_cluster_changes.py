@@ -274,3 +274,76 @@ def test_a_coordinator_whose_standby_took_over_stops_its_capture_and_the_replay_
             drop_slots(sandbox.cluster(), pipeline.slot, publication=pipeline.publication)
     finally:
         sandbox.down(remove=True)
+
+
+def test_a_failed_over_segment_repaired_is_captured_again_and_the_replay_goes_on_to_equality(broker, work_dir):
+    """`gpcdc bootstrap repair --segment 1` after a failover: a new slot at a consistent
+    cut, the segment's rows copied, the stream marked. The replayer, stopped at the gap,
+    goes on: the transactions whose part on segment 1 was lost are applied with the
+    copy's rows in one target transaction, then the new stream; the target equals the
+    source, and stays so across replays that start again."""
+    sandbox = Sandbox(f"rp-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2, mirrors=True)
+    target = Sandbox(f"rt-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
+    try:
+        cluster = sandbox.cluster()
+        with Session(cluster) as session:
+            session.ddl("CREATE TABLE t (id int PRIMARY KEY, v text) DISTRIBUTED BY (id)")
+        config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
+                              "kafka.topic_prefix": f"r{uuid.uuid4().hex[:8]}", "source.sandbox": sandbox.name,
+                              "target.sandbox": target.name}, environ={})
+        pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+        group = CaptureGroup(config.with_settings({"capture.max_backoff": 1.0}))
+        bootstrap(cluster, pipeline, "snapshot")
+        group.start()
+        try:
+            write(cluster, "t", range(0, 40))
+            wait_until_acknowledged(cluster, pipeline.slot)
+            sandbox.failover(1)
+            now = sandbox.cluster()
+            failed_state(group, 1)
+            # Lost on segment 1: inserts, updates and deletes on both segments.
+            write(now, "t", range(40, 80))
+            change(now, "t", updated=range(0, 40, 3), deleted=range(1, 40, 5))
+            wait_until_acknowledged(now, pipeline.slot, contents=[-1, 0])
+            with Replayer(config) as replayer, pytest.raises(MissingPartError):
+                replayer.run()
+
+            repaired = subprocess.run([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(config.work_dir),
+                                       "--source-sandbox", sandbox.name, "--kafka-bootstrap-servers",
+                                       config.kafka.bootstrap_servers, "--kafka-topic-prefix",
+                                       config.kafka.topic_prefix, "bootstrap", "repair", "--segment", "1"],
+                                      env=ENV, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+            assert repaired.returncode == 0, repaired.stderr
+            assert "segment 1 repaired (repair 1)" in repaired.stdout
+            # After the cut: captured from the new slot.
+            write(now, "t", range(80, 100))
+            change(now, "t", updated=range(2, 100, 7), deleted=range(4, 100, 11))
+            group.start()
+            wait_until_acknowledged(now, pipeline.slot)
+            with Replayer(config) as replayer:
+                replayer.run()
+                assert [(s, n) for s, n, _keys, _rows in replayer.applier.stats.reconciled] == [(1, 1)]
+            assert table_rows(target.cluster(), "t") == table_rows(now, "t")
+            # A replay that starts again does not put the copy in place a second time.
+            change(now, "t", updated=range(0, 100, 2), deleted=())
+            wait_until_acknowledged(now, pipeline.slot)
+            with Replayer(config) as replayer:
+                replayer.run()
+                assert replayer.applier.stats.reconciled == []
+            assert table_rows(target.cluster(), "t") == table_rows(now, "t")
+        finally:
+            group.stop()
+            drop_slots(sandbox.cluster(), pipeline.slot, publication=pipeline.publication)
+    finally:
+        target.down(remove=True)
+        sandbox.down(remove=True)
+
+
+def change(cluster, table, *, updated, deleted):
+    """One distributed transaction: the rows ``updated`` get a new value, the rows
+    ``deleted`` go (those that exist)."""
+    with Session(cluster) as session, session.transaction() as tx:
+        for i in updated:
+            tx.update(table, {"id": i}, {"v": f"u{uuid.uuid4().hex[:4]}"})
+        for i in deleted:
+            tx.delete(table, {"id": i})

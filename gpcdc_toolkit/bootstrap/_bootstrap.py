@@ -24,6 +24,7 @@ created; the locks go with the controller's connection.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import math
@@ -45,7 +46,7 @@ from psycopg import sql
 from .._runtime import read_json, write_json
 from ..cluster import COORDINATOR, Cluster, Node, Session
 from ..errors import GpcdcError
-from ..protocol import DistributedSnapshot, NodeStart, StartPoint, format_lsn, parse_lsn
+from ..protocol import DistributedSnapshot, NodeStart, Repair, StartPoint, format_lsn, parse_lsn
 from ._snapshot import distributed_tables, export_tables, write_manifest
 
 log = logging.getLogger(__name__)
@@ -85,11 +86,26 @@ class Pipeline:
     def snapshot_dir(self) -> Path:
         return self.directory / "snapshot"
 
+    @property
+    def repairs_dir(self) -> Path:
+        return self.directory / "repairs"
+
+    def repair_dir(self, content: int, number: int) -> Path:
+        """Where repair ``number`` of segment ``content`` keeps its record and copied rows."""
+        return self.repairs_dir / f"seg{content}-{number}"
+
     def start_point(self) -> StartPoint:
+        """The start point, with the latest repair of each repaired segment."""
         if not self.start_point_file.is_file():
             raise GpcdcError(f"no start point for pipeline {self.prefix!r} in {self.directory}",
                              fix="run `gpcdc bootstrap create --method peaceful|snapshot` first")
-        return StartPoint.from_json(read_json(self.start_point_file))
+        latest: dict[int, Repair] = {}
+        for path in self.repairs_dir.glob("seg*-*/repair.json"):
+            repair = Repair.from_json(read_json(path))
+            if repair.node.content not in latest or repair.number > latest[repair.node.content].number:
+                latest[repair.node.content] = repair
+        start = StartPoint.from_json(read_json(self.start_point_file))
+        return dataclasses.replace(start, repairs=tuple(latest[c] for c in sorted(latest)))
 
 
 def replication_connection(cluster: Cluster, node: Node) -> Any:

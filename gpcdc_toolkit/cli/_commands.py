@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ._audit import Archive, Audit
 from ._command import Command
-from ._pipeline import BootstrapCreate, BootstrapDrop, CaptureRun, CaptureStart, CaptureStop, Status
+from ._pipeline import BootstrapCreate, BootstrapDrop, BootstrapRepair, CaptureRun, CaptureStart, CaptureStop, Status
 from ._replay import Replay
 from ._run import ReportsPrune, Run
 from ._servers import BrokerDown, BrokerStatus, BrokerUp, SandboxDown, SandboxFailover, SandboxStatus, SandboxUp
@@ -16,7 +16,8 @@ GROUPS: dict[str, tuple[str, list[Command]]] = {
     "sandbox": ("sandbox clusters of PostgreSQL 15 servers",
                 [SandboxUp(), SandboxDown(), SandboxStatus(), SandboxFailover()]),
     "broker": ("the embedded Apache Kafka broker", [BrokerUp(), BrokerDown(), BrokerStatus()]),
-    "bootstrap": ("replication slots at a distributed-transaction-consistent point", [BootstrapCreate(), BootstrapDrop()]),
+    "bootstrap": ("replication slots at a distributed-transaction-consistent point",
+                  [BootstrapCreate(), BootstrapDrop(), BootstrapRepair()]),
     "capture": ("capture workers: every node into Kafka", [CaptureRun(), CaptureStart(), CaptureStop()]),
     "reports": ("the runs of `gpcdc run` in the report directory", [ReportsPrune()]),
 }

@@ -12,6 +12,7 @@ from ..capture import (
     CaptureGroup,
     capture_status,
     drop_pipeline,
+    repair_segment,
     run_worker,
 )
 from ..config import Config
@@ -66,6 +67,29 @@ class BootstrapDrop(Command):
             say(f"removed {dropped.directory}")
         if dropped.topics is not None:
             say(f"deleted topics {', '.join(dropped.topics) or '(none existed)'}")
+        return 0
+
+
+class BootstrapRepair(Command):
+    name, help = "repair", ("capture a lost segment again from a new consistent point (after a failover, or its slot "
+                            "dropped or invalidated), without capturing the others again")
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--segment", type=int, required=True, help="the lost segment's content id")
+        parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for transactions or locks")
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        pid = CaptureGroup(config).pid(args.segment)
+        if pid is not None:
+            raise GpcdcError(f"segment {args.segment}'s capture worker runs (pid {pid})",
+                             fix="a lost segment's worker stops by itself; stop it (`gpcdc capture stop`) if it runs")
+        pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+        repair = repair_segment(open_cluster(config, "source"), pipeline, args.segment, kafka_client_settings(config),
+                                timeout=args.timeout)
+        say(f"segment {args.segment} repaired (repair {repair.number}): slot {repair.node.slot} consistent at "
+            f"{format_lsn(repair.node.consistent_lsn)}, rows copied as of distributed snapshot xmax "
+            f"{repair.snapshot.xmax} into {pipeline.repair_dir(args.segment, repair.number)}")
+        say("start its capture (`gpcdc capture start`); the replayer reconciles the segment's rows on the target")
         return 0
 
 

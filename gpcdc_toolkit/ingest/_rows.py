@@ -100,8 +100,8 @@ def to_row(topic: str, partition: int, offset: int, timestamp_ms: int | None,
                            v.get("prepared"), v.get("prepared_ts_ms"), None, v.get("parts"))
         if kind == "pipeline":  # the first message of each partition: which bootstrap wrote it
             return head + ("pipeline", v["segment"]) + (None,) * (WIDTH - 7) + (v.get("parts"),)
-        if kind == "lost":  # the last message of a node's partition: its capture stopped for good
-            return head + ("lost", v["segment"]) + (None,) * (WIDTH - 6)
+        if kind in ("lost", "repaired"):  # a node's capture stopped for good; captured again from a new slot
+            return head + (kind, v["segment"]) + (None,) * (WIDTH - 6)
         if kind in ("commit", "ddl"):
             return head + (kind, v["segment"], v["gxid"], v["xid"], v["commit_lsn"], v["commit_ts_ms"],
                            None, None, None, None, None, None, None, None, None, None,

@@ -2,7 +2,15 @@
 their constants are defined), pgoutput decoding, transaction assembly, WAL markers, start
 points, and the Greenplum DDL syntax the stream carries (pure: no I/O library is imported)."""
 
-from ._assembler import Outbound, ProtocolError, TransactionAssembler, UnknownNodesError, lost_marker, pipeline_marker
+from ._assembler import (
+    Outbound,
+    ProtocolError,
+    TransactionAssembler,
+    UnknownNodesError,
+    lost_marker,
+    pipeline_marker,
+    repaired_marker,
+)
 from ._ddl import CreateTable, DdlError, parse_create_table
 from ._events import (
     COORDINATOR,
@@ -22,16 +30,16 @@ from ._events import (
 )
 from ._markers import CommitRecord, DdlRecord, GxidMarker, MarkerError, OnePhaseMarker
 from ._pgoutput import UNCHANGED_TOAST, PgoutputError, convert, parse
-from ._startpoint import DistributedSnapshot, LocalSnapshot, NodeStart, StartPoint, format_lsn, parse_lsn
+from ._startpoint import DistributedSnapshot, LocalSnapshot, NodeStart, Repair, StartPoint, format_lsn, parse_lsn
 from ._topics import Dispatcher, Topics
 
 __all__ = [
     "COORDINATOR", "PROTOCOL_VERSION", "UNCHANGED", "Outbound", "ProtocolError", "TransactionAssembler", "UnknownNodesError",
-    "pipeline_marker", "lost_marker", "KINDS", "CoordinatorRecord", "Kind", "PipelineMarker", "RowEvent", "Source",
+    "pipeline_marker", "lost_marker", "repaired_marker", "KINDS", "CoordinatorRecord", "Kind", "PipelineMarker", "RowEvent", "Source",
     "TransactionEvent", "Watermark", "is_pipeline_marker", "kind_of", "problem_of",
     "CreateTable", "DdlError", "parse_create_table",
     "CommitRecord", "DdlRecord", "GxidMarker", "MarkerError", "OnePhaseMarker",
     "UNCHANGED_TOAST", "PgoutputError", "convert", "parse",
-    "DistributedSnapshot", "LocalSnapshot", "NodeStart", "StartPoint", "format_lsn", "parse_lsn",
+    "DistributedSnapshot", "LocalSnapshot", "NodeStart", "Repair", "StartPoint", "format_lsn", "parse_lsn",
     "Dispatcher", "Topics",
 ]

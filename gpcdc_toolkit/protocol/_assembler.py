@@ -24,7 +24,7 @@ from ..errors import ClusterChangedError, StreamError
 from . import _markers as markers
 from . import _pgoutput as pg
 from ._events import COORDINATOR, PROTOCOL_VERSION, UNCHANGED
-from ._startpoint import StartPoint
+from ._startpoint import Repair, StartPoint
 
 
 class ProtocolError(StreamError, ValueError):
@@ -58,6 +58,16 @@ def lost_marker(content: int, reason: str) -> Outbound:
     it, so a reader waits for none of its parts not arrived by then."""
     body = {"type": "lost", "segment": content, "reason": reason, "version": PROTOCOL_VERSION}
     return Outbound("lost", None, orjson.dumps(body))
+
+
+def repaired_marker(repair: Repair) -> Outbound:
+    """Written after a segment's lost mark by ``gpcdc bootstrap repair``: the segment's
+    stream goes on from a new slot, and its part of every transaction the cut's
+    snapshot sees is in the repair's copied rows (see :class:`Repair`)."""
+    body = {"type": "repaired", "segment": repair.node.content, "number": repair.number,
+            "xmax": repair.snapshot.xmax, "in_progress": sorted(repair.snapshot.in_progress),
+            "coordinator_lsn": repair.coordinator_lsn, "version": PROTOCOL_VERSION}
+    return Outbound("repaired", None, orjson.dumps(body))
 
 
 def pipeline_marker(identity: str, content: int, *, numbered: bool = False) -> Outbound:

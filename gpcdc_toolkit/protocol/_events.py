@@ -14,8 +14,8 @@ PROTOCOL_VERSION = 2  # 2: unchanged TOASTed values are listed in "unchanged", n
 COORDINATOR = -1  # the coordinator's content id; its messages go to the <prefix>.dtx topic
 UNCHANGED = "unchanged"  # row event field: columns an update left out of "after" (TOASTed, not in the WAL)
 
-Kind = Literal["row", "begin", "end", "resolved", "commit", "ddl", "pipeline", "lost"]
-KINDS: tuple[Kind, ...] = ("row", "begin", "end", "resolved", "commit", "ddl", "pipeline", "lost")
+Kind = Literal["row", "begin", "end", "resolved", "commit", "ddl", "pipeline", "lost", "repaired"]
+KINDS: tuple[Kind, ...] = ("row", "begin", "end", "resolved", "commit", "ddl", "pipeline", "lost", "repaired")
 
 
 class Source(TypedDict):
@@ -113,7 +113,7 @@ def kind_of(value: Mapping[str, Any]) -> Kind | None:
     if value.get("resolved") is not None or value.get("type") == "resolved":
         return "resolved"
     kind = value.get("type")
-    if kind in ("commit", "ddl", "pipeline", "lost"):
+    if kind in ("commit", "ddl", "pipeline", "lost", "repaired"):
         return kind  # type: ignore[no-any-return]
     return None
 
@@ -126,7 +126,7 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
     "row": ("op", "source"), "begin": ("segment", "commit_lsn"),
     "end": ("segment", "commit_lsn", "gxid", "one_phase", "commit_ts_ms"), "resolved": (),
     "commit": ("gxid", "segments", "commit_ts_ms", "commit_lsn"), "ddl": ("gxid", "statement"), "pipeline": (),
-    "lost": ("segment", "reason"),
+    "lost": ("segment", "reason"), "repaired": ("segment", "number", "xmax", "in_progress", "coordinator_lsn"),
 }
 _SOURCE_REQUIRED = ("segment", "commit_lsn", "seq")
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -135,7 +135,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "event_count": _OPT_INT, "end_lsn": _OPT_INT, "resolved": _OPT_INT, "resolved_ts_ms": _OPT_INT,
     "prepared": _OPT_LIST, "prepared_ts_ms": _OPT_INT, "segments": _OPT_LIST, "ddl_count": _OPT_INT,
     "syncpoint": (dict, type(None)), "statement": _STR, "pipeline": _STR, "number": _OPT_INT, "parts": _OPT_INT,
-    "reason": _STR,
+    "reason": _STR, "xmax": _INT, "in_progress": (list,), "coordinator_lsn": _INT,
 }
 _SOURCE_TYPES: dict[str, tuple[type, ...]] = {
     "segment": _INT, "gxid": _OPT_INT, "txId": _OPT_INT, "commit_lsn": _INT, "ts_ms": _OPT_INT, "schema": _STR,

@@ -84,6 +84,35 @@ class NodeStart:
 
 
 @dataclass(frozen=True)
+class Repair:
+    """A segment captured again from a new consistent cut after its capture was lost
+    (``gpcdc bootstrap repair``): a new slot, the segment's rows copied as of the cut,
+    and the cut's distributed snapshot. The part on this segment of a transaction the
+    snapshot sees is in the copied rows; of one it does not see, in the new slot's
+    stream."""
+
+    number: int  # the segment's repairs, counted from 1
+    node: NodeStart  # the new slot, as a bootstrap records a node
+    snapshot: DistributedSnapshot
+    # The coordinator's WAL position at the cut: every commit record of a transaction
+    # the snapshot sees lies before it.
+    coordinator_lsn: int
+    created_at: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"number": self.number, "node": asdict(self.node), "coordinator_lsn": self.coordinator_lsn,
+                "snapshot": {"xmax": self.snapshot.xmax, "in_progress": sorted(self.snapshot.in_progress)},
+                "created_at": self.created_at}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Repair:
+        snapshot = data["snapshot"]
+        return cls(data["number"], NodeStart(**data["node"]),
+                   DistributedSnapshot(snapshot["xmax"], frozenset(snapshot["in_progress"])),
+                   data["coordinator_lsn"], data["created_at"])
+
+
+@dataclass(frozen=True)
 class StartPoint:
     """The agreed start of a capture: one per pipeline (topic prefix)."""
 
@@ -96,8 +125,17 @@ class StartPoint:
     lock_window_ms: float | None = None  # method "peaceful": how long new transactions waited
     publication: str = "gpcdc"
     extra: dict[str, Any] = field(default_factory=dict)
+    # The latest repair of each repaired segment; kept beside the start point, not in it
+    # (the bootstrap's identity stays the one its partitions begin with).
+    repairs: tuple[Repair, ...] = ()
+
+    def repair(self, content: int) -> Repair | None:
+        return next((r for r in self.repairs if r.node.content == content), None)
 
     def node(self, content: int) -> NodeStart:
+        """The node's slot as capture uses it now: the latest repair's, if any."""
+        if (repair := self.repair(content)) is not None:
+            return repair.node
         for n in self.nodes:
             if n.content == content:
                 return n
@@ -118,14 +156,16 @@ class StartPoint:
         utility-mode write) takes no commit lock, so one committing during the cut
         itself may then land on the wrong side.
         """
-        if self.method != "snapshot":
+        repair = self.repair(content)
+        if self.method != "snapshot" and repair is None:
             return True
-        if gxid is not None and self.snapshot is not None:
-            return not self.snapshot.sees(gxid)
+        snapshot = repair.snapshot if repair is not None else self.snapshot
+        if gxid is not None and snapshot is not None:
+            return not snapshot.sees(gxid)
         node = self.node(content)
         if xid is not None and node.local_snapshot is not None:
             return not _local_snapshot(node.local_snapshot).sees(xid)
-        if self.snapshot is None:
+        if snapshot is None:
             return True
         return commit_lsn > node.snapshot_lsn
 
@@ -139,6 +179,7 @@ class StartPoint:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        del data["repairs"]
         if self.snapshot is not None:
             data["snapshot"] = {"xmax": self.snapshot.xmax, "in_progress": sorted(self.snapshot.in_progress)}
         return data

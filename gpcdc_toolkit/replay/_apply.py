@@ -14,6 +14,7 @@ import itertools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -24,7 +25,7 @@ from ..errors import ClusterError, GpcdcError, StreamError
 from ..protocol import Topics
 from ._compact import compact, table_of
 from ._ddl_policy import SYSTEM_SCHEMAS, DdlRefused, check_ddl, check_default
-from ._order import Whole
+from ._order import RepairMark, Whole
 
 APPLIED = "gpcdc_replay_applied"
 STATE = "gpcdc_replay_state"
@@ -53,7 +54,7 @@ class DdlRefusedError(ApplyError, StreamError):
         self.gxid, self.offset, self.statement, self.reason = whole.gxid, offset, statement, reason
 
 
-_CHECKPOINT_FIELDS = ("resume", "read", "lsn", "applied_lsn")
+_CHECKPOINT_FIELDS = ("resume", "read", "lsn", "applied_lsn", "repaired")
 
 
 @dataclass(frozen=True)
@@ -63,12 +64,14 @@ class Checkpoint:
     read; ``lsn``, the highest commit LSN read before ``read``. Transactions between
     ``resume`` and ``read`` may be applied; one at or past ``read`` with a commit LSN
     up to ``lsn`` is a capture's resend of what was read before. A segment-by-segment
-    (legacy) replay also keeps ``applied_lsn``: every part up to it is applied."""
+    (legacy) replay also keeps ``applied_lsn``: every part up to it is applied.
+    ``repaired``: per repaired segment, the latest repair whose copied rows are applied."""
 
     resume: Mapping[int, int] = field(default_factory=dict)
     read: Mapping[int, int] = field(default_factory=dict)
     lsn: Mapping[int, int] = field(default_factory=dict)
     applied_lsn: Mapping[int, int] = field(default_factory=dict)
+    repaired: Mapping[int, int] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps({name: {str(k): v for k, v in sorted(getattr(self, name).items())}
@@ -95,14 +98,17 @@ class ApplyStats:
     empty: int = 0  # of the transactions, those with no row and no DDL (the bootstrap's cut, sync points)
     batches: int = 0
     last_commit_ts_ms: int = 0  # source commit time of the latest transaction applied
+    # Repaired segments whose copied rows were put in place: (segment, repair, keys deleted, rows inserted)
+    reconciled: list[tuple[int, int, int, int]] = field(default_factory=list)
 
 
 class Applier:
     """Applies batches of whole transactions of one pipeline to ``target``."""
 
     def __init__(self, target: Cluster, pipeline: str, *, skip_ddl: Iterable[int] = (),
-                 chunk_rows: int = 5_000) -> None:
+                 chunk_rows: int = 5_000, repair_dir: Callable[[int, int], Path] | None = None) -> None:
         self.target = target
+        self.repair_dir = repair_dir  # (segment, repair number) -> where that repair's copied rows are
         self.chunk_rows = chunk_rows  # row events folded and written at a time
         self.pipeline = pipeline
         self.skip_ddl = frozenset(skip_ddl)  # gxids whose DDL was given to the target by hand
@@ -192,7 +198,11 @@ class Applier:
                 self._apply_ddl(batch[0], record)
             else:
                 with self.session.transaction() as tx:
-                    rows = self._apply_rows(tx, batch)
+                    rows = 0
+                    for run, repair in _runs(batch):
+                        rows += self._apply_rows(tx, run)
+                        if repair is not None:
+                            self._reconcile(tx, repair)
                     record(tx)
                 self.stats.rows += rows
         except psycopg.errors.UniqueViolation as e:
@@ -207,10 +217,21 @@ class Applier:
                    f"{batch[0].gxid}" if ddl else "make the target's tables match the source's, then replay again")
             raise ApplyError(f"{_what(batch)} failed on the target, and nothing of it was applied: {_first_line(e)}",
                              fix=fix) from None
-        self.stats.transactions += len(batch)
-        self.stats.empty += sum(1 for w in batch if not ddl and not any(len(part.payload or ()) for part in w.parts))
+        transactions = [w for w in batch if w.reconcile is None]
+        self.stats.transactions += len(transactions)
+        self.stats.empty += sum(1 for w in transactions if not ddl and not any(len(p.payload or ()) for p in w.parts))
         self.stats.batches += 1
-        self.stats.last_commit_ts_ms = max(self.stats.last_commit_ts_ms, *(commit_ts_ms(w) for w in batch))
+        self.stats.last_commit_ts_ms = max(self.stats.last_commit_ts_ms, *(commit_ts_ms(w) for w in transactions))
+
+    def _reconcile(self, tx: Writes, repair: RepairMark) -> None:
+        if self.repair_dir is None:
+            raise StreamError(f"the stream marks repair {repair.number} of segment {repair.segment}, and this "
+                              "replay was not told where repairs keep their rows",
+                              fix="replay with the pipeline's work_dir")
+        from ._reconcile import reconcile  # it loads rows as the initial load does, whose module imports this one
+
+        keys, rows = reconcile(tx, self.target, repair, self.repair_dir(repair.segment, repair.number))
+        self.stats.reconciled.append((repair.segment, repair.number, keys, rows))
 
     def _apply_ddl(self, whole: Whole, record: Callable[[Writes], None]) -> None:
         statements = whole.record.ddl  # type: ignore[union-attr]
@@ -382,3 +403,15 @@ def _what(batch: Sequence[Whole]) -> str:
 
 def _first_line(error: BaseException) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def _runs(batch: Sequence[Whole]) -> Iterable[tuple[Sequence[Whole], RepairMark | None]]:
+    """The batch cut at its reconciles: each run of transactions, then the repair whose
+    rows go in after it (None after the last run)."""
+    start = 0
+    for i, whole in enumerate(batch):
+        if whole.reconcile is not None:
+            yield batch[start:i], whole.reconcile
+            start = i + 1
+    if start < len(batch):
+        yield batch[start:], None

@@ -30,8 +30,9 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ..errors import StreamError
 from ..protocol import COORDINATOR
-from ._order import Missing, Part, Record, Whole
+from ._order import Missing, Part, Record, RepairMark, Whole
 
 
 @dataclass
@@ -52,6 +53,11 @@ class SegmentOrder:
         self._coordinator_watermark_ts_ms = -1
         self._damaged: Missing | None = None
 
+    def add_repair(self, mark: RepairMark) -> None:
+        raise StreamError(f"segment {mark.segment} was repaired (repair {mark.number}), which a stream written with "
+                          "legacy markers cannot be replayed through: its transactions carry no gxid to tell which "
+                          "the repair's copy holds", fix="bootstrap the pipeline again and replay into a fresh target")
+
     def add_part(self, part: Part) -> None:
         log = self.logs[part.segment]
         if part.commit_lsn <= log.last_lsn:
@@ -67,7 +73,7 @@ class SegmentOrder:
 
     def add_watermark(self, segment: int, resolved_ts_ms: int, prepared: object = None,
                       prepared_ts_ms: int | None = None, parts: int | None = None, lost: str | None = None,
-                      lost_at: int = -1) -> None:
+                      lost_at: int = -1, resolved_lsn: int | None = None) -> None:
         # A lost segment's log simply ends: segment by segment, nothing waits for it.
         if segment == COORDINATOR:
             self._coordinator_watermark_ts_ms = max(self._coordinator_watermark_ts_ms, resolved_ts_ms)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import StreamError
+from ..protocol import DistributedSnapshot
 
 
 @dataclass(frozen=True)
@@ -62,13 +63,30 @@ class Record:
 
 
 @dataclass(frozen=True)
+class RepairMark:
+    """A repaired segment (a repaired mark, after its lost mark): its part of a
+    transaction ``snapshot`` sees is in the repair's copied rows; of any other, in the
+    stream after the mark (``offset``)."""
+
+    segment: int
+    number: int
+    snapshot: DistributedSnapshot
+    coordinator_lsn: int  # every commit record of a transaction the snapshot sees lies before it
+    offset: int
+
+
+@dataclass(frozen=True)
 class Whole:
     """A distributed transaction ready to apply: every part, in segment order (or, from
-    a legacy stream, one segment's local transaction, with no gxid)."""
+    a legacy stream, one segment's local transaction, with no gxid). With ``reconcile``,
+    no transaction: a repaired segment's rows to put in place on the target."""
 
     gxid: int | None
     parts: tuple[Part, ...]
     record: Record | None  # None: one-phase
+    # Segments whose part is in a repair's copied rows: applied with that reconcile.
+    covered: tuple[int, ...] = ()
+    reconcile: RepairMark | None = None
 
     @property
     def one_phase(self) -> bool:
@@ -133,6 +151,8 @@ class _Segment:
     gap: tuple[int, int] | None = None  # numbers that never arrived, first and last
     blocked_from: int | None = None  # offset of the first part after the gap
     lost: str | None = None  # why the segment's capture stopped for good: nothing of it comes any more
+    repair: RepairMark | None = None  # captured again after the loss (the latest repair)
+    reconciled: bool = False  # the repair's rows are handed out (or were applied before a resume)
 
 
 class Reassembler:
@@ -144,8 +164,11 @@ class Reassembler:
     """
 
     def __init__(self, segments: int, *, clock_skew_ms: int = 1000, applied: Container[int] = frozenset(),
-                 applied_lsn: Mapping[int, int] | None = None) -> None:
+                 applied_lsn: Mapping[int, int] | None = None, reconciled: Mapping[int, int] | None = None) -> None:
         self.segments = [_Segment() for _ in range(segments)]
+        # Per segment, the number of the latest repair whose rows are applied.
+        self.reconciled = dict(reconciled or {})
+        self._coordinator_resolved = -1  # the coordinator's watermark: every record before it has arrived
         self.applied = applied
         # Per segment, the commit LSN up to which its one-phase parts without a gxid are
         # applied: they go out in their segment's order, so that order names them.
@@ -231,7 +254,7 @@ class Reassembler:
 
     def add_watermark(self, segment: int, resolved_ts_ms: int, prepared: Iterable[int] | None = None,
                       prepared_ts_ms: int | None = None, parts: int | None = None, lost: str | None = None,
-                      lost_at: int = -1) -> None:
+                      lost_at: int = -1, resolved_lsn: int | None = None) -> None:
         """A node's progress; ``lost``: its capture stopped for good (a lost mark at offset
         ``lost_at`` ends its partition: every part of it that will ever come is read)."""
         if lost is not None:
@@ -240,6 +263,8 @@ class Reassembler:
             # The coordinator's: records come in their own order, nothing waits on it, unless
             # it is lost (then no record comes for parts arrived without one).
             self._coordinator_lost = self._coordinator_lost or lost
+            if resolved_lsn is not None:
+                self._coordinator_resolved = max(self._coordinator_resolved, resolved_lsn)
             return
         seg = self.segments[segment]
         seg.lost = seg.lost or lost
@@ -252,6 +277,41 @@ class Reassembler:
         seg.watermark_ts_ms = max(seg.watermark_ts_ms, resolved_ts_ms)
         if prepared is not None and prepared_ts_ms is not None and prepared_ts_ms >= seg.prepared_ts_ms:
             seg.prepared, seg.prepared_ts_ms = frozenset(prepared), prepared_ts_ms
+
+    def add_repair(self, mark: RepairMark) -> None:
+        """A repaired mark: the segment's stream goes on after it, from a new slot."""
+        segment = self.segments[mark.segment]
+        if segment.repair is None or mark.number > segment.repair.number:
+            segment.repair = mark
+            segment.reconciled = self.reconciled.get(mark.segment, 0) >= mark.number
+
+    def _covered(self, record: Record, s: int) -> bool:
+        """Whether the record's part on ``s`` is in a repair's copied rows."""
+        repair = self.segments[s].repair
+        return repair is not None and repair.snapshot.sees(record.gxid)
+
+    def _stale(self, part: Part) -> bool:
+        """A part from before its segment's repair whose rows the repair's copy has put
+        in place already: applying it now would bring back older values."""
+        segment = self.segments[part.segment]
+        return segment.repair is not None and segment.reconciled and part.offset < segment.repair.offset
+
+    def _reconcile_due(self, out: list[Whole]) -> bool:
+        """Hand out each repair's rows once every transaction its snapshot sees is out:
+        the next record is one it does not see, or the coordinator's stream is past
+        the cut with no record waiting."""
+        head = self._records[0] if self._records else None
+        coordinator = max(self._coordinator_lsn, self._coordinator_resolved)
+        handed = False
+        for segment in self.segments:
+            repair = segment.repair
+            if repair is None or segment.reconciled:
+                continue
+            if (not repair.snapshot.sees(head.gxid)) if head is not None else coordinator >= repair.coordinator_lsn:
+                out.append(Whole(None, (), None, reconcile=repair))
+                segment.reconciled = True
+                handed = True
+        return handed
 
     def _record_of(self, gxid: int) -> Record | None:
         position = self._position.get(gxid)
@@ -266,17 +326,19 @@ class Reassembler:
             progress = False
             for segment in self.segments:
                 progress |= self._advance(segment, out)
+            progress |= self._reconcile_due(out)
             if self._records:
                 record = self._records[0]
-                parts = self._parts.get(record.gxid, {})
-                if all(s in parts or self._empty(record, s) for s in record.segments):
+                parts = {s: p for s, p in self._parts.get(record.gxid, {}).items() if not self._stale(p)}
+                if all(s in parts or self._empty(record, s) or self._covered(record, s) for s in record.segments):
                     if any(self._blocked(p) for p in parts.values()):
                         break  # after a gap in its segment's numbers: the order there is lost
                     damaged = [parts[s] for s in sorted(parts) if parts[s].damage]
                     if damaged:
                         self._hold_damaged(damaged[0], record, parts)
                         break
-                    out.append(Whole(record.gxid, tuple(parts[s] for s in sorted(parts)), record))
+                    covered = tuple(s for s in record.segments if s not in parts and self._covered(record, s))
+                    out.append(Whole(record.gxid, tuple(parts[s] for s in sorted(parts)), record, covered))
                     self._parts.pop(record.gxid, None)  # none when every part changed nothing
                     self._records.popleft()
                     self._next += 1
@@ -298,7 +360,9 @@ class Reassembler:
             head = segment.log[0]
             if self._blocked(head):
                 break
-            if head.one_phase:
+            if head.one_phase and self._stale(head):
+                pass  # in the repair's copy, put in place already
+            elif head.one_phase:
                 if segment.anchor >= self._next:
                     break  # its anchor has not been handed out yet
                 if head.damage:
@@ -317,9 +381,12 @@ class Reassembler:
         return moved
 
     def _blocked(self, part: Part) -> bool:
-        """Whether the part comes after a gap in its segment's numbers."""
-        blocked_from = self.segments[part.segment].blocked_from
-        return blocked_from is not None and part.offset >= blocked_from
+        """Whether the part comes after a gap in its segment's numbers, or after its
+        segment's repaired mark while the repair's rows are not out yet."""
+        segment = self.segments[part.segment]
+        if segment.repair is not None and not segment.reconciled and part.offset > segment.repair.offset:
+            return True
+        return segment.blocked_from is not None and part.offset >= segment.blocked_from
 
     def _proven_absent(self, record: Record, s: int) -> bool:
         """Whether segment ``s`` holds no part of the record's transaction uncommitted:
@@ -374,6 +441,8 @@ class Reassembler:
         out = []
         for s in record.segments:
             segment = self.segments[s]
+            if s not in parts and segment.repair is not None:
+                continue  # in the repair's copy, or still to come after its mark
             if s not in parts and segment.lost is not None:
                 offsets = ((-1, record.offset), *((c, parts[c].offset) for c in sorted(parts)))
                 out.append(Missing(record.gxid, s, tuple(sorted(parts)), record.commit_ts_ms, segment.watermark_ts_ms,
@@ -407,7 +476,8 @@ class Reassembler:
             return []
         record = self._records[0]
         parts = self._parts.get(record.gxid, {})
-        return [(record.gxid, s) for s in record.segments if s not in parts and not self._empty(record, s)]
+        return [(record.gxid, s) for s in record.segments
+                if s not in parts and not self._empty(record, s) and not self._covered(record, s)]
 
     def resume_offsets(self) -> dict[int, int]:
         """Per segment, and for the coordinator (key -1), the first offset of anything

@@ -115,7 +115,7 @@ class Replayer:
         self.kafka = kafka_client_settings(config)
         self.target = target or open_cluster(config, "target")
         self.applier = Applier(self.target, config.kafka.topic_prefix, skip_ddl=self.settings.skip_ddl,
-                               chunk_rows=self.settings.chunk_rows)
+                               chunk_rows=self.settings.chunk_rows, repair_dir=self.pipeline.repair_dir)
         self.initial_load: tuple[int, int] | None = None  # (rows, tables) when this replayer made the load
         self.latest: Progress | None = None  # the running run's progress, as last reported
 
@@ -263,6 +263,7 @@ class _Run:
                              + [TopicPartition(self.topics.dtx, 0, self.next[COORDINATOR])])
         self.reassembler: Reassembler | SegmentOrder | None = None
         self.applied_lsn = dict(checkpoint.applied_lsn)  # parts without a gxid up to these are applied
+        self.repaired = dict(checkpoint.repaired)  # segment -> the latest repair whose rows are applied
         self.window: list[Part | Record | Watermark] = []  # framed while reading the window
         self.in_hand: deque[Whole] = deque()  # handed out by the reassembler, not applied yet
         self.syncpoints: list[tuple[int, float]] = []  # (gxid, ms held there) of the sync points passed
@@ -372,7 +373,7 @@ class _Run:
             gxids = {f.gxid for f in self.window if isinstance(f, (Part, Record)) and f.gxid is not None}
             self.reassembler = Reassembler(self.segments, clock_skew_ms=self.settings.clock_skew_ms,
                                            applied=self.applier.applied_among(gxids) if gxids else set(),
-                                           applied_lsn=self.applied_lsn)
+                                           applied_lsn=self.applied_lsn, reconciled=self.repaired)
         for framed in self.window:
             self._add(framed)
         self.window = []
@@ -383,13 +384,18 @@ class _Run:
             self.reassembler.add_part(framed)
         elif isinstance(framed, Record):
             self.reassembler.add_record(framed)
+        elif framed.repaired is not None:
+            self.reassembler.add_repair(framed.repaired)
         else:
             self.reassembler.add_watermark(framed.segment, framed.resolved_ts_ms, framed.prepared,
-                                           framed.prepared_ts_ms, framed.parts, framed.lost, framed.offset)
+                                           framed.prepared_ts_ms, framed.parts, framed.lost, framed.offset,
+                                           framed.resolved_lsn)
 
     def _apply_ready(self) -> None:
         while self.in_hand:
             batch = self._next_batch()
+            if not batch:
+                return  # the first waits for a repair's rows
             checkpoint = self._checkpoint(after=len(batch))
             began = time.monotonic()
             try:
@@ -400,6 +406,7 @@ class _Run:
             self.batches += 1
             self.batch_seconds += time.monotonic() - began
             self.applied_lsn = dict(checkpoint.applied_lsn)
+            self.repaired = dict(checkpoint.repaired)
             for whole in batch:
                 self.in_hand.popleft()
                 for part in whole.parts:
@@ -442,15 +449,30 @@ class _Run:
                                   "refused_ms": int(time.time() * 1000)}) + b"\n")
 
     def _next_batch(self) -> list[Whole]:
+        """The transactions in hand that go into the next target transaction; none while
+        the first must wait. A transaction whose part on a repaired segment is in the
+        repair's copy goes with the rows of that copy (``reconcile``, handed out after
+        every such transaction): before it, the target would show it in part."""
+        in_hand = list(self.in_hand)
+        through = -1  # the batch goes at least this far
+        for i, whole in enumerate(in_hand):
+            if whole.covered:
+                closing = next((j for j in range(i + 1, len(in_hand)) if in_hand[j].reconcile is not None
+                                and in_hand[j].reconcile.segment in whole.covered), None)  # type: ignore[union-attr]
+                if closing is None:
+                    in_hand = in_hand[:i]  # wait for the copy's rows
+                    break
+                through = max(through, closing)
         batch: list[Whole] = []
         rows = 0
-        for whole in self.in_hand:
+        for i, whole in enumerate(in_hand):
             if whole.record is not None and whole.record.ddl:
                 return batch or [whole]  # DDL goes alone
             if whole.record is not None and whole.record.syncpoint:
                 return [*batch, whole]  # a batch ends at a sync point, to stop there
             size = sum(len(p.payload or ()) for p in whole.parts)
-            if batch and (len(batch) >= self.settings.batch_transactions or rows + size > self.settings.batch_rows):
+            if i > through and batch and (len(batch) >= self.settings.batch_transactions
+                                          or rows + size > self.settings.batch_rows):
                 break
             batch.append(whole)
             rows += size
@@ -461,8 +483,11 @@ class _Run:
         assert self.reassembler is not None
         unapplied = list(self.in_hand)[after:]
         resume = resume_point(self.next, self.reassembler, unapplied, self.framer.resume_offsets())
-        applied_lsn = dict(self.applied_lsn)
+        applied_lsn, repaired = dict(self.applied_lsn), dict(self.repaired)
         for whole in list(self.in_hand)[:after]:
+            if whole.reconcile is not None:
+                repaired[whole.reconcile.segment] = whole.reconcile.number
+                continue
             if self.settings.legacy_per_segment:
                 lsns = [(p.segment, p.commit_lsn) for p in whole.parts]
                 lsns += [(COORDINATOR, whole.record.commit_lsn)] if whole.record is not None else []
@@ -472,14 +497,14 @@ class _Run:
                 continue  # named by its gxid in the target's applied table
             for partition, lsn in lsns:
                 applied_lsn[partition] = max(applied_lsn.get(partition, -1), lsn)
-        return Checkpoint(resume, dict(self.next), dict(self.framer.last_lsn), applied_lsn)
+        return Checkpoint(resume, dict(self.next), dict(self.framer.last_lsn), applied_lsn, repaired)
 
     def progress(self) -> Progress:
         stats = self.applier.stats
         transactions, rows, ddl, empty = (now - then for now, then in zip(
             (stats.transactions, stats.rows, stats.ddl, stats.empty), self.stats_at_start))
         pending = (self.reassembler.pending if self.reassembler is not None else 0) + len(self.in_hand)
-        waiting = [commit_ts_ms(w) for w in self.in_hand]
+        waiting = [commit_ts_ms(w) for w in self.in_hand if w.reconcile is None]
         if self.reassembler is not None and (oldest := self.reassembler.oldest_waiting_ts_ms()) is not None:
             waiting.append(oldest)
         lag = max(0, int(time.time() * 1000) - min(waiting)) if waiting else 0

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import StreamError
-from ..protocol import COORDINATOR, PROTOCOL_VERSION, kind_of, problem_of
-from ._order import Part, Record
+from ..protocol import COORDINATOR, PROTOCOL_VERSION, DistributedSnapshot, kind_of, problem_of
+from ._order import Part, Record, RepairMark
 
 ROW_OPS = ("c", "u", "d", "t")
 
@@ -47,6 +47,8 @@ class Watermark:
     parts: int | None = None  # the number of the node's last part before it (numbered streams)
     lost: str | None = None  # a lost mark: why the node's capture stopped for good
     offset: int = -1  # where a lost mark is (read again at every resume: see Reassembler.resume_offsets)
+    resolved_lsn: int | None = None  # the node's WAL position up to which everything has been sent
+    repaired: RepairMark | None = None  # a repaired mark: the node is captured again after its loss
 
 
 def _watermark(partition: int, value: Mapping[str, Any]) -> Watermark | None:
@@ -54,7 +56,7 @@ def _watermark(partition: int, value: Mapping[str, Any]) -> Watermark | None:
         return None
     prepared = value.get("prepared")
     return Watermark(partition, value["resolved_ts_ms"], frozenset(prepared) if prepared is not None else None,
-                     value.get("prepared_ts_ms"), value.get("parts"))
+                     value.get("prepared_ts_ms"), value.get("parts"), resolved_lsn=value.get("resolved"))
 
 
 def _damage(seqs: Iterable[int], event_count: Any) -> str | None:
@@ -188,6 +190,10 @@ class Framer:
             return _watermark(partition, value)
         if kind == "lost":
             return Watermark(partition, -1, lost=value["reason"], offset=offset)
+        if kind == "repaired":
+            return Watermark(partition, -1, repaired=RepairMark(
+                partition, value["number"], DistributedSnapshot(value["xmax"], frozenset(value["in_progress"])),
+                value["coordinator_lsn"], offset))
         if kind == "pipeline":  # a numbered stream's marker: its numbering starts here
             return Watermark(partition, -1, parts=value["parts"]) if value.get("parts") is not None else None
         if kind not in ("begin", "end"):

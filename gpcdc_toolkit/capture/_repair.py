@@ -1,0 +1,161 @@
+"""Capture of one segment again after it was lost (a failover, its slot dropped or
+invalidated), without capturing the others again: ``gpcdc bootstrap repair``.
+
+A new slot on the segment, then a consistent cut as the snapshot method takes one (the
+commit lock held while the segment's snapshot is exported and the distributed snapshot
+read), the segment's rows copied under that snapshot, and two marks in the segment's
+partition: the lost mark (unless capture wrote it) and the repaired mark carrying the
+cut. The segment's worker then streams from the new slot, dropping what the cut's
+snapshot sees; the replayer replaces the target's rows that the source places on the
+segment with the copied ones, in the same target transaction as the transactions whose
+part there the copy stands for (``replay/_order.py``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+from collections.abc import Mapping
+from contextlib import ExitStack
+from typing import Any
+
+import orjson
+from confluent_kafka import Producer
+from psycopg import sql
+
+from .._runtime import write_json
+from ..bootstrap import BootstrapError, Pipeline
+from ..bootstrap._bootstrap import _drop_when_released, _ensure_publications, _Slot, replication_connection
+from ..bootstrap._snapshot import distributed_tables, export_tables, write_manifest
+from ..cluster import COORDINATOR, Cluster
+from ..ingest import end_offsets, read_to_end
+from ..protocol import NodeStart, Repair, Topics, kind_of, lost_marker, parse_lsn, repaired_marker
+from ._changes import node_change
+
+
+def repair_segment(cluster: Cluster, pipeline: Pipeline, content: int, kafka: Mapping[str, str], *,
+                   timeout: float = 60.0) -> Repair:
+    """Capture segment ``content`` again from a new consistent cut; returns the repair
+    (kept in ``<pipeline dir>/repairs/seg<N>-<number>/``). Its worker must not run."""
+    start = pipeline.start_point()
+    segments = {node.content: node for node in cluster.segments}
+    if content == COORDINATOR or content not in segments:
+        raise BootstrapError(f"segment {content} is not a segment of the source (it has segments 0 to "
+                             f"{len(segments) - 1})" if content != COORDINATOR else
+                             "the coordinator cannot be repaired: the commit records it wrote after its slot's "
+                             "position are gone, and with them the order of what committed since",
+                             fix="bootstrap the pipeline again (`gpcdc bootstrap drop --delete-topics`, then "
+                                 "`gpcdc bootstrap create`) and replay into a fresh target"
+                             if content == COORDINATOR else "name a segment of the source")
+    if not cluster.routes_in_python:
+        raise BootstrapError(f"a {cluster.kind} source places rows by its own shards, which a repair of one node "
+                             "cannot name on the target",
+                             fix="bootstrap the pipeline again and replay into a fresh target")
+    node = segments[content]
+    lost = _why_lost(cluster, node, start.node(content))
+    if lost is None:
+        raise BootstrapError(f"segment {content}'s capture is not lost: {node} is the server its slot "
+                             f"{pipeline.slot} was made on, and the slot is there and usable",
+                             fix="nothing to repair; `gpcdc status` says how capture stands")
+    previous = start.repair(content)
+    number = previous.number + 1 if previous is not None else 1
+    directory = pipeline.repair_dir(content, number)
+    shutil.rmtree(directory, ignore_errors=True)  # what a failed attempt left
+    _drop_slot(cluster, node, pipeline.slot)
+    _ensure_publications(cluster, pipeline.publication)
+    slot = _Slot(cluster, node, pipeline.slot)
+    try:
+        slot.create(export=False, timeout=timeout)
+        slot.close()
+        repair = _cut_and_copy(cluster, node, slot, number, directory, timeout)
+        write_json(directory / "repair.json", repair.to_json())  # read by Pipeline.start_point
+        _mark(kafka, Topics(pipeline.prefix), repair, lost)
+    except BaseException:
+        slot.close()
+        _drop_slot(cluster, node, pipeline.slot)
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return repair
+
+
+def _why_lost(cluster: Cluster, node: Any, recorded: NodeStart) -> str | None:
+    """Why the node's capture can no longer go on from its slot (None: it can)."""
+    conn = replication_connection(cluster, node)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("IDENTIFY_SYSTEM")
+            system_identifier, timeline, _, _ = cur.fetchone()
+    finally:
+        conn.close()
+    with cluster.connect_node(node) as probe:
+        row = probe.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s",
+                            (recorded.slot,)).fetchone()
+    change = node_change(node, recorded, system_identifier=str(system_identifier), timeline=int(timeline),
+                         slot_found=row is not None, wal_status=row[0] if row else None)
+    return None if change is None else change.message
+
+
+def _drop_slot(cluster: Cluster, node: Any, slot: str) -> None:
+    with cluster.connect_node(node) as conn:
+        row = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+        if row is None:
+            return
+        if row[0]:
+            conn.execute("SELECT pg_terminate_backend(%s)", (row[0],))
+        _drop_when_released(conn, slot)
+
+
+def _cut_and_copy(cluster: Cluster, node: Any, slot: _Slot, number: int, directory: Any, timeout: float) -> Repair:
+    with ExitStack() as stack:
+        controller = stack.enter_context(cluster.coordinator_connection())
+        holder = stack.enter_context(cluster.connect_node(node, autocommit=False))
+        with cluster.commit_pause(controller, timeout) as snapshot:
+            # No commit phase runs: the segment's snapshot and the distributed one agree.
+            holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            name, lsn, visible = holder.execute(  # type: ignore[misc]
+                "SELECT pg_export_snapshot(), pg_current_wal_lsn()::text, pg_current_snapshot()::text").fetchone()
+            coordinator_lsn = controller.execute(  # type: ignore[index]
+                "SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
+        if snapshot is None:
+            raise BootstrapError(f"a {cluster.kind} source has no distributed snapshot to cut at",
+                                 fix="bootstrap the pipeline again and replay into a fresh target")
+        copier = stack.enter_context(cluster.connect_node(node, autocommit=False))
+        copier.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        copier.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(name)))
+        # The placement: the replayer finds the target's rows of this segment by it.
+        manifest: dict[str, Any] = {"tables": {}, "positions": {str(node.content): lsn},
+                                    "placement": {"segment": node.content, "segments": cluster.segment_count}}
+        export_tables(copier, node.content, [(t, cluster.relation(node, t)) for t in distributed_tables(cluster)],
+                      directory, manifest)
+        write_manifest(directory, manifest)
+        copier.rollback()
+    return Repair(number, NodeStart(node.content, slot.name, slot.consistent_lsn, parse_lsn(lsn), name, visible,
+                                    **slot.identity),
+                  snapshot, parse_lsn(coordinator_lsn), dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"))
+
+
+def _mark(kafka: Mapping[str, str], topics: Topics, repair: Repair, lost: str) -> None:
+    """The lost mark (unless the partition ends with one: capture wrote it when it
+    stopped), then the repaired mark."""
+    content = repair.node.content
+    end = end_offsets(kafka, topics.changes, [content])[content]
+    last = None
+    for message in read_to_end(kafka, topics.changes, start={content: max(0, end - 1)}, partitions=[content]):
+        try:
+            last = orjson.loads(message.value() or b"")
+        except orjson.JSONDecodeError:
+            last = None
+    marks = [repaired_marker(repair)]
+    if not (isinstance(last, dict) and kind_of(last) == "lost"):
+        marks.insert(0, lost_marker(content, lost))
+    errors: list[str] = []
+    producer = Producer({**kafka, "enable.idempotence": True, "acks": "all",
+                         "on_delivery": lambda err, _msg: errors.append(str(err)) if err else None})
+    for mark in marks:
+        producer.produce(topics.changes, mark.value, partition=content)
+    if producer.flush(30) or errors:
+        raise BootstrapError(f"Kafka did not take the repair's marks of {topics.changes} partition {content}"
+                             + (f": {errors[0]}" if errors else ""), fix="check the broker, then repair again")
+
+
+__all__ = ["repair_segment"]

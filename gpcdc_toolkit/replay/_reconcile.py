@@ -1,0 +1,45 @@
+"""A repaired segment's rows put in place on the target (see ``capture/_repair.py``).
+
+The target does not keep the source's placement, but the source's placement is a
+function of the distribution key (``cluster/_routing.py``): the target's rows whose
+key the source places on the repaired segment are exactly the rows that segment held,
+as far as the stream told. They are deleted and the repair's copy, the segment's rows
+at the cut, inserted in their place, inside the target transaction that also applies
+every transaction whose part on the segment the copy stands for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from psycopg import sql
+
+from ..bootstrap import InitialSnapshot
+from ..cluster import Cluster, Writes
+from ..cluster._routing import segment_for
+from ..errors import StreamError
+from ._load import load_rows
+from ._order import RepairMark
+
+
+def reconcile(tx: Writes, target: Cluster, mark: RepairMark, directory: Path) -> tuple[int, int]:
+    """Replace, in ``tx``, the target's rows of the repaired segment by the repair's copy
+    in ``directory``; returns (distribution keys deleted, rows inserted)."""
+    if not (directory / "manifest.json").is_file():
+        raise StreamError(f"the stream marks repair {mark.number} of segment {mark.segment}, but its copied rows are "
+                          f"not in {directory}",
+                          fix="replay with the work_dir where `gpcdc bootstrap repair` ran")
+    copy = InitialSnapshot(directory)
+    segments = int(copy.manifest["placement"]["segments"])
+    writers = sorted({target.writer_of(node.content) for node in target.segments} or {target.writer_of(-1)})
+    deleted = 0
+    for table in copy.tables:
+        key = copy.manifest["tables"][table]["distribution_key"]
+        info = tx.session.table(table)
+        query = sql.SQL("SELECT DISTINCT {} FROM {}").format(sql.SQL(", ").join(map(sql.Identifier, key)),
+                                                             info.identifier)
+        held = {tuple(row) for writer in writers for row in tx.execute(writer, query)}
+        gone = [dict(zip(key, values)) for values in held if segment_for(values, segments) == mark.segment]
+        tx.delete_keys(table, gone)
+        deleted += len(gone)
+    return deleted, load_rows(tx, copy)
