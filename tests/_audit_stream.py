@@ -63,6 +63,13 @@ class StreamBuilder:
         self._put(topic, partition, None, {"type": "lost", "segment": node, "reason": reason, "version": 2}, ts)
         return self
 
+    def repaired(self, node, number, xmax, running=(), coordinator_lsn=0, ts=9_500):
+        """The repaired mark `gpcdc bootstrap repair` writes after a node's lost mark."""
+        self._put(self.changes, node, None, {"type": "repaired", "segment": node, "number": number, "xmax": xmax,
+                                             "in_progress": list(running), "coordinator_lsn": coordinator_lsn,
+                                             "version": 2}, ts)
+        return self
+
     def watermark(self, node, resolved, ts, prepared=(), prepared_ts=None):
         value = {"resolved": resolved, "resolved_ts_ms": ts, "segment": node, "ts_ms": ts,
                  "prepared": list(prepared), "prepared_ts_ms": ts - 1 if prepared_ts is None else prepared_ts}

@@ -1,5 +1,7 @@
 """The audit's rules on streams written by hand (Spark, no other servers)."""
 
+import re
+
 import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -149,6 +151,26 @@ def test_a_lost_mark_is_a_finding_and_the_replayer_calls_what_it_cuts_off_missin
     cut_off = [f for f in found if f["rule"] in ("missing_part", "late_part")]
     assert [(f["rule"], f["severity"], f["gxid"], f["segments"]) for f in cut_off] == [("missing_part", "error", 2, [1])]
     assert "segment 1 is lost to the pipeline: it never comes" in cut_off[0]["evidence"]
+
+
+def test_a_repaired_node_is_a_warning_and_its_parts_in_the_copy_are_no_finding(spark):
+    b = StreamBuilder(segments=2)
+    b.record(1, [0, 1], 10, 1000).part(0, 1, 100, 1001).part(1, 1, 100, 1001)
+    b.record(2, [0, 1], 20, 2000).part(0, 2, 110, 2001)  # its part on 1 was lost: in the repair's copy
+    b.record(4, [0, 1], 40, 4000).part(0, 4, 130, 4001)  # running at the cut: its part on 1 comes after the marks
+    b.watermark(1, 100, 1_000)
+    b.lost(1, "segment 1 is on timeline 2, not 1")
+    b.repaired(1, 1, xmax=5, running=[4])
+    b.part(1, 4, 300, 4001)  # from the new slot
+    b.watermark(1, 300, 100_000)  # silent from the loss to the repair: lost_node says why
+    found = findings_of(spark, b)
+    assert "watermark_gap" not in {f["rule"] for f in found}
+    [lost] = [f for f in found if f["rule"] == "lost_node"]
+    assert lost["severity"] == "warning" and re.search(r"; repair 1 \(offset \d+\) captures it again", lost["evidence"])
+    assert {(f["rule"], f["gxid"], f["severity"]) for f in found if f["rule"].endswith("_part")} == {
+        ("covered_part", 2, "info")}
+    covered = next(f for f in found if f["rule"] == "covered_part")
+    assert "it is in repair 1's copy of segment 1's rows" in covered["evidence"]
 
 
 def test_a_lost_node_is_not_also_called_silent_but_a_silent_one_still_is(spark):

@@ -144,8 +144,9 @@ def test_a_dropped_slot_and_an_invalidated_slot_stop_their_nodes_capture_with_th
     group.start_node(0, group.log_file(0))
     assert failed_state(group, 0) == (
         f"failed: slot {pipeline.slot} is missing on {segment0}: it was dropped, so the changes since its acknowledged "
-        "position can no longer be decoded: bootstrap the pipeline again (`gpcdc bootstrap drop`, then `gpcdc "
-        "bootstrap create`) and replay into a fresh target; docs/reliability.md says what a node change loses and why")
+        "position can no longer be decoded: capture it again with `gpcdc bootstrap repair --segment 0`, or bootstrap "
+        "the pipeline again (`gpcdc bootstrap drop`, then `gpcdc bootstrap create`) and replay into a fresh target; "
+        "docs/reliability.md says what a node change loses and why")
     # The coordinator's slot falls behind further than max_slot_wal_keep_size allows.
     group.kill(-1)
     with cluster.connect_node(coordinator, autocommit=True) as conn:
@@ -347,3 +348,30 @@ def change(cluster, table, *, updated, deleted):
             tx.update(table, {"id": i}, {"v": f"u{uuid.uuid4().hex[:4]}"})
         for i in deleted:
             tx.delete(table, {"id": i})
+
+
+def test_a_repair_refuses_a_segment_whose_capture_is_not_lost_the_coordinator_and_an_unknown_segment(captured):
+    from gpcdc_toolkit.bootstrap import BootstrapError
+    from gpcdc_toolkit.capture import repair_segment
+    from gpcdc_toolkit.connect import kafka_client_settings
+
+    cluster, config, pipeline, group, _table = captured
+    kafka = kafka_client_settings(config)
+    with pytest.raises(BootstrapError, match=r"segment 0's capture is not lost: .* and the slot is there and usable"):
+        repair_segment(cluster, pipeline, 0, kafka)
+    with pytest.raises(BootstrapError, match="the coordinator cannot be repaired") as raised:
+        repair_segment(cluster, pipeline, -1, kafka)
+    assert "gpcdc bootstrap drop --delete-topics" in raised.value.fix
+    with pytest.raises(BootstrapError, match=r"segment 5 is not a segment of the source \(it has segments 0 to 1\)"):
+        repair_segment(cluster, pipeline, 5, kafka)
+    # The command line says the same in one line, and refuses while the worker runs.
+    argv = [sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(config.work_dir), "--source-sandbox",
+            config.source.sandbox, "--kafka-bootstrap-servers", config.kafka.bootstrap_servers,
+            "--kafka-topic-prefix", config.kafka.topic_prefix, "bootstrap", "repair", "--segment", "0"]
+    shown = subprocess.run(argv, env=ENV, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    assert shown.returncode != 0 and len(shown.stderr.strip().splitlines()) == 1
+    assert f"segment 0's capture worker runs (pid {group.pid(0)})" in shown.stderr
+    # Nothing was left behind: the slots are the bootstrap's, capture goes on.
+    write(cluster, _table, range(200, 210))
+    wait_until_acknowledged(cluster, pipeline.slot)
+    assert not pipeline.repairs_dir.exists()

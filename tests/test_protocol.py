@@ -264,7 +264,11 @@ def test_the_changes_that_stop_a_nodes_capture_are_said_with_the_fix():
     assert node_change("segment 1", start, **same, slot_found=True, wal_status="unreserved") is None
     dropped = node_change("segment 1", start, **same, slot_found=False, wal_status=None)
     assert str(dropped) == ("slot gpcdc_p is missing on segment 1: it was dropped, so the changes since its "
-                            f"acknowledged position can no longer be decoded: {REBOOTSTRAP}")
+                            "acknowledged position can no longer be decoded: capture it again with `gpcdc bootstrap "
+                            f"repair --segment 1`, or {REBOOTSTRAP}")
+    coordinator = NodeStart(-1, "gpcdc_p", 10, 10, None, system_identifier="7301", timeline=1)
+    assert str(node_change("coordinator", coordinator, **same, slot_found=False, wal_status=None)).endswith(
+        f"decoded: {REBOOTSTRAP}"), "the coordinator's records are not repaired: the pipeline is bootstrapped again"
     assert "was invalidated" in str(node_change("segment 1", start, **same, slot_found=True, wal_status="lost"))
     promoted = node_change("segment 1", start, system_identifier="7301", timeline=2, slot_found=False, wal_status=None)
     assert str(promoted).startswith("segment 1 is on timeline 2, not 1"), "the server's change is the cause to name"

@@ -348,3 +348,155 @@ def test_with_the_coordinator_lost_a_part_whose_record_never_came_is_missing():
     assert (missing.gxid, missing.segment, missing.present) == (2, 1, (1,))
     assert missing.lost.startswith("the coordinator is lost to the pipeline (slot s on coordinator was invalidated)")
     assert r.resume_offsets()[-1] == 7
+
+
+def _repair(segment=1, number=1, xmax=3, running=(), coordinator_lsn=100, offset=30):
+    from gpcdc_toolkit.protocol import DistributedSnapshot
+    from gpcdc_toolkit.replay._order import RepairMark
+
+    return RepairMark(segment, number, DistributedSnapshot(xmax, frozenset(running)), coordinator_lsn, offset)
+
+
+def test_a_repaired_segment_hands_out_what_its_copy_covers_then_the_copy_then_its_new_stream():
+    r = Reassembler(2, clock_skew_ms=100)
+    r.add_record(Record(1, (0, 1), commit_ts_ms=1_000, commit_lsn=10, offset=3))
+    r.add_part(Part(0, 1, False, 10, offset=10))
+    r.add_part(Part(1, 1, False, 10, offset=20))  # acknowledged before the loss
+    r.add_record(Record(2, (0, 1), commit_ts_ms=2_000, commit_lsn=11, offset=4))
+    r.add_part(Part(0, 2, False, 11, offset=11))  # its part on 1 was lost
+    r.add_watermark(1, -1, lost="segment 1 is on timeline 2, not 1", lost_at=29)
+    r.add_record(Record(3, (0, 1), commit_ts_ms=3_000, commit_lsn=200, offset=5))  # after the cut (xmax 3)
+    r.add_part(Part(0, 3, False, 13, offset=12))
+    assert [w.gxid for w in r.ready()] == [1] and [m.gxid for m in r.missing()] == [2]
+    r.add_repair(_repair())
+    r.add_part(Part(1, 4, True, 50, offset=31))  # a one-phase part of the new stream: after the copy
+    out = r.ready()
+    assert [(w.gxid, w.covered, w.reconcile is not None) for w in out] == [
+        (2, (1,), False), (None, (), True), (4, (), False)]
+    assert r.missing() == [] and r.in_doubt() == [(3, 1)]  # gxid 3's part on 1 comes from the new slot
+    r.add_part(Part(1, 3, False, 51, offset=32))
+    assert [(w.gxid, w.covered) for w in r.ready()] == [(3, ())]
+
+
+def test_the_copy_waits_until_the_coordinator_is_past_the_cut_when_no_record_is_waiting():
+    r = Reassembler(2)
+    r.add_watermark(1, -1, lost="slot s is missing", lost_at=29)
+    r.add_repair(_repair(xmax=3, coordinator_lsn=5))
+    r.add_part(Part(1, 4, True, 50, offset=31))  # the new stream's: after the copy
+    r.add_watermark(-1, 1_000, resolved_lsn=4)
+    assert r.ready() == []  # a record the cut saw may still come
+    r.add_record(Record(2, (0, 1), commit_ts_ms=1_000, commit_lsn=3, offset=4))
+    r.add_part(Part(0, 2, False, 11, offset=11))
+    [whole] = r.ready()
+    assert whole.gxid == 2 and [p.segment for p in whole.parts] == [0] and whole.covered == (1,)
+    r.add_watermark(-1, 2_000, resolved_lsn=5)
+    assert [(w.gxid, w.reconcile is not None) for w in r.ready()] == [(None, True), (4, False)]
+
+
+def test_a_replay_resumed_after_the_copy_was_applied_does_not_apply_it_again():
+    r = Reassembler(2, reconciled={1: 1}, applied={2})
+    r.add_watermark(1, -1, lost="slot s is missing", lost_at=29)
+    r.add_repair(_repair())
+    r.add_record(Record(3, (0, 1), commit_ts_ms=3_000, commit_lsn=200))
+    r.add_part(Part(0, 3, False, 13, offset=12))
+    r.add_part(Part(1, 3, False, 51, offset=32))
+    assert [(w.gxid, w.reconcile) for w in r.ready()] == [(3, None)]
+    assert r.resume_offsets()[1] == 29, "the marks are read again after a restart"
+
+
+def test_a_later_repair_of_the_same_segment_replaces_the_earlier():
+    r = Reassembler(2, reconciled={1: 1})
+    r.add_repair(_repair(number=1))
+    r.add_repair(_repair(number=2, xmax=7, offset=60))
+    r.add_watermark(-1, 1_000, resolved_lsn=100)
+    [copy] = r.ready()
+    assert copy.reconcile is not None and copy.reconcile.number == 2
+
+
+def consistent_cut(logs, coordinator, writes, c):
+    """Each segment's log prefix at a cut after the first ``c`` commit records, taken as
+    the commit lock takes it (no commit phase in flight): every part of those records
+    in, none of later ones; None when the logs allow no such cut."""
+    before, after = set(coordinator[:c]), set(coordinator[c:])
+    prefixes = []
+    for log in logs:
+        n = max((i + 1 for i, g in enumerate(log) if g in before), default=0)
+        if any(g in after for g in log[:n]):
+            return None
+        prefixes.append(n)
+    return prefixes
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_a_segment_lost_and_repaired_at_a_random_cut_replays_to_the_source_state(seed):
+    """A segment's stream stops at a random point (the loss) and goes on after a
+    consistent cut taken later (the repair: its rows copied as of the cut). Fed in a
+    random interleaving, the reassembler's output, applied with the copy, leaves every
+    row as the source's last writer left it."""
+    from gpcdc_toolkit.protocol import DistributedSnapshot
+
+    rng = random.Random(seed)
+    logs, coordinator, writes = simulate(rng, segments=3, transactions=25, keys=4)
+    cuts = [(c, p) for c in range(len(coordinator) + 1) if (p := consistent_cut(logs, coordinator, writes, c))]
+    c, prefixes = rng.choice(cuts)
+    lost_segment = rng.randrange(3)
+    cut_at = prefixes[lost_segment]
+    lost_from = rng.randint(0, cut_at)  # the parts from here to the cut never reach the stream
+    seen = set(coordinator[:c]) | {g for s, log in enumerate(logs) for g in log[:prefixes[s]]}
+    snapshot = DistributedSnapshot(len(writes) + 1, frozenset(set(writes) - seen))
+    segs_of = {g: sorted({s for s, _ in w}) for g, w in writes.items()}
+
+    def part(s, i):
+        g = logs[s][i]
+        return ("part", s, Part(s, g, one_phase=len(segs_of[g]) == 1, commit_lsn=i + 1, offset=i if i < lost_from
+                                else i + 2))
+
+    queues = [[part(s, i) for i in range(len(log)) if s != lost_segment or i < lost_from or i >= cut_at]
+              for s, log in enumerate(logs)]
+    lost_queue = queues[lost_segment]
+    at = sum(1 for e in lost_queue if e[2].offset < lost_from)
+    lost_queue[at:at] = [("lost", lost_from), ("repaired", lost_from + 1)]
+    queues.append([("record", g, i) for i, g in enumerate(coordinator)] + [("resolved", len(coordinator) + 1)])
+    r = Reassembler(3)
+    out = []
+    while any(queues):
+        event = rng.choice([q for q in queues if q]).pop(0)
+        if event[0] == "part":
+            r.add_part(event[2])
+        elif event[0] == "record":
+            r.add_record(Record(event[1], tuple(segs_of[event[1]]), commit_lsn=event[2] + 1))
+        elif event[0] == "lost":
+            r.add_watermark(lost_segment, -1, lost="slot s is missing", lost_at=event[1])
+        elif event[0] == "repaired":
+            r.add_repair(_repair(lost_segment, 1, snapshot.xmax, snapshot.in_progress, coordinator_lsn=c + 1,
+                                 offset=event[1]))
+        else:
+            r.add_watermark(-1, 1_000, resolved_lsn=event[1])
+        out += r.ready()
+    out += r.ready()
+
+    def last_writers(applied):
+        state = {}
+        for s, g in applied:
+            for seg, key in writes[g]:
+                if seg == s:
+                    state[(s, key)] = g
+        return state
+
+    applied = []
+    for whole in out:
+        if whole.reconcile is not None:
+            copy = last_writers((lost_segment, g) for g in logs[lost_segment][:cut_at])
+            applied = [(s, g) for s, g in applied if s != lost_segment]
+            applied += [(lost_segment, g) for (_s, _k), g in sorted(copy.items(), key=lambda kv: logs[lost_segment].index(kv[1]))]
+        else:
+            applied += [(p.segment, whole.gxid) for p in whole.parts]
+    [copy_at] = [i for i, w in enumerate(out) if w.reconcile is not None]
+    for i, whole in enumerate(out):  # what the copy stands for goes before it, and nothing older after it
+        if whole.covered:
+            assert i < copy_at and whole.covered == (lost_segment,) and snapshot.sees(whole.gxid)
+        if i > copy_at:
+            assert all(p.offset > lost_from for p in whole.parts if p.segment == lost_segment)
+    source = last_writers((s, g) for s, log in enumerate(logs) for g in log)
+    assert last_writers(applied) == source
+    assert r.missing() == [] and r.pending == 0

@@ -68,6 +68,8 @@ ADVICE: dict[str, str] = {
     "lost_parts": "Parts of a segment are lost from the stream (their numbers are missing), whatever their "
                   "transactions: do not replay past them. Check that segment's capture worker (gpcdc status) and the "
                   "changes topic's retention; re-bootstrap the pipeline if the WAL is gone.",
+    "covered_part": "Nothing to do: the segment was repaired (gpcdc bootstrap repair), and the replayer applies this "
+                    "part's rows from the repair's copy.",
     "late_part": "Nothing to do yet: the part may still come. If it is reported again in later runs, look at the "
                  "segment's capture worker and its prepared transactions.",
     "damaged_part": "Events of a part are lost or repeated: re-capture from the slot (reset the worker to the last "
@@ -99,7 +101,8 @@ ADVICE: dict[str, str] = {
                              "damaged; do not replay past it until explained.",
     "watermark_gap": "A node was silent for a while: look at its capture worker's log for that time.",
     "lost_node": "The node changed under the pipeline (a mirror promoted, its slot dropped or invalidated): "
-                 "`gpcdc status` says how. Bootstrap the pipeline again and replay into a fresh target.",
+                 "`gpcdc status` says how. For a segment, capture it again with `gpcdc bootstrap repair --segment N` "
+                 "(docs/reliability.md); otherwise bootstrap the pipeline again and replay into a fresh target.",
     "silent_node": "A node is silent now: check its capture worker (gpcdc status) and restart it.",
     "corrupt_message": "A message is not of the protocol: find its producer; the replayer stops at it.",
 }

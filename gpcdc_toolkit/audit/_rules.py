@@ -227,12 +227,18 @@ def lost_nodes(stream: Stream, t: Thresholds) -> DataFrame:
     """A node whose capture stopped for good because it changed under the pipeline (a
     mirror promoted, its slot dropped or invalidated): what it committed after its slot's
     acknowledged position is not in the stream."""
-    lost = stream.events.where(col("kind") == "lost")
+    lost = stream.events.where(col("kind") == "lost").join(
+        _repairs(stream).select("segment", "repair", "repaired_at"), "segment", "left")
+    repaired = col("repair").isNotNull()
     return lost.select(finding(
-        "lost_node", "error",
+        "lost_node", F.when(repaired, lit("warning")).otherwise(lit("error")),
         F.concat(lit("node "), col("segment").cast("string"), lit(" is lost to the pipeline: its capture stopped for "
                                                                   "good at this mark, and what it committed later was "
-                                                                  "never captured")),
+                                                                  "never captured"),
+                 F.when(repaired, F.concat(lit("; repair "), _text("repair"), lit(" (offset "), _text("repaired_at"),
+                                           lit(") captures it again: its part of every transaction the repair's cut "
+                                               "saw is in the repair's copy of its rows, not in the stream")))
+                 .otherwise(lit(""))),
         segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
         offsets=F.array(col("offset")), first_seen=col("timestamp")))
 
@@ -284,11 +290,16 @@ def missing_parts(stream: Stream, t: Thresholds) -> DataFrame:
                .withColumn("flagged", lit(True)))
     rows = (absent.join(arrived, "gxid", "left").join(latest, "segment", "left").join(cut, "segment", "left")
             .join(_empty_proof(stream), "segment", "left").join(flagged, ["gxid", "segment"], "left")
-            .join(_lost(stream), "segment", "left"))
+            .join(_lost(stream), "segment", "left")
+            .join(_repairs(stream).select("segment", "repair", "cut_xmax", "cut_running"), "segment", "left"))
     before_window = col("segment_from").isNotNull() & (
         _ms("commit_ts") - t.clock_skew_ms < _ms("segment_from"))
-    # A lost mark ends its segment's partition: a part not before it never comes.
-    lost = col("lost").isNotNull() & ~before_window
+    # A repair's copy holds the segment's part of every transaction its cut saw.
+    covered = col("repair").isNotNull() & (col("gxid") < col("cut_xmax")) & ~F.array_contains(
+        F.coalesce(col("cut_running"), F.array()), col("gxid"))
+    # A lost mark ends its segment's partition: a part not before it never comes (unless
+    # a repair captures the segment again).
+    lost = col("lost").isNotNull() & col("repair").isNull() & ~before_window
     proven = lost | (col("prepared_ts").isNotNull()
                      & ~F.array_contains(F.coalesce(col("prepared"), F.array()), col("gxid"))
                      & (_ms("prepared_ts") >= _ms("commit_ts") + t.clock_skew_ms) & ~before_window)
@@ -309,11 +320,27 @@ def missing_parts(stream: Stream, t: Thresholds) -> DataFrame:
                                lit(" ms of segment "), _text("segment"), lit("'s watermark, no prepared list "
                                                                              "after the commit yet"))))
     changed_nothing = proven & ~lost & F.coalesce(col("gap_free"), lit(False)) & col("flagged").isNull()
-    return rows.where(~changed_nothing).select(finding(
+    missing = rows.where(~changed_nothing & ~covered).select(finding(
         "missing_part", F.when(proven, lit("error")).otherwise(lit("info")), F.concat(head, why),
         gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
         offsets=F.array(col("offset")), commit_ts=col("commit_ts"), first_seen=col("first_seen"))
     ).withColumn("rule", F.when(col("severity") == "error", lit("missing_part")).otherwise(lit("late_part")))
+    in_copy = rows.where(covered).select(finding(
+        "covered_part", "info", F.concat(head, lit("; it is in repair "), _text("repair"), lit("'s copy of segment "),
+                                         _text("segment"), lit("'s rows")),
+        gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
+        offsets=F.array(col("offset")), commit_ts=col("commit_ts"), first_seen=col("first_seen")))
+    return missing.unionByName(in_copy)
+
+
+def _repairs(stream: Stream) -> DataFrame:
+    """The latest repaired mark of each repaired segment: ``repair`` (its number), the
+    cut's xmax (``cut_xmax``) and running gxids (``cut_running``), ``repaired_at`` (its offset)."""
+    marks = stream.events.where(col("kind") == "repaired")
+    latest = Window.partitionBy("segment").orderBy(col("number").desc())
+    return (marks.withColumn("rank", F.row_number().over(latest)).where(col("rank") == 1)
+            .select("segment", col("number").alias("repair"), col("gxid").alias("cut_xmax"),
+                    col("prepared").alias("cut_running"), col("offset").alias("repaired_at")))
 
 
 def _lost(stream: Stream) -> DataFrame:
@@ -601,6 +628,10 @@ def silence(stream: Stream, t: Thresholds) -> DataFrame:
     gaps = (marks.withColumn("prev_ts", F.lag("resolved_ts").over(order))
             .withColumn("prev_offset", F.lag("offset").over(order))
             .where(_ms("resolved_ts") - _ms("prev_ts") > t.silence_ms))
+    # Between a lost mark and a repair the node is silent by design: lost_node says so.
+    marked = stream.events.where(col("kind") == "lost").select("segment", col("offset").alias("lost_at"))
+    gaps = gaps.join(marked, (gaps["segment"] == marked["segment"]) & (col("lost_at") > col("prev_offset"))
+                     & (col("lost_at") < gaps["offset"]), "left_anti")
     inner = gaps.select(finding(
         "watermark_gap", "warning",
         F.concat(lit("node "), _text("segment"), lit(" sent no watermark for "),
@@ -611,8 +642,10 @@ def silence(stream: Stream, t: Thresholds) -> DataFrame:
     last = marks.groupBy("topic", "partition", "segment").agg(
         F.max("resolved_ts").alias("last_ts"), F.max("offset").alias("offset"), F.max("timestamp").alias("seen"))
     latest = marks.agg(F.max("resolved_ts").alias("latest_ts"))
-    # A lost node is silent for good: its lost mark is the finding (lost_node).
-    tail = last.join(_lost(stream), "segment", "left_anti").crossJoin(latest).where(
+    # A lost node is silent for good: its lost mark is the finding (lost_node); a repaired
+    # one speaks again.
+    lost = _lost(stream).join(_repairs(stream), "segment", "left_anti")
+    tail = last.join(lost, "segment", "left_anti").crossJoin(latest).where(
         _ms("latest_ts") - _ms("last_ts") > t.silence_ms).select(finding(
         "silent_node", "warning",
         F.concat(lit("node "), _text("segment"), lit(" has sent no watermark since "), _text("last_ts"),

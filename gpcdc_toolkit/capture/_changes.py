@@ -25,13 +25,16 @@ def node_change(node: object, start: NodeStart, *, system_identifier: str, timel
                 slot_found: bool, wal_status: str | None) -> ClusterChangedError | None:
     """What makes ``node`` (as it answers now) unfit to capture from where its slot was,
     or None: another server in its place, its slot dropped, or its slot invalidated."""
+    # A segment is captured again on its own; the coordinator's lost records take the whole pipeline.
+    fix = REBOOTSTRAP if start.content < 0 else f"capture it again with `gpcdc bootstrap repair --segment " \
+        f"{start.content}`, or {REBOOTSTRAP}"
     if change := start.replaced_by(system_identifier, timeline):
         return ClusterChangedError(f"{node} {change}; its slot {start.slot} and the changes committed there after the "
-                                   "slot's acknowledged position are not on this server's stream", fix=REBOOTSTRAP)
+                                   "slot's acknowledged position are not on this server's stream", fix=fix)
     if not slot_found:
         return ClusterChangedError(f"slot {start.slot} is missing on {node}: it was dropped, so the changes since its "
-                                   "acknowledged position can no longer be decoded", fix=REBOOTSTRAP)
+                                   "acknowledged position can no longer be decoded", fix=fix)
     if wal_status == "lost":
         return ClusterChangedError(f"slot {start.slot} on {node} was invalidated: the WAL it still needed was removed "
-                                   "(the slot fell further behind than max_slot_wal_keep_size)", fix=REBOOTSTRAP)
+                                   "(the slot fell further behind than max_slot_wal_keep_size)", fix=fix)
     return None

@@ -22,9 +22,9 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("partition", "int"),
     ("offset", "bigint"),
     ("timestamp", "timestamp"),  # the Kafka message's timestamp
-    ("kind", "string"),  # row, begin, end, resolved, commit, ddl, pipeline; null when corrupt
+    ("kind", "string"),  # row, begin, end, resolved, commit, ddl, pipeline, lost, repaired; null when corrupt
     ("segment", "int"),  # -1: the coordinator
-    ("gxid", "bigint"),
+    ("gxid", "bigint"),  # repaired: the cut's xmax
     ("xid", "bigint"),
     ("commit_lsn", "bigint"),
     ("commit_ts", "timestamp"),
@@ -44,7 +44,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("resolved_ts", "timestamp"),
     ("_corrupt_record", "string"),
     ("unchanged", "array<string>"),  # columns an update left out of "after" (TOASTed, not in the WAL)
-    ("prepared", "array<bigint>"),  # watermarks: gxids the node held prepared at prepared_ts
+    ("prepared", "array<bigint>"),  # watermarks: gxids the node held prepared at prepared_ts; repaired: running at the cut
     ("prepared_ts", "timestamp"),
     ("ddl_count", "int"),  # commit records: DDL records of the transaction before it
     # Numbered streams: a part's number (BEGIN, END), or the number of the node's last
@@ -100,8 +100,11 @@ def to_row(topic: str, partition: int, offset: int, timestamp_ms: int | None,
                            v.get("prepared"), v.get("prepared_ts_ms"), None, v.get("parts"))
         if kind == "pipeline":  # the first message of each partition: which bootstrap wrote it
             return head + ("pipeline", v["segment"]) + (None,) * (WIDTH - 7) + (v.get("parts"),)
-        if kind in ("lost", "repaired"):  # a node's capture stopped for good; captured again from a new slot
-            return head + (kind, v["segment"]) + (None,) * (WIDTH - 6)
+        if kind == "lost":  # the last message of a node's partition: its capture stopped for good
+            return head + ("lost", v["segment"]) + (None,) * (WIDTH - 6)
+        if kind == "repaired":  # captured again from a new slot: the cut's snapshot (xmax, the gxids then running)
+            return head + ("repaired", v["segment"], v["xmax"], None, v["coordinator_lsn"]) + (None,) * 17 + (
+                v["in_progress"], None, None, v["number"])
         if kind in ("commit", "ddl"):
             return head + (kind, v["segment"], v["gxid"], v["xid"], v["commit_lsn"], v["commit_ts_ms"],
                            None, None, None, None, None, None, None, None, None, None,

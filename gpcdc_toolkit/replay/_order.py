@@ -290,16 +290,12 @@ class Reassembler:
         repair = self.segments[s].repair
         return repair is not None and repair.snapshot.sees(record.gxid)
 
-    def _stale(self, part: Part) -> bool:
-        """A part from before its segment's repair whose rows the repair's copy has put
-        in place already: applying it now would bring back older values."""
-        segment = self.segments[part.segment]
-        return segment.repair is not None and segment.reconciled and part.offset < segment.repair.offset
-
     def _reconcile_due(self, out: list[Whole]) -> bool:
         """Hand out each repair's rows once every transaction its snapshot sees is out:
         the next record is one it does not see, or the coordinator's stream is past
-        the cut with no record waiting."""
+        the cut with no record waiting. Every part from before the segment's loss is
+        of such a transaction, so none comes after the copy to bring older values back;
+        every part after the repaired mark waits for the copy (``_blocked``)."""
         head = self._records[0] if self._records else None
         coordinator = max(self._coordinator_lsn, self._coordinator_resolved)
         handed = False
@@ -329,7 +325,7 @@ class Reassembler:
             progress |= self._reconcile_due(out)
             if self._records:
                 record = self._records[0]
-                parts = {s: p for s, p in self._parts.get(record.gxid, {}).items() if not self._stale(p)}
+                parts = self._parts.get(record.gxid, {})
                 if all(s in parts or self._empty(record, s) or self._covered(record, s) for s in record.segments):
                     if any(self._blocked(p) for p in parts.values()):
                         break  # after a gap in its segment's numbers: the order there is lost
@@ -360,9 +356,7 @@ class Reassembler:
             head = segment.log[0]
             if self._blocked(head):
                 break
-            if head.one_phase and self._stale(head):
-                pass  # in the repair's copy, put in place already
-            elif head.one_phase:
+            if head.one_phase:
                 if segment.anchor >= self._next:
                     break  # its anchor has not been handed out yet
                 if head.damage:
