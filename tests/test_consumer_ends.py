@@ -65,8 +65,10 @@ def test_other_broker_errors_and_a_leadership_that_never_settles_are_one_line():
     with pytest.raises(BrokerError, match=r"Kafka did not say where 't' partition 0 ends \(Broker: Topic authorization"):
         high_watermarks(_SettlingBroker({0: 1}, KafkaError.TOPIC_AUTHORIZATION_FAILED), "t", [0], timeout=30)
     # A partition a restarting broker's metadata lacks for a moment is asked again; so
-    # is one whose request was on a cluster node that died (its handle destroyed).
-    for settling in (KafkaError._UNKNOWN_PARTITION, KafkaError._DESTROY_BROKER, KafkaError._ALL_BROKERS_DOWN):
+    # is one whose request was on a cluster node that died (its handle destroyed), or
+    # whose new leader's high watermark is not caught up yet.
+    for settling in (KafkaError._UNKNOWN_PARTITION, KafkaError._DESTROY_BROKER, KafkaError._ALL_BROKERS_DOWN,
+                     KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.FENCED_LEADER_EPOCH):
         assert high_watermarks(_SettlingBroker({0: 2}, settling), "t", [0], timeout=30) == {0: 100}
     with pytest.raises(BrokerError, match="within 0.3 s .*check the broker"):
         high_watermarks(_SettlingBroker({0: 10**6}), "t", [0], timeout=0.3)

@@ -17,6 +17,7 @@ import datetime as dt
 import shutil
 from collections.abc import Mapping
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -27,7 +28,7 @@ from .._runtime import write_json
 from ..bootstrap import BootstrapError, Pipeline
 from ..bootstrap._bootstrap import _drop_when_released, _ensure_publications, _Slot, replication_connection
 from ..bootstrap._snapshot import distributed_tables, export_tables, write_manifest
-from ..cluster import COORDINATOR, Cluster
+from ..cluster import COORDINATOR, Cluster, Node
 from ..ingest import end_offsets, read_to_end
 from ..protocol import NodeStart, Repair, Topics, kind_of, lost_marker, parse_lsn, repaired_marker
 from ._changes import node_change
@@ -78,7 +79,7 @@ def repair_segment(cluster: Cluster, pipeline: Pipeline, content: int, kafka: Ma
     return repair
 
 
-def _why_lost(cluster: Cluster, node: Any, recorded: NodeStart) -> str | None:
+def _why_lost(cluster: Cluster, node: Node, recorded: NodeStart) -> str | None:
     """Why the node's capture can no longer go on from its slot (None: it can)."""
     conn = replication_connection(cluster, node)
     try:
@@ -95,7 +96,7 @@ def _why_lost(cluster: Cluster, node: Any, recorded: NodeStart) -> str | None:
     return None if change is None else change.message
 
 
-def _drop_slot(cluster: Cluster, node: Any, slot: str) -> None:
+def _drop_slot(cluster: Cluster, node: Node, slot: str) -> None:
     with cluster.connect_node(node) as conn:
         row = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
         if row is None:
@@ -105,7 +106,7 @@ def _drop_slot(cluster: Cluster, node: Any, slot: str) -> None:
         _drop_when_released(conn, slot)
 
 
-def _cut_and_copy(cluster: Cluster, node: Any, slot: _Slot, number: int, directory: Any, timeout: float) -> Repair:
+def _cut_and_copy(cluster: Cluster, node: Node, slot: _Slot, number: int, directory: Path, timeout: float) -> Repair:
     with ExitStack() as stack:
         controller = stack.enter_context(cluster.coordinator_connection())
         holder = stack.enter_context(cluster.connect_node(node, autocommit=False))

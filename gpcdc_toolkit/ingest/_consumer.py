@@ -59,9 +59,13 @@ _BROKER_AWAY = {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BR
 # While a broker starts (again), its metadata can lack a partition for a moment, which
 # the client reports as an unknown partition: asked again, it is there.
 # On a cluster, the client drops its handle of a node that left the metadata, failing
-# the request that was on it: asked again, another node answers.
+# the request that was on it, and a newly elected leader answers that its high
+# watermark is not caught up yet, or that the leader epoch asked about is not its own
+# (Kafka's retriable errors of ListOffsets): asked again, a leader answers.
 _SETTLING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION,
-             KafkaError._DESTROY_BROKER, *_BROKER_AWAY}
+             KafkaError._DESTROY_BROKER, KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.FENCED_LEADER_EPOCH,
+             KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.REPLICA_NOT_AVAILABLE, KafkaError.BROKER_NOT_AVAILABLE,
+             *_BROKER_AWAY}
 
 
 def high_watermarks(consumer: Consumer, topic: str, partitions: list[int], timeout: float = 30.0) -> dict[int, int]:

@@ -457,8 +457,9 @@ class _Run:
         through = -1  # the batch goes at least this far
         for i, whole in enumerate(in_hand):
             if whole.covered:
-                closing = next((j for j in range(i + 1, len(in_hand)) if in_hand[j].reconcile is not None
-                                and in_hand[j].reconcile.segment in whole.covered), None)  # type: ignore[union-attr]
+                closing = next((j for j in range(i + 1, len(in_hand))
+                                if (repair := in_hand[j].reconcile) is not None and repair.segment in whole.covered),
+                               None)
                 if closing is None:
                     in_hand = in_hand[:i]  # wait for the copy's rows
                     break
