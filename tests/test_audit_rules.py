@@ -173,6 +173,17 @@ def test_a_repaired_node_is_a_warning_and_its_parts_in_the_copy_are_no_finding(s
     assert "it is in repair 1's copy of segment 1's rows" in covered["evidence"]
 
 
+def test_a_node_lost_again_after_its_repair_is_an_error_and_its_parts_after_are_missing(spark):
+    b = StreamBuilder(segments=2)
+    b.lost(1, "slot gpcdc_x is missing")
+    b.repaired(1, 1, xmax=3)
+    b.lost(1, "segment 1 is on timeline 3, not 2")
+    b.record(5, [0, 1], 50, 5000).part(0, 5, 150, 5001)
+    found = findings_of(spark, b)
+    assert sorted(f["severity"] for f in found if f["rule"] == "lost_node") == ["error", "warning"]
+    assert [(f["gxid"], f["severity"]) for f in found if f["rule"] == "missing_part"] == [(5, "error")]
+
+
 def test_a_lost_node_is_not_also_called_silent_but_a_silent_one_still_is(spark):
     b = StreamBuilder(segments=2)
     b.watermark(0, 100, 1_000).watermark(1, 100, 1_000).watermark(-1, 100, 1_000)

@@ -401,7 +401,24 @@ def test_a_replay_resumed_after_the_copy_was_applied_does_not_apply_it_again():
     r.add_part(Part(0, 3, False, 13, offset=12))
     r.add_part(Part(1, 3, False, 51, offset=32))
     assert [(w.gxid, w.reconcile) for w in r.ready()] == [(3, None)]
-    assert r.resume_offsets()[1] == 29, "the marks are read again after a restart"
+    assert 1 not in r.resume_offsets(), "its copy applied, nothing before the marks is read again"
+    fresh = Reassembler(2)
+    fresh.add_watermark(1, -1, lost="slot s is missing", lost_at=29)
+    fresh.add_repair(_repair())
+    assert fresh.resume_offsets()[1] == 29, "until the copy is applied, the marks are read again after a restart"
+
+
+def test_a_segment_lost_again_after_its_repair_stops_the_replay_at_its_next_missing_part():
+    r = Reassembler(2)
+    r.add_watermark(1, -1, lost="slot s is missing", lost_at=29)
+    r.add_repair(_repair(xmax=3, offset=30))
+    r.add_watermark(-1, 1_000, resolved_lsn=100)
+    assert [w.reconcile is not None for w in r.ready()] == [True]
+    r.add_watermark(1, -1, lost="segment 1 is on timeline 3, not 2", lost_at=40)
+    r.add_record(Record(5, (0, 1), commit_ts_ms=5_000, commit_lsn=300))
+    r.add_part(Part(0, 5, False, 20, offset=13))
+    [missing] = r.missing()
+    assert (missing.gxid, missing.segment) == (5, 1) and "timeline 3" in missing.lost
 
 
 def test_a_later_repair_of_the_same_segment_replaces_the_earlier():

@@ -229,7 +229,7 @@ def lost_nodes(stream: Stream, t: Thresholds) -> DataFrame:
     acknowledged position is not in the stream."""
     lost = stream.events.where(col("kind") == "lost").join(
         _repairs(stream).select("segment", "repair", "repaired_at"), "segment", "left")
-    repaired = col("repair").isNotNull()
+    repaired = col("repair").isNotNull() & (col("repaired_at") > col("offset"))
     return lost.select(finding(
         "lost_node", F.when(repaired, lit("warning")).otherwise(lit("error")),
         F.concat(lit("node "), col("segment").cast("string"), lit(" is lost to the pipeline: its capture stopped for "
@@ -291,7 +291,8 @@ def missing_parts(stream: Stream, t: Thresholds) -> DataFrame:
     rows = (absent.join(arrived, "gxid", "left").join(latest, "segment", "left").join(cut, "segment", "left")
             .join(_empty_proof(stream), "segment", "left").join(flagged, ["gxid", "segment"], "left")
             .join(_lost(stream), "segment", "left")
-            .join(_repairs(stream).select("segment", "repair", "cut_xmax", "cut_running"), "segment", "left"))
+            .join(_repairs(stream).select("segment", "repair", "repaired_at", "cut_xmax", "cut_running"), "segment",
+                  "left"))
     before_window = col("segment_from").isNotNull() & (
         _ms("commit_ts") - t.clock_skew_ms < _ms("segment_from"))
     # A repair's copy holds the segment's part of every transaction its cut saw.
@@ -299,7 +300,7 @@ def missing_parts(stream: Stream, t: Thresholds) -> DataFrame:
         F.coalesce(col("cut_running"), F.array()), col("gxid"))
     # A lost mark ends its segment's partition: a part not before it never comes (unless
     # a repair captures the segment again).
-    lost = col("lost").isNotNull() & col("repair").isNull() & ~before_window
+    lost = col("lost_at").isNotNull() & (col("repair").isNull() | (col("repaired_at") < col("lost_at"))) & ~before_window
     proven = lost | (col("prepared_ts").isNotNull()
                      & ~F.array_contains(F.coalesce(col("prepared"), F.array()), col("gxid"))
                      & (_ms("prepared_ts") >= _ms("commit_ts") + t.clock_skew_ms) & ~before_window)
@@ -344,8 +345,9 @@ def _repairs(stream: Stream) -> DataFrame:
 
 
 def _lost(stream: Stream) -> DataFrame:
-    """The segments whose capture stopped for good (a lost mark): column ``lost``."""
-    return stream.events.where(col("kind") == "lost").select("segment").distinct().withColumn("lost", lit(True))
+    """The segments whose capture stopped for good (a lost mark): ``lost_at``, the latest
+    mark's offset."""
+    return stream.events.where(col("kind") == "lost").groupBy("segment").agg(F.max("offset").alias("lost_at"))
 
 
 def orphan_parts(stream: Stream, t: Thresholds) -> DataFrame:
@@ -644,7 +646,8 @@ def silence(stream: Stream, t: Thresholds) -> DataFrame:
     latest = marks.agg(F.max("resolved_ts").alias("latest_ts"))
     # A lost node is silent for good: its lost mark is the finding (lost_node); a repaired
     # one speaks again.
-    lost = _lost(stream).join(_repairs(stream), "segment", "left_anti")
+    lost = _lost(stream).join(_repairs(stream), "segment", "left").where(
+        col("repaired_at").isNull() | (col("repaired_at") < col("lost_at"))).select("segment")
     tail = last.join(lost, "segment", "left_anti").crossJoin(latest).where(
         _ms("latest_ts") - _ms("last_ts") > t.silence_ms).select(finding(
         "silent_node", "warning",

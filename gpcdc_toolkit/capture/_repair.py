@@ -24,7 +24,7 @@ import orjson
 from confluent_kafka import Producer
 from psycopg import sql
 
-from .._runtime import write_json
+from .._runtime import write_atomic, write_json
 from ..bootstrap import BootstrapError, Pipeline
 from ..bootstrap._bootstrap import _drop_when_released, _ensure_publications, _Slot, replication_connection
 from ..bootstrap._snapshot import distributed_tables, export_tables, write_manifest
@@ -58,10 +58,14 @@ def repair_segment(cluster: Cluster, pipeline: Pipeline, content: int, kafka: Ma
         raise BootstrapError(f"segment {content}'s capture is not lost: {node} is the server its slot "
                              f"{pipeline.slot} was made on, and the slot is there and usable",
                              fix="nothing to repair; `gpcdc status` says how capture stands")
+    # Every attempt takes a new number, kept even when it fails: a mark it may have left
+    # in the stream is never taken for a later repair's.
+    attempts = pipeline.repairs_dir / f"seg{content}.attempts"
     previous = start.repair(content)
-    number = previous.number + 1 if previous is not None else 1
+    number = max(int(attempts.read_text()) if attempts.is_file() else 0, previous.number if previous else 0) + 1
+    attempts.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(attempts, str(number))
     directory = pipeline.repair_dir(content, number)
-    shutil.rmtree(directory, ignore_errors=True)  # what a failed attempt left
     _drop_slot(cluster, node, pipeline.slot)
     _ensure_publications(cluster, pipeline.publication)
     slot = _Slot(cluster, node, pipeline.slot)
@@ -69,8 +73,10 @@ def repair_segment(cluster: Cluster, pipeline: Pipeline, content: int, kafka: Ma
         slot.create(export=False, timeout=timeout)
         slot.close()
         repair = _cut_and_copy(cluster, node, slot, number, directory, timeout)
-        write_json(directory / "repair.json", repair.to_json())  # read by Pipeline.start_point
         _mark(kafka, Topics(pipeline.prefix), repair, lost)
+        # Last: from here on the segment's worker captures from the new slot. A repair
+        # stopped before it leaves the old slot's record, so it can be run again.
+        write_json(directory / "repair.json", repair.to_json())  # read by Pipeline.start_point
     except BaseException:
         slot.close()
         _drop_slot(cluster, node, pipeline.slot)
@@ -111,7 +117,9 @@ def _cut_and_copy(cluster: Cluster, node: Node, slot: _Slot, number: int, direct
         controller = stack.enter_context(cluster.coordinator_connection())
         holder = stack.enter_context(cluster.connect_node(node, autocommit=False))
         with cluster.commit_pause(controller, timeout) as snapshot:
-            # No commit phase runs: the segment's snapshot and the distributed one agree.
+            # No commit phase runs (DDL included): the segment's snapshot, the distributed
+            # one and the tables as the catalog lists them agree.
+            tables = distributed_tables(cluster)
             holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             name, lsn, visible = holder.execute(  # type: ignore[misc]
                 "SELECT pg_export_snapshot(), pg_current_wal_lsn()::text, pg_current_snapshot()::text").fetchone()
@@ -125,9 +133,9 @@ def _cut_and_copy(cluster: Cluster, node: Node, slot: _Slot, number: int, direct
         copier.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(name)))
         # The placement: the replayer finds the target's rows of this segment by it.
         manifest: dict[str, Any] = {"tables": {}, "positions": {str(node.content): lsn},
-                                    "placement": {"segment": node.content, "segments": cluster.segment_count}}
-        export_tables(copier, node.content, [(t, cluster.relation(node, t)) for t in distributed_tables(cluster)],
-                      directory, manifest)
+                                    "placement": {"segment": node.content, "segments": cluster.segment_count},
+                                    "cut": {"xmax": snapshot.xmax, "in_progress": sorted(snapshot.in_progress)}}
+        export_tables(copier, node.content, [(t, cluster.relation(node, t)) for t in tables], directory, manifest)
         write_manifest(directory, manifest)
         copier.rollback()
     return Repair(number, NodeStart(node.content, slot.name, slot.consistent_lsn, parse_lsn(lsn), name, visible,

@@ -197,14 +197,16 @@ class Applier:
             if ddl:
                 self._apply_ddl(batch[0], record)
             else:
+                copies = []
                 with self.session.transaction() as tx:
                     rows = 0
                     for run, repair in _runs(batch):
                         rows += self._apply_rows(tx, run)
                         if repair is not None:
-                            self._reconcile(tx, repair)
+                            copies.append((repair.segment, repair.number, *self._reconcile(tx, repair)))
                     record(tx)
                 self.stats.rows += rows
+                self.stats.reconciled += copies
         except psycopg.errors.UniqueViolation as e:
             if e.diag.table_name != APPLIED:
                 raise ApplyError(f"{_what(batch)} failed on the target: {_first_line(e)}",
@@ -221,17 +223,16 @@ class Applier:
         self.stats.transactions += len(transactions)
         self.stats.empty += sum(1 for w in transactions if not ddl and not any(len(p.payload or ()) for p in w.parts))
         self.stats.batches += 1
-        self.stats.last_commit_ts_ms = max(self.stats.last_commit_ts_ms, *(commit_ts_ms(w) for w in transactions))
+        self.stats.last_commit_ts_ms = max([self.stats.last_commit_ts_ms, *(commit_ts_ms(w) for w in transactions)])
 
-    def _reconcile(self, tx: Writes, repair: RepairMark) -> None:
+    def _reconcile(self, tx: Writes, repair: RepairMark) -> tuple[int, int]:
         if self.repair_dir is None:
             raise StreamError(f"the stream marks repair {repair.number} of segment {repair.segment}, and this "
                               "replay was not told where repairs keep their rows",
                               fix="replay with the pipeline's work_dir")
         from ._reconcile import reconcile  # it loads rows as the initial load does, whose module imports this one
 
-        keys, rows = reconcile(tx, self.target, repair, self.repair_dir(repair.segment, repair.number))
-        self.stats.reconciled.append((repair.segment, repair.number, keys, rows))
+        return reconcile(tx, self.target, repair, self.repair_dir(repair.segment, repair.number))
 
     def _apply_ddl(self, whole: Whole, record: Callable[[Writes], None]) -> None:
         statements = whole.record.ddl  # type: ignore[union-attr]
@@ -395,6 +396,9 @@ def commit_ts_ms(whole: Whole) -> int:
 
 
 def _what(batch: Sequence[Whole]) -> str:
+    copies = [f"repair {w.reconcile.number} of segment {w.reconcile.segment}" for w in batch if w.reconcile is not None]
+    if copies:
+        return f"the batch with the copied rows of {', '.join(copies)}"
     gxids = [w.gxid for w in batch if w.gxid is not None]
     if len(batch) == 1:
         return f"gxid {gxids[0]}" if gxids else "a legacy part"

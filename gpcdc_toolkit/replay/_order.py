@@ -151,8 +151,14 @@ class _Segment:
     gap: tuple[int, int] | None = None  # numbers that never arrived, first and last
     blocked_from: int | None = None  # offset of the first part after the gap
     lost: str | None = None  # why the segment's capture stopped for good: nothing of it comes any more
-    repair: RepairMark | None = None  # captured again after the loss (the latest repair)
-    reconciled: bool = False  # the repair's rows are handed out (or were applied before a resume)
+    lost_at: int = -1  # offset of its latest lost mark
+    repair: RepairMark | None = None  # captured again after a loss (the latest repair)
+    copy_out: bool = False  # the repair's copy is handed out (or was applied before a resume)
+
+    @property
+    def repaired(self) -> bool:
+        """Captured again since its latest loss."""
+        return self.repair is not None and self.repair.offset > self.lost_at
 
 
 class Reassembler:
@@ -166,8 +172,8 @@ class Reassembler:
     def __init__(self, segments: int, *, clock_skew_ms: int = 1000, applied: Container[int] = frozenset(),
                  applied_lsn: Mapping[int, int] | None = None, reconciled: Mapping[int, int] | None = None) -> None:
         self.segments = [_Segment() for _ in range(segments)]
-        # Per segment, the number of the latest repair whose rows are applied.
-        self.reconciled = dict(reconciled or {})
+        # Per segment, the number of the latest repair whose copy is applied.
+        self.copies_applied = dict(reconciled or {})
         self._coordinator_resolved = -1  # the coordinator's watermark: every record before it has arrived
         self.applied = applied
         # Per segment, the commit LSN up to which its one-phase parts without a gxid are
@@ -267,7 +273,8 @@ class Reassembler:
                 self._coordinator_resolved = max(self._coordinator_resolved, resolved_lsn)
             return
         seg = self.segments[segment]
-        seg.lost = seg.lost or lost
+        if lost is not None:
+            seg.lost, seg.lost_at = lost, max(seg.lost_at, lost_at)
         if parts is not None:
             seg.numbered = True
             if seg.last_number is None:
@@ -279,11 +286,19 @@ class Reassembler:
             seg.prepared, seg.prepared_ts_ms = frozenset(prepared), prepared_ts_ms
 
     def add_repair(self, mark: RepairMark) -> None:
-        """A repaired mark: the segment's stream goes on after it, from a new slot."""
+        """A repaired mark: the segment's stream goes on after it, from a new slot whose
+        LSNs are its own. The latest mark is the repair (one that failed half-way and was
+        run again leaves an earlier mark of the same number)."""
         segment = self.segments[mark.segment]
-        if segment.repair is None or mark.number > segment.repair.number:
+        if segment.repair is None or mark.offset > segment.repair.offset:
             segment.repair = mark
-            segment.reconciled = self.reconciled.get(mark.segment, 0) >= mark.number
+            segment.copy_out = self.copies_applied.get(mark.segment, 0) >= mark.number
+            segment.last_lsn, segment.recent = -1, _Recent()
+
+    def _copy_applied(self, segment: _Segment) -> bool:
+        """Whether the segment's latest repair's copy was applied before this replay began."""
+        return (segment.repaired and segment.repair is not None
+                and self.copies_applied.get(segment.repair.segment, 0) >= segment.repair.number)
 
     def _covered(self, record: Record, s: int) -> bool:
         """Whether the record's part on ``s`` is in a repair's copied rows."""
@@ -301,11 +316,11 @@ class Reassembler:
         handed = False
         for segment in self.segments:
             repair = segment.repair
-            if repair is None or segment.reconciled:
+            if repair is None or segment.copy_out:
                 continue
             if (not repair.snapshot.sees(head.gxid)) if head is not None else coordinator >= repair.coordinator_lsn:
                 out.append(Whole(None, (), None, reconcile=repair))
-                segment.reconciled = True
+                segment.copy_out = True
                 handed = True
         return handed
 
@@ -378,7 +393,7 @@ class Reassembler:
         """Whether the part comes after a gap in its segment's numbers, or after its
         segment's repaired mark while the repair's rows are not out yet."""
         segment = self.segments[part.segment]
-        if segment.repair is not None and not segment.reconciled and part.offset > segment.repair.offset:
+        if segment.repair is not None and not segment.copy_out and part.offset > segment.repair.offset:
             return True
         return segment.blocked_from is not None and part.offset >= segment.blocked_from
 
@@ -435,9 +450,9 @@ class Reassembler:
         out = []
         for s in record.segments:
             segment = self.segments[s]
-            if s not in parts and segment.repair is not None:
+            if s not in parts and segment.repaired:
                 continue  # in the repair's copy, or still to come after its mark
-            if s not in parts and segment.lost is not None:
+            if s not in parts and segment.lost is not None and not self._covered(record, s):
                 offsets = ((-1, record.offset), *((c, parts[c].offset) for c in sorted(parts)))
                 out.append(Missing(record.gxid, s, tuple(sorted(parts)), record.commit_ts_ms, segment.watermark_ts_ms,
                                    offsets, lost=f"segment {s} is lost to the pipeline ({segment.lost})"))
@@ -487,6 +502,8 @@ class Reassembler:
         if self._records:
             out[-1] = self._records[0].offset
         for content, offset in self._lost_at.items():  # read again at every resume, so that it is known
+            if content >= 0 and self._copy_applied(self.segments[content]):
+                continue  # repaired, and its copy applied: nothing before the marks is needed again
             out[content] = min(out.get(content, offset), offset)
         return out
 

@@ -150,7 +150,9 @@ class Replayer:
                 now = time.monotonic()
                 if not follow:
                     run.check_heard(KAFKA_SILENCE)
-                done = run.caught_up and not run.in_hand and not follow
+                # Read to the end; what is in hand waits for a repair's copy, due once the
+                # coordinator's stream passes the repair's cut, which a later run applies.
+                done = run.caught_up and not follow and not run.ready_to_apply
                 if done or now - last_report >= progress_interval:
                     self.latest = run.progress()
                     if progress is not None:
@@ -391,6 +393,10 @@ class _Run:
                                            framed.prepared_ts_ms, framed.parts, framed.lost, framed.offset,
                                            framed.resolved_lsn)
 
+    @property
+    def ready_to_apply(self) -> bool:
+        return bool(self.in_hand) and bool(self._next_batch())
+
     def _apply_ready(self) -> None:
         while self.in_hand:
             batch = self._next_batch()
@@ -456,14 +462,13 @@ class _Run:
         in_hand = list(self.in_hand)
         through = -1  # the batch goes at least this far
         for i, whole in enumerate(in_hand):
-            if whole.covered:
-                closing = next((j for j in range(i + 1, len(in_hand))
-                                if (repair := in_hand[j].reconcile) is not None and repair.segment in whole.covered),
-                               None)
-                if closing is None:
-                    in_hand = in_hand[:i]  # wait for the copy's rows
-                    break
-                through = max(through, closing)
+            closing = [next((j for j in range(i + 1, len(in_hand))
+                             if (repair := in_hand[j].reconcile) is not None and repair.segment == s), None)
+                       for s in whole.covered]
+            if None in closing:
+                in_hand = in_hand[:i]  # wait for the copied rows of every segment it is covered on
+                break
+            through = max([through, *(j for j in closing if j is not None)])
         batch: list[Whole] = []
         rows = 0
         for i, whole in enumerate(in_hand):

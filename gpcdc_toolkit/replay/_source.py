@@ -188,9 +188,15 @@ class Framer:
             return None
         if kind == "resolved":
             return _watermark(partition, value)
+        if kind in ("lost", "repaired"):
+            # Nothing before the mark comes any more: a transaction left without its END
+            # will never have it. After a repair, the segment's LSNs are the new slot's.
+            self._open = {key: opened for key, opened in self._open.items() if key[0] != partition}
         if kind == "lost":
             return Watermark(partition, -1, lost=value["reason"], offset=offset)
         if kind == "repaired":
+            self.lsn_before.pop(partition, None)
+            self.last_lsn.pop(partition, None)
             return Watermark(partition, -1, repaired=RepairMark(
                 partition, value["number"], DistributedSnapshot(value["xmax"], frozenset(value["in_progress"])),
                 value["coordinator_lsn"], offset))
