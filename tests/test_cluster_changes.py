@@ -321,6 +321,9 @@ def test_a_failed_over_segment_repaired_is_captured_again_and_the_replay_goes_on
             change(now, "t", updated=range(2, 100, 7), deleted=range(4, 100, 11))
             group.start()
             wait_until_acknowledged(now, pipeline.slot)
+            shown = subprocess.run(repaired.args[:-4] + ["status"], env=ENV, capture_output=True, text=True,
+                                   stdin=subprocess.DEVNULL, timeout=120)
+            assert shown.returncode == 0, shown.stdout + shown.stderr  # the repaired slot is the one status expects
             with Replayer(config) as replayer:
                 replayer.run()
                 assert [(s, n) for s, n, _keys, _rows in replayer.applier.stats.reconciled] == [(1, 1)]
