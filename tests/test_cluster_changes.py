@@ -4,6 +4,7 @@ capture of the failed-over segment, of a segment whose slot was dropped, and of 
 whose slot was invalidated stops for good and says why in one line, with an exit
 status of its own, while the other nodes go on."""
 
+import contextlib
 import subprocess
 import sys
 import threading
@@ -38,28 +39,49 @@ def mirrored(work_dir):
         sandbox.down(remove=True)
 
 
-@pytest.fixture
-def captured(mirrored, broker, work_dir):
-    """A table written on both segments, a pipeline bootstrapped and captured up to now:
-    (cluster, config, pipeline, group)."""
-    cluster = mirrored.cluster()
+@contextlib.contextmanager
+def capturing(sandbox, broker, work_dir, **settings):
+    """A table written on both segments of ``sandbox``, a pipeline bootstrapped and
+    captured up to now: (cluster, config, pipeline, group, table). Its capture stopped
+    and its slots dropped after, on the source as its catalog lists it then."""
+    cluster = sandbox.cluster()
     table = f"t{uuid.uuid4().hex[:6]}"
     with Session(cluster) as session:
         session.ddl(f"CREATE TABLE {table} (id int PRIMARY KEY, v text) DISTRIBUTED BY (id)")
     config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
-                          "kafka.topic_prefix": f"m{uuid.uuid4().hex[:8]}", "source.sandbox": mirrored.name},
-                         environ={})
+                          "kafka.topic_prefix": f"m{uuid.uuid4().hex[:8]}", "source.sandbox": sandbox.name,
+                          **settings}, environ={})
     pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
     group = CaptureGroup(config.with_settings({"capture.max_backoff": 1.0}))
     bootstrap(cluster, pipeline, "snapshot")
-    group.start()
-    write(cluster, table, range(0, 40))
-    wait_until_acknowledged(cluster, pipeline.slot)
     try:
+        group.start()
+        write(cluster, table, range(0, 40))
+        wait_until_acknowledged(cluster, pipeline.slot)
         yield cluster, config, pipeline, group, table
     finally:
         group.stop()
-        drop_slots(mirrored.cluster(), pipeline.slot, publication=pipeline.publication)
+        drop_slots(sandbox.cluster(), pipeline.slot, publication=pipeline.publication)
+
+
+@pytest.fixture
+def captured(mirrored, broker, work_dir):
+    with capturing(mirrored, broker, work_dir) as pipeline:
+        yield pipeline
+
+
+def replayed_until_the_gap(config, work_dir, table):
+    """Replay the pipeline into a fresh target: the rows written before the change
+    (ids 0-39) arrive, then the replay stops at the gap; returns why."""
+    target = Sandbox(f"mt-{uuid.uuid4().hex[:4]}", work_dir).up(segments=1)
+    try:
+        with Replayer(config.with_settings({"target.sandbox": target.name})) as replayer, \
+                pytest.raises(MissingPartError) as raised:
+            replayer.run()
+        assert sorted(table_rows(target.cluster(), table)) == [(i, "x") for i in range(40)]
+    finally:
+        target.down(remove=True)
+    return raised.value
 
 
 def write(cluster, table, ids):
@@ -114,16 +136,9 @@ def test_a_failed_over_segment_stops_its_capture_with_the_reason_and_the_others_
     wait_until_acknowledged(now, pipeline.slot, contents=[-1, 0])
     # The replayer applies what was captured, and stops before the first transaction the
     # lost segment cannot complete (its part of rows 40-79), saying why.
-    target = Sandbox(f"mt-{uuid.uuid4().hex[:4]}", work_dir).up(segments=1)
-    try:
-        with Replayer(config.with_settings({"target.sandbox": target.name})) as replayer, \
-                pytest.raises(MissingPartError) as raised:
-            replayer.run()
-        assert sorted(table_rows(target.cluster(), table)) == [(i, "x") for i in range(40)]
-    finally:
-        target.down(remove=True)
-    assert raised.value.missing.segment == 1 and raised.value.missing.present == (0,)
-    assert f"segment 1 is lost to the pipeline ({now.segments[1]} is on timeline 2, not 1" in str(raised.value)
+    stopped = replayed_until_the_gap(config, work_dir, table)
+    assert stopped.missing.segment == 1 and stopped.missing.present == (0,)
+    assert f"segment 1 is lost to the pipeline ({now.segments[1]} is on timeline 2, not 1" in str(stopped)
     status = {row.node: row for row in capture_status(now, group)}
     assert status[1].state.startswith("failed: ") and status[1].acked_lsn == "no slot"
     shown = subprocess.run([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(config.work_dir),
@@ -222,19 +237,7 @@ def test_a_coordinator_whose_standby_took_over_stops_its_capture_and_the_replay_
     part whose record cannot come."""
     sandbox = Sandbox(f"cf-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2, mirrors=True)
     try:
-        cluster = sandbox.cluster()
-        with Session(cluster) as session:
-            session.ddl("CREATE TABLE t (id int PRIMARY KEY, v text) DISTRIBUTED BY (id)")
-        config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
-                              "kafka.topic_prefix": f"c{uuid.uuid4().hex[:8]}", "source.sandbox": sandbox.name},
-                             environ={})
-        pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
-        group = CaptureGroup(config.with_settings({"capture.max_backoff": 1.0}))
-        bootstrap(cluster, pipeline, "snapshot")
-        group.start()
-        try:
-            write(cluster, "t", range(0, 40))
-            wait_until_acknowledged(cluster, pipeline.slot)
+        with capturing(sandbox, broker, work_dir) as (cluster, config, pipeline, group, table):
             before = cluster.coordinator.port
             done = subprocess.run([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(config.work_dir),
                                    "sandbox", "failover", "--name", sandbox.name, "--coordinator"],
@@ -250,18 +253,11 @@ def test_a_coordinator_whose_standby_took_over_stops_its_capture_and_the_replay_
             assert f"{now.coordinator} is on timeline 2, not 1: its mirror or standby was promoted" in state
             # Written through the new coordinator: the segments' parts are captured, their
             # commit records are not.
-            write(now, "t", range(40, 80))
+            write(now, table, range(40, 80))
             wait_until_acknowledged(now, pipeline.slot, contents=[0, 1])
-            target = Sandbox(f"ct-{uuid.uuid4().hex[:4]}", work_dir).up(segments=1)
-            try:
-                with Replayer(config.with_settings({"target.sandbox": target.name})) as replayer, \
-                        pytest.raises(MissingPartError) as raised:
-                    replayer.run()
-                assert sorted(table_rows(target.cluster(), "t")) == [(i, "x") for i in range(40)]
-            finally:
-                target.down(remove=True)
-            assert "the coordinator is lost to the pipeline" in str(raised.value)
-            assert "commit record never came" in str(raised.value)
+            stopped = replayed_until_the_gap(config, work_dir, table)
+            assert "the coordinator is lost to the pipeline" in str(stopped)
+            assert "commit record never came" in str(stopped)
             shown = subprocess.run([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(config.work_dir),
                                     "--source-sandbox", sandbox.name, "--kafka-bootstrap-servers",
                                     config.kafka.bootstrap_servers, "--kafka-topic-prefix", config.kafka.topic_prefix,
@@ -270,9 +266,6 @@ def test_a_coordinator_whose_standby_took_over_stops_its_capture_and_the_replay_
             assert shown.returncode == 5, shown.stdout + shown.stderr
             assert shown.stderr.splitlines() == [
                 f"gpcdc: node -1 changed under the pipeline: {state.removeprefix('failed: ')}"]
-        finally:
-            group.stop()
-            drop_slots(sandbox.cluster(), pipeline.slot, publication=pipeline.publication)
     finally:
         sandbox.down(remove=True)
 
@@ -286,25 +279,14 @@ def test_a_failed_over_segment_repaired_is_captured_again_and_the_replay_goes_on
     sandbox = Sandbox(f"rp-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2, mirrors=True)
     target = Sandbox(f"rt-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
     try:
-        cluster = sandbox.cluster()
-        with Session(cluster) as session:
-            session.ddl("CREATE TABLE t (id int PRIMARY KEY, v text) DISTRIBUTED BY (id)")
-        config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
-                              "kafka.topic_prefix": f"r{uuid.uuid4().hex[:8]}", "source.sandbox": sandbox.name,
-                              "target.sandbox": target.name}, environ={})
-        pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
-        group = CaptureGroup(config.with_settings({"capture.max_backoff": 1.0}))
-        bootstrap(cluster, pipeline, "snapshot")
-        group.start()
-        try:
-            write(cluster, "t", range(0, 40))
-            wait_until_acknowledged(cluster, pipeline.slot)
+        with capturing(sandbox, broker, work_dir, **{"target.sandbox": target.name}) as (
+                cluster, config, pipeline, group, table):
             sandbox.failover(1)
             now = sandbox.cluster()
             failed_state(group, 1)
             # Lost on segment 1: inserts, updates and deletes on both segments.
-            write(now, "t", range(40, 80))
-            change(now, "t", updated=range(0, 40, 3), deleted=range(1, 40, 5))
+            write(now, table, range(40, 80))
+            change(now, table, updated=range(0, 40, 3), deleted=range(1, 40, 5))
             wait_until_acknowledged(now, pipeline.slot, contents=[-1, 0])
             with Replayer(config) as replayer, pytest.raises(MissingPartError):
                 replayer.run()
@@ -317,8 +299,8 @@ def test_a_failed_over_segment_repaired_is_captured_again_and_the_replay_goes_on
             assert repaired.returncode == 0, repaired.stderr
             assert "segment 1 repaired (repair 1)" in repaired.stdout
             # After the cut: captured from the new slot.
-            write(now, "t", range(80, 100))
-            change(now, "t", updated=range(2, 100, 7), deleted=range(4, 100, 11))
+            write(now, table, range(80, 100))
+            change(now, table, updated=range(2, 100, 7), deleted=range(4, 100, 11))
             group.start()
             wait_until_acknowledged(now, pipeline.slot)
             shown = subprocess.run(repaired.args[:-4] + ["status"], env=ENV, capture_output=True, text=True,
@@ -327,17 +309,14 @@ def test_a_failed_over_segment_repaired_is_captured_again_and_the_replay_goes_on
             with Replayer(config) as replayer:
                 replayer.run()
                 assert [(s, n) for s, n, _keys, _rows in replayer.applier.stats.reconciled] == [(1, 1)]
-            assert table_rows(target.cluster(), "t") == table_rows(now, "t")
+            assert table_rows(target.cluster(), table) == table_rows(now, table)
             # A replay that starts again does not put the copy in place a second time.
-            change(now, "t", updated=range(0, 100, 2), deleted=())
+            change(now, table, updated=range(0, 100, 2), deleted=())
             wait_until_acknowledged(now, pipeline.slot)
             with Replayer(config) as replayer:
                 replayer.run()
                 assert replayer.applier.stats.reconciled == []
-            assert table_rows(target.cluster(), "t") == table_rows(now, "t")
-        finally:
-            group.stop()
-            drop_slots(sandbox.cluster(), pipeline.slot, publication=pipeline.publication)
+            assert table_rows(target.cluster(), table) == table_rows(now, table)
     finally:
         target.down(remove=True)
         sandbox.down(remove=True)

@@ -240,3 +240,48 @@ def test_a_wrong_target_kind_or_an_unreachable_door_is_one_line(source, work_dir
     with pytest.raises(UnreachableError):
         connect_target("host=127.0.0.1 port=1 user=x dbname=y")
     assert connect_target(Sandbox("source", work_dir).dsn).kind == "sandbox"
+
+
+@pytest.mark.parametrize("flavour", ["greenplum", "postgres"])
+def test_a_repairs_copy_replaces_exactly_the_rows_the_source_places_on_its_segment_null_keys_too(work_dir, flavour):
+    """The reconcile of a repair (segment 0 of a 3-segment source, where NULL keys go):
+    the target's rows whose key the source places there are replaced by the copy,
+    those of a NULL key included; the others stay."""
+    import json
+
+    from gpcdc_toolkit.cluster import segment_for
+    from gpcdc_toolkit.protocol import DistributedSnapshot
+    from gpcdc_toolkit.replay._order import RepairMark
+    from gpcdc_toolkit.replay._reconcile import reconcile
+
+    repaired = segment_for([None], 3)
+    held = [(k, f"old{k}") for k in range(14)] + [(None, "old-null")]
+    on_it = sorted((k for k, _ in held if segment_for([k], 3) == repaired and k is not None))
+    # At the cut: one row of the segment deleted, the others changed, a NULL key and a new key there.
+    new_key = next(k for k in range(100, 200) if segment_for([k], 3) == repaired)
+    copy = [(k, f"new{k}") for k in on_it[1:]] + [(None, "new-null"), (new_key, "new")]
+    directory = work_dir / f"copy-{uuid.uuid4().hex[:6]}"
+    (directory / f"seg{repaired}").mkdir(parents=True)
+    (directory / f"seg{repaired}" / "kv.copy").write_text(
+        "".join(("\\N" if k is None else str(k)) + f"\t{v}\n" for k, v in copy))  # COPY's text format
+    (directory / "manifest.json").write_text(json.dumps({
+        "placement": {"segment": repaired, "segments": 3}, "cut": {"xmax": 10, "in_progress": []},
+        "tables": {"public.kv": {"schema": "public", "name": "kv", "columns": ["k", "v"], "generated": {},
+                                 "types": ["integer", "text"], "type_oids": [23, 25], "distribution_key": ["k"],
+                                 "primary_key": [], "files": {str(repaired): {"path": f"seg{repaired}/kv.copy",
+                                                                              "rows": len(copy)}}}}}))
+    target = Sandbox(f"rc-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2, flavour=flavour)
+    try:
+        cluster = target.cluster()
+        with cluster.session() as session:
+            session.ddl("CREATE TABLE kv (k int, v text) DISTRIBUTED BY (k)")
+            with session.transaction() as tx:
+                tx.insert("kv", [{"k": k, "v": v} for k, v in held])
+            with session.transaction() as tx:
+                keys, rows = reconcile(tx, cluster, RepairMark(repaired, 1, DistributedSnapshot(10, frozenset()), 0, 5),
+                                       directory)
+        assert (keys, rows) == (len(on_it) + 1, len(copy))
+        others = [(k, v) for k, v in held if k is not None and segment_for([k], 3) != repaired]
+        assert table_rows(cluster, "kv") == sorted(others + copy, key=repr)
+    finally:
+        target.down(remove=True)

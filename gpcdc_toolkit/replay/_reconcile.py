@@ -46,6 +46,10 @@ def reconcile(tx: Writes, target: Cluster, mark: RepairMark, directory: Path) ->
                                                              info.identifier)
         held = {tuple(row) for writer in writers for row in tx.execute(writer, query)}
         gone = [dict(zip(key, values)) for values in held if segment_for(values, segments) == mark.segment]
-        tx.delete_keys(table, gone)
+        tx.delete_keys(table, [k for k in gone if None not in k.values()])
+        for null_key in (k for k in gone if None in k.values()):  # = never matches a NULL
+            where = sql.SQL(" AND ").join(sql.SQL("{} IS NOT DISTINCT FROM %s").format(sql.Identifier(c)) for c in key)
+            tx.execute(tx.route(info, null_key), sql.SQL("DELETE FROM {} WHERE {}").format(info.identifier, where),
+                       list(null_key.values()))
         deleted += len(gone)
     return deleted, load_rows(tx, copy)
