@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..errors import ClusterChangedError
-from ..protocol import NodeStart
+from ..protocol import COORDINATOR, NodeStart
 
 REBOOTSTRAP = ("bootstrap the pipeline again (`gpcdc bootstrap drop`, then `gpcdc bootstrap create`) and replay into "
                "a fresh target; docs/reliability.md says what a node change loses and why")
@@ -26,8 +26,8 @@ def node_change(node: object, start: NodeStart, *, system_identifier: str, timel
     """What makes ``node`` (as it answers now) unfit to capture from where its slot was,
     or None: another server in its place, its slot dropped, or its slot invalidated."""
     # A segment is captured again on its own; the coordinator's lost records take the whole pipeline.
-    fix = REBOOTSTRAP if start.content < 0 else f"capture it again with `gpcdc bootstrap repair --segment " \
-        f"{start.content}`, or {REBOOTSTRAP}"
+    fix = REBOOTSTRAP if start.content == COORDINATOR else (
+        f"capture it again with `gpcdc bootstrap repair --segment {start.content}`, or {REBOOTSTRAP}")
     if change := start.replaced_by(system_identifier, timeline):
         return ClusterChangedError(f"{node} {change}; its slot {start.slot} and the changes committed there after the "
                                    "slot's acknowledged position are not on this server's stream", fix=fix)

@@ -40,14 +40,14 @@ def repair_segment(cluster: Cluster, pipeline: Pipeline, content: int, kafka: Ma
     (kept in ``<pipeline dir>/repairs/seg<N>-<number>/``). Its worker must not run."""
     start = pipeline.start_point()
     segments = {node.content: node for node in cluster.segments}
-    if content == COORDINATOR or content not in segments:
-        raise BootstrapError(f"segment {content} is not a segment of the source (it has segments 0 to "
-                             f"{len(segments) - 1})" if content != COORDINATOR else
-                             "the coordinator cannot be repaired: the commit records it wrote after its slot's "
+    if content == COORDINATOR:
+        raise BootstrapError("the coordinator cannot be repaired: the commit records it wrote after its slot's "
                              "position are gone, and with them the order of what committed since",
                              fix="bootstrap the pipeline again (`gpcdc bootstrap drop --delete-topics`, then "
-                                 "`gpcdc bootstrap create`) and replay into a fresh target"
-                             if content == COORDINATOR else "name a segment of the source")
+                                 "`gpcdc bootstrap create`) and replay into a fresh target")
+    if content not in segments:
+        raise BootstrapError(f"segment {content} is not a segment of the source (it has segments 0 to "
+                             f"{len(segments) - 1})", fix="name a segment of the source")
     if not cluster.routes_in_python:
         raise BootstrapError(f"a {cluster.kind} source places rows by its own shards, which a repair of one node "
                              "cannot name on the target",
