@@ -394,7 +394,7 @@ def test_the_copy_waits_until_the_coordinator_is_past_the_cut_when_no_record_is_
 
 
 def test_a_replay_resumed_after_the_copy_was_applied_does_not_apply_it_again():
-    r = Reassembler(2, reconciled={1: 1}, applied={2})
+    r = Reassembler(2, copies_applied={1: 1}, applied={2})
     r.add_watermark(1, -1, lost="slot s is missing", lost_at=29)
     r.add_repair(_repair())
     r.add_record(Record(3, (0, 1), commit_ts_ms=3_000, commit_lsn=200))
@@ -422,7 +422,7 @@ def test_a_segment_lost_again_after_its_repair_stops_the_replay_at_its_next_miss
 
 
 def test_a_later_repair_of_the_same_segment_replaces_the_earlier():
-    r = Reassembler(2, reconciled={1: 1})
+    r = Reassembler(2, copies_applied={1: 1})
     r.add_repair(_repair(number=1))
     r.add_repair(_repair(number=2, xmax=7, offset=60))
     r.add_watermark(-1, 1_000, resolved_lsn=100)

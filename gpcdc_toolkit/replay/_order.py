@@ -170,10 +170,10 @@ class Reassembler:
     """
 
     def __init__(self, segments: int, *, clock_skew_ms: int = 1000, applied: Container[int] = frozenset(),
-                 applied_lsn: Mapping[int, int] | None = None, reconciled: Mapping[int, int] | None = None) -> None:
+                 applied_lsn: Mapping[int, int] | None = None, copies_applied: Mapping[int, int] | None = None) -> None:
         self.segments = [_Segment() for _ in range(segments)]
         # Per segment, the number of the latest repair whose copy is applied.
-        self.copies_applied = dict(reconciled or {})
+        self.copies_applied = dict(copies_applied or {})
         self._coordinator_resolved = -1  # the coordinator's watermark: every record before it has arrived
         self.applied = applied
         # Per segment, the commit LSN up to which its one-phase parts without a gxid are

@@ -375,7 +375,7 @@ class _Run:
             gxids = {f.gxid for f in self.window if isinstance(f, (Part, Record)) and f.gxid is not None}
             self.reassembler = Reassembler(self.segments, clock_skew_ms=self.settings.clock_skew_ms,
                                            applied=self.applier.applied_among(gxids) if gxids else set(),
-                                           applied_lsn=self.applied_lsn, reconciled=self.repaired)
+                                           applied_lsn=self.applied_lsn, copies_applied=self.repaired)
         for framed in self.window:
             self._add(framed)
         self.window = []
