@@ -17,11 +17,12 @@ import pytest
 from gpcdc_toolkit._runtime import free_port, port_in_use
 
 
-def free_ports(count: int) -> int:
-    """The first of ``count`` consecutive free ports."""
+def free_ports(count: int, room: int = 1024) -> int:
+    """The first of ``count`` consecutive free ports, with ``room`` ports above it (a
+    capture metrics port must leave room for 1024 nodes' ports)."""
     for _ in range(100):
         first = free_port()
-        if all(not port_in_use(p) for p in range(first, first + count)) and first + count <= 65535:
+        if first + max(count, room) <= 65535 and all(not port_in_use(p) for p in range(first, first + count)):
             return first
     raise OSError(f"no {count} consecutive free ports after 100 tries")
 
