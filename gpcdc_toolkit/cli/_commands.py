@@ -8,13 +8,13 @@ from ._command import Command
 from ._pipeline import BootstrapCreate, BootstrapDrop, BootstrapRepair, CaptureRun, CaptureStart, CaptureStop, Status
 from ._replay import Replay
 from ._run import ReportsPrune, Run
-from ._servers import BrokerDown, BrokerStatus, BrokerUp, SandboxDown, SandboxFailover, SandboxStatus, SandboxUp
+from ._servers import BrokerDown, BrokerStatus, BrokerUp, SandboxDown, SandboxExpand, SandboxFailover, SandboxStatus, SandboxUp
 from ._validate import SyncPointCommand, Validate
 from ._workload import Demo, Workload
 
 GROUPS: dict[str, tuple[str, list[Command]]] = {
     "sandbox": ("sandbox clusters of PostgreSQL 15 servers",
-                [SandboxUp(), SandboxDown(), SandboxStatus(), SandboxFailover()]),
+                [SandboxUp(), SandboxDown(), SandboxStatus(), SandboxFailover(), SandboxExpand()]),
     "broker": ("the embedded Apache Kafka broker", [BrokerUp(), BrokerDown(), BrokerStatus()]),
     "bootstrap": ("replication slots at a distributed-transaction-consistent point",
                   [BootstrapCreate(), BootstrapDrop(), BootstrapRepair()]),

@@ -52,6 +52,23 @@ class SandboxFailover(Command):
         return 0
 
 
+class SandboxExpand(Command):
+    name, help = "expand", ("add segments and redistribute every table over them, as gpexpand does (one "
+                            "distributed transaction per table; writers wait meanwhile)")
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--name", default="source", help="sandbox name (default: source)")
+        parser.add_argument("--segments", type=int, required=True, help="how many segments to add")
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        expansion = Sandbox(args.name, config.work_dir).expand(args.segments)
+        say(f"sandbox {args.name!r} has new segments {expansion.added}: {expansion.rows_moved} rows of "
+            f"{len(expansion.moved)} tables moved to them")
+        for table, (rows, gxid) in sorted(expansion.moved.items()):
+            say(f"  {table}: {rows} rows (gxid {gxid})")
+        return 0
+
+
 class SandboxDown(Command):
     name, help = "down", "stop a sandbox cluster"
 

@@ -5,7 +5,8 @@ distributed transaction at a time; use one session per thread. The protocol of a
 distributed transaction, as Greenplum runs it:
 
 1. ``gp_dist.dtx_begin()`` on the coordinator: pass the transaction-start lock, take
-   a gxid, mark the transaction running;
+   a gxid, mark the transaction running, and read how many segments rows are routed
+   over;
 2. on each segment at first touch: ``BEGIN`` and the gxid marker, then the writes;
 3. commit: one segment touched: the one-phase marker and ``COMMIT``. Several:
    ``PREPARE TRANSACTION`` on each, the coordinator's commit record, then
@@ -104,8 +105,14 @@ class Session:
         return segment_for(values, self.cluster.segment_count)
 
     def transaction(self) -> DistributedTransaction:
-        """Start a distributed transaction; commit it with ``with`` or :meth:`commit`."""
-        gxid = self.connection(COORDINATOR).execute("SELECT gp_dist.dtx_begin()").fetchone()[0]  # type: ignore[index]
+        """Start a distributed transaction; commit it with ``with`` or :meth:`commit`.
+
+        Rows are routed over the segments the catalog lists when it starts: a cluster
+        expanded since this session's was found is found again (see ``dtx_begin``)."""
+        gxid, segments = self.connection(COORDINATOR).execute(  # type: ignore[misc]
+            "SELECT gxid, segments FROM gp_dist.dtx_begin()").fetchone()
+        if segments != self.cluster.segment_count:
+            self.cluster = type(self.cluster).connect(self.cluster.coordinator_dsn)
         return DistributedTransaction(self, int(gxid))
 
     def ddl(self, statement: str, *, timeout: float = 60.0,

@@ -40,10 +40,11 @@ CREATE SEQUENCE gp_dist.gxid_seq;
 CREATE TABLE gp_dist.committed_gxids (gxid bigint PRIMARY KEY);
 
 -- Every distributed transaction starts here: pass the start lock, take a gxid, and
--- mark the transaction running until gp_dist.dtx_end.
-CREATE FUNCTION gp_dist.dtx_begin() RETURNS bigint LANGUAGE plpgsql AS $$
-DECLARE
-    gxid bigint;
+-- mark the transaction running until gp_dist.dtx_end. Also returns how many segments
+-- the catalog lists, which rows are routed over: an expansion changes it only while it
+-- holds the start lock and no distributed transaction runs, so the count read here
+-- holds for the whole transaction.
+CREATE FUNCTION gp_dist.dtx_begin(OUT gxid bigint, OUT segments int) LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_advisory_lock_shared(1196454761, 0);
     PERFORM pg_advisory_unlock_shared(1196454761, 0);
@@ -57,7 +58,7 @@ BEGIN
     END IF;
     PERFORM pg_advisory_lock(1196454484, gxid::int);
     PERFORM pg_advisory_unlock_shared(1196450636, 0);
-    RETURN gxid;
+    SELECT count(*) INTO segments FROM gp_dist.gp_segment_configuration WHERE role = 'p' AND content >= 0;
 END $$;
 
 -- Enter the commit phase: take the commit lock shared; for a two-phase commit also

@@ -39,6 +39,7 @@ import psycopg
 from .._runtime import free_port, pid_alive, port_in_use, read_json, write_json
 from ..cluster import COORDINATOR, CitusCluster, Cluster, FrontDoor
 from ..errors import SandboxError, UnreachableError
+from ._expand import Expansion, expand_cluster
 
 PG_MAJOR = 15
 SUPERUSER = "gpcdc"
@@ -266,7 +267,7 @@ class Sandbox:
                     started.append(mirror)
                     state["mirrors"].append(asdict(mirror))
                     write_json(self.path / "sandbox.json.creating", state)
-                self._list_mirrors(nodes, [SandboxNode(**m) for m in state["mirrors"]])
+                self._list_mirrors(nodes[0].dsn, [SandboxNode(**m) for m in state["mirrors"]])
             os.replace(self.path / "sandbox.json.creating", self._state_file)
         except BaseException:
             for node in started:
@@ -308,6 +309,63 @@ class Sandbox:
         write_json(self._state_file, state)
         shutil.rmtree(primary.datadir, ignore_errors=True)
         return mirror
+
+    def expand(self, segments: int, *, timeout: float = 60.0) -> Expansion:
+        """Add ``segments`` segments (each with a mirror, where the sandbox has mirrors)
+        and redistribute every table over them, as gpexpand does: see ``_expand``.
+        Writers wait while it runs. Returns what it did.
+
+        New servers that never joined the catalog are stopped and removed on failure;
+        once listed, they stay (the cluster has them), and the failure says so."""
+        state = self._state()
+        if state.get("flavour", "greenplum") != "greenplum":
+            raise SandboxError(f"sandbox {self.name!r} is a {state['flavour']} cluster; only a greenplum sandbox "
+                               "expands with `gpcdc sandbox expand`", fix="expand a greenplum sandbox")
+        have = len(state["nodes"]) - 1
+        if segments < 1 or have + segments > 64:
+            raise SandboxError(f"cannot add {segments} segments to sandbox {self.name!r}: it has {have}, and a "
+                               "sandbox has 1 to 64", fix=f"add 1 to {64 - have} segments")
+        pg_bin = Path(state["pg_bin"])
+        user = pwd.getpwnam(state["os_user"]) if state["os_user"] else None
+        new = [SandboxNode(content, port, str(self.path / f"seg{content}"))
+               for content, port in zip(range(have, have + segments), self._choose_ports(segments, None))]
+        started: list[SandboxNode] = []
+        mirrors: list[SandboxNode] = []
+        listed = False
+
+        def list_in_state() -> None:
+            nonlocal listed
+            state["nodes"] += [asdict(n) for n in new]
+            if mirrors:
+                self._list_mirrors(self.dsn, mirrors)
+                state["mirrors"] += [asdict(m) for m in mirrors]
+            write_json(self._state_file, state)
+            listed = True
+
+        try:
+            for node in new:
+                self._initdb(node, pg_bin, user, "greenplum")
+                self._pg_ctl(node, "start", pg_bin=pg_bin, user=user)
+                started.append(node)
+            if state.get("mirrors"):
+                for node, port in zip(new, self._choose_ports(len(new), None)):
+                    mirrors.append(self._mirror(node, port, pg_bin, user))
+                    started.append(mirrors[-1])
+            return expand_cluster(self.dsn, [(n.content, n.port, n.datadir) for n in new], pg_bin, list_in_state,
+                                  timeout=timeout)
+        except BaseException as e:
+            if listed:
+                if isinstance(e, SandboxError):
+                    raise SandboxError(f"sandbox {self.name!r} has its new segments {[n.content for n in new]}, but "
+                                       f"its expansion stopped: {e.message}",
+                                       fix="some tables may have rows on segments they no longer belong on; "
+                                           "`gpcdc validate` finds them") from None
+                raise
+            for node in started:
+                self._stop(node, pg_bin=pg_bin, user=user)
+            for node in [*new, *mirrors]:
+                shutil.rmtree(node.datadir, ignore_errors=True)
+            raise
 
     def down(self, *, remove: bool = False) -> None:
         """Stop every node (by its pid file); with ``remove``, delete the data too."""
@@ -448,13 +506,13 @@ class Sandbox:
         return mirror
 
     @staticmethod
-    def _list_mirrors(nodes: list[SandboxNode], mirrors: list[SandboxNode]) -> None:
-        with psycopg.connect(nodes[0].dsn, autocommit=True) as conn, conn.transaction(), conn.cursor() as cur:
+    def _list_mirrors(coordinator_dsn: str, mirrors: list[SandboxNode]) -> None:
+        with psycopg.connect(coordinator_dsn, autocommit=True) as conn, conn.transaction(), conn.cursor() as cur:
             cur.execute("UPDATE gp_dist.gp_segment_configuration SET mode = 's'")
             cur.executemany(
                 "INSERT INTO gp_dist.gp_segment_configuration VALUES "
-                "(%s, %s, 'm', 'm', 's', 'u', %s, '127.0.0.1', '127.0.0.1', %s)",
-                [(dbid, m.content, m.port, m.datadir) for dbid, m in enumerate(mirrors, start=len(nodes) + 1)])
+                "((SELECT max(dbid) + 1 FROM gp_dist.gp_segment_configuration), %s, 'm', 'm', 's', 'u', %s, "
+                "'127.0.0.1', '127.0.0.1', %s)", [(m.content, m.port, m.datadir) for m in mirrors])
 
     def _install_controller(self, nodes: list[SandboxNode]) -> None:
         controller = resources.files("gpcdc_toolkit.cluster").joinpath("controller.sql").read_text()
