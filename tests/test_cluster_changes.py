@@ -18,7 +18,7 @@ from gpcdc_toolkit.bootstrap import Pipeline, bootstrap, drop_slots
 from gpcdc_toolkit.capture import CaptureGroup, capture_status, wait_until_acknowledged
 from gpcdc_toolkit.cluster import Session
 from gpcdc_toolkit.config import load_config
-from gpcdc_toolkit.errors import ClusterChangedError, SandboxError
+from gpcdc_toolkit.errors import ClusterChangedError, ClusterError, SandboxError
 from gpcdc_toolkit.replay import MissingPartError, Replayer
 from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.validate import table_rows
@@ -221,7 +221,8 @@ def test_segments_added_since_the_bootstrap_stop_capture_with_the_reason(mirrore
         group.start_node(0, group.log_file(0))
         assert failed_state(group, 0).startswith(
             "failed: the source lists segments [2], which the pipeline's start point does not (added since the "
-            "bootstrap): no slot of the pipeline decodes them: bootstrap the pipeline again")
+            "bootstrap): no slot of the pipeline decodes them: extend the pipeline to the new segments "
+            "(`gpcdc bootstrap extend`)")
     finally:
         with psycopg.connect(mirrored.dsn, autocommit=True) as conn:
             conn.execute("DELETE FROM gp_dist.gp_segment_configuration WHERE dbid = 100")
@@ -320,6 +321,94 @@ def test_a_failed_over_segment_repaired_is_captured_again_and_the_replay_goes_on
     finally:
         target.down(remove=True)
         sandbox.down(remove=True)
+
+
+def test_an_expanded_source_is_captured_on_its_new_segments_and_replayed_to_equality(broker, work_dir):
+    """`gpcdc sandbox expand` adds segments and moves rows to them in distributed
+    transactions; the coordinator's capture stops at the first commit record naming a
+    segment the pipeline does not capture, and `gpcdc status` says so. `gpcdc bootstrap
+    extend` captures the new segments from a consistent cut with their rows copied. A
+    replayer that followed the stream from before stops at the first record naming a
+    new segment; run again, the replay goes on to a target equal to the source (of
+    another segment count), the moves and the writes before the cut included."""
+    sandbox = Sandbox(f"ex-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
+    target = Sandbox(f"et-{uuid.uuid4().hex[:4]}", work_dir).up(segments=3)
+    try:
+        with capturing(sandbox, broker, work_dir, **{"target.sandbox": target.name}) as (
+                cluster, config, pipeline, group, table):
+            cli = [sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(config.work_dir), "--source-sandbox",
+                   sandbox.name, "--kafka-bootstrap-servers", config.kafka.bootstrap_servers, "--kafka-topic-prefix",
+                   config.kafka.topic_prefix]
+            # A replayer following the stream from before the expansion, through to its end.
+            follower = subprocess.Popen([*cli, "--target-sandbox", target.name, "replay"], env=ENV,
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                        text=True)
+            deadline = time.monotonic() + 120
+            while len(rows_or_none(target, table)) < 40 and follower.poll() is None:
+                assert time.monotonic() < deadline, "the replayer did not apply the first 40 rows within 120 s"
+                threading.Event().wait(0.1)  # polling the target for the replayer's progress
+            expanded = subprocess.run([*cli, "sandbox", "expand", "--name", sandbox.name, "--segments", "2"], env=ENV,
+                                      capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+            assert expanded.returncode == 0, expanded.stderr
+            now = sandbox.cluster()
+            assert [n.content for n in now.segments] == [0, 1, 2, 3]
+            moved = now.row_counts(table)
+            assert moved[2] + moved[3] > 0 and sum(moved.values()) == 40
+            # Written before the cut: routed over four segments by the sessions of old.
+            write(cluster, table, range(40, 80))
+            change(cluster, table, updated=range(0, 80, 3), deleted=range(1, 80, 7))
+            state = failed_state(group, -1)
+            assert "has parts on segments [2, 3], which the pipeline's start point does not list" in state
+            assert "`gpcdc bootstrap extend`" in state
+            shown = subprocess.run([*cli, "status"], env=ENV, capture_output=True, text=True,
+                                   stdin=subprocess.DEVNULL, timeout=120)
+            assert shown.returncode == 5, shown.stdout + shown.stderr
+            assert "the source lists segments [2, 3], which the pipeline's start point does not" in shown.stderr
+
+            refused = subprocess.run([*cli, "bootstrap", "extend"], env=ENV, capture_output=True, text=True,
+                                     stdin=subprocess.DEVNULL, timeout=120)
+            assert refused.returncode == 1 and "capture workers run for nodes [0, 1]" in refused.stderr
+            group.stop()
+            extended = subprocess.run([*cli, "bootstrap", "extend"], env=ENV, capture_output=True, text=True,
+                                      stdin=subprocess.DEVNULL, timeout=300)
+            assert extended.returncode == 0, extended.stderr
+            assert "segment 2 joined the pipeline" in extended.stdout and "segment 3 joined" in extended.stdout
+            again = subprocess.run([*cli, "bootstrap", "extend"], env=ENV, capture_output=True, text=True,
+                                   stdin=subprocess.DEVNULL, timeout=120)
+            assert again.returncode == 1 and "captures every segment the source lists (0 to 3)" in again.stderr
+
+            # After the cut: captured by the new segments' own slots.
+            write(now, table, range(80, 120))
+            change(now, table, updated=range(2, 120, 5), deleted=range(4, 120, 11))
+            group.start()
+            wait_until_acknowledged(now, pipeline.slot)
+            shown = subprocess.run([*cli, "status"], env=ENV, capture_output=True, text=True,
+                                   stdin=subprocess.DEVNULL, timeout=120)
+            assert shown.returncode == 0, shown.stdout + shown.stderr
+            # The follower reads two segments' partitions: it stops at the first record naming more.
+            assert follower.wait(timeout=120) == 5
+            assert "beyond the 2 this replay reads: the pipeline was extended" in follower.stderr.read()
+            with Replayer(config) as replayer:
+                replayer.run()
+                assert sorted((s, n) for s, n, _keys, _rows in replayer.applier.stats.reconciled) == [(2, 1), (3, 1)]
+            assert table_rows(target.cluster(), table) == table_rows(now, table)
+            change(now, table, updated=range(0, 120, 2), deleted=())
+            wait_until_acknowledged(now, pipeline.slot)
+            with Replayer(config) as replayer:
+                replayer.run()
+                assert replayer.applier.stats.reconciled == []
+            assert table_rows(target.cluster(), table) == table_rows(now, table)
+    finally:
+        target.down(remove=True)
+        sandbox.down(remove=True)
+
+
+def rows_or_none(sandbox, table):
+    """The table's rows, or none before the replayer creates it."""
+    try:
+        return table_rows(sandbox.cluster(), table)
+    except ClusterError:
+        return []
 
 
 def change(cluster, table, *, updated, deleted):

@@ -303,7 +303,7 @@ def _reuse(cluster: Cluster, pipeline: Pipeline, existing: dict[int, int],
         start = pipeline.start_point()
     except GpcdcError:
         start = None
-    if start is None or sorted(existing) != contents or sorted(n.content for n in start.nodes) != contents:
+    if start is None or sorted(existing) != contents or [n.content for n in start.captured_nodes] != contents:
         where = ", ".join("coordinator" if c == COORDINATOR else f"segment {c}" for c in sorted(existing))
         raise BootstrapError(
             f"slot {pipeline.slot} exists on {where}, but "

@@ -1,13 +1,14 @@
 """Capture workers: each node's logical decoding stream into Kafka, with no loss."""
 
 from ._processes import CaptureGroup, child_environment, config_environment, run_worker
-from ._repair import repair_segment
+from ._repair import extend_pipeline, repair_segment
 from ._reset import DroppedPipeline, drop_pipeline
 from ._status import NodeStatus, capture_status, wait_until_acknowledged
 from ._worker import CaptureWorker, WorkerSettings, WorkerStats, delete_topics, ensure_topics, producer_config
 
 __all__ = [
     "NodeStatus", "capture_status", "wait_until_acknowledged",
-    "CaptureGroup", "child_environment", "config_environment", "run_worker", "DroppedPipeline", "drop_pipeline", "repair_segment",
+    "CaptureGroup", "child_environment", "config_environment", "run_worker", "DroppedPipeline", "drop_pipeline",
+    "extend_pipeline", "repair_segment",
     "CaptureWorker", "WorkerSettings", "WorkerStats", "delete_topics", "ensure_topics", "producer_config",
 ]

@@ -10,6 +10,8 @@ from ..protocol import COORDINATOR, NodeStart
 
 REBOOTSTRAP = ("bootstrap the pipeline again (`gpcdc bootstrap drop`, then `gpcdc bootstrap create`) and replay into "
                "a fresh target; docs/reliability.md says what a node change loses and why")
+EXTEND = ("extend the pipeline to the new segments (`gpcdc bootstrap extend`), then start capture again "
+          "(`gpcdc capture start`); the replay goes on by itself")
 
 
 def added_nodes(listed: Iterable[int], started: Iterable[NodeStart]) -> ClusterChangedError | None:
@@ -18,7 +20,7 @@ def added_nodes(listed: Iterable[int], started: Iterable[NodeStart]) -> ClusterC
     if not added:
         return None
     return ClusterChangedError(f"the source lists segments {added}, which the pipeline's start point does not "
-                               "(added since the bootstrap): no slot of the pipeline decodes them", fix=REBOOTSTRAP)
+                               "(added since the bootstrap): no slot of the pipeline decodes them", fix=EXTEND)
 
 
 def node_change(node: object, start: NodeStart, *, system_identifier: str, timeline: int,

@@ -82,7 +82,7 @@ class CaptureGroup:
         once each streams; a worker that exits instead is reported with its last words."""
         start = self.pipeline.start_point()  # fails clearly before anything starts
         started: dict[int, int] = {}
-        for node in start.nodes:
+        for node in start.captured_nodes:
             if self.pid(node.content):
                 continue
             self.status_file(node.content).unlink(missing_ok=True)
@@ -116,7 +116,7 @@ class CaptureGroup:
         return proc.pid
 
     def stop(self, timeout: float = 30.0) -> list[int]:
-        running = {content: pid for content in self._contents() if (pid := self.pid(content))}
+        running = self.running()
         stop_pids(list(running.values()), timeout=timeout)
         for content in self._contents():
             self.pid_file(content).unlink(missing_ok=True)
@@ -131,6 +131,10 @@ class CaptureGroup:
                              fix=f"see {self.log_file(content)}")
         kill_pid(pid)
         return pid
+
+    def running(self) -> dict[int, int]:
+        """The nodes whose worker runs, with its pid."""
+        return {content: pid for content in self._contents() if (pid := self.pid(content))}
 
     def _contents(self) -> list[int]:
         return sorted(int(p.name[4:-4]) for p in self.pipeline.directory.glob("node*.pid"))

@@ -1,5 +1,7 @@
 """Capture of one segment again after it was lost (a failover, its slot dropped or
-invalidated), without capturing the others again: ``gpcdc bootstrap repair``.
+invalidated), without capturing the others again: ``gpcdc bootstrap repair``; and of
+segments added to the source since the bootstrap (an expansion), in the same way:
+``gpcdc bootstrap extend``.
 
 A new slot on the segment, then a consistent cut as the snapshot method takes one (the
 commit lock held while the segment's snapshot is exported and the distributed snapshot
@@ -30,7 +32,7 @@ from ..bootstrap._bootstrap import _drop_when_released, _ensure_publications, _S
 from ..bootstrap._snapshot import distributed_tables, export_tables, write_manifest
 from ..cluster import COORDINATOR, Cluster, Node
 from ..ingest import end_offsets, read_to_end
-from ..protocol import NodeStart, Repair, Topics, kind_of, lost_marker, parse_lsn, repaired_marker
+from ..protocol import NodeStart, Outbound, Repair, Topics, kind_of, lost_marker, parse_lsn, pipeline_marker, repaired_marker
 from ._changes import node_change
 
 
@@ -48,16 +50,58 @@ def repair_segment(cluster: Cluster, pipeline: Pipeline, content: int, kafka: Ma
     if content not in segments:
         raise BootstrapError(f"segment {content} is not a segment of the source (it has segments 0 to "
                              f"{len(segments) - 1})", fix="name a segment of the source")
-    if not cluster.routes_in_python:
-        raise BootstrapError(f"a {cluster.kind} source places rows by its own shards, which a repair of one node "
-                             "cannot name on the target",
-                             fix="bootstrap the pipeline again and replay into a fresh target")
+    if content not in {n.content for n in start.captured_nodes}:
+        raise BootstrapError(f"segment {content} was added to the source after the bootstrap: the pipeline never "
+                             "captured it", fix="extend the pipeline to it (`gpcdc bootstrap extend`)")
+    _refuse_own_placement(cluster)
     node = segments[content]
     lost = _why_lost(cluster, node, start.node(content))
     if lost is None:
         raise BootstrapError(f"segment {content}'s capture is not lost: {node} is the server its slot "
                              f"{pipeline.slot} was made on, and the slot is there and usable",
                              fix="nothing to repair; `gpcdc status` says how capture stands")
+    previous = start.repair(content)
+    return _capture_from_a_cut(cluster, pipeline, node, kafka, lost=lost, joined=bool(previous and previous.joined),
+                               timeout=timeout)
+
+
+def extend_pipeline(cluster: Cluster, pipeline: Pipeline, kafka: Mapping[str, str], *, dispatcher: str,
+                    timeout: float = 60.0) -> list[Repair]:
+    """Capture the segments added to the source since the bootstrap (an expansion), each
+    from a consistent cut of its own with its rows copied, as a repair does: their
+    partitions added to the changes topic, then for each a slot, the cut and the copy,
+    the pipeline's marker and a repaired mark. Returns one repair per segment."""
+    start = pipeline.start_point()
+    added = [node for node in cluster.segments if node.content not in {n.content for n in start.captured_nodes}]
+    if not added:
+        raise BootstrapError(f"the pipeline captures every segment the source lists (0 to {cluster.segment_count - 1})",
+                             fix="nothing to extend; `gpcdc status` says how capture stands")
+    _refuse_own_placement(cluster)
+    if dispatcher != "segment":
+        raise BootstrapError(f"capture.dispatcher is {dispatcher!r}: the changes topic spreads keys over its "
+                             "partitions by their number, so partitions added for new segments would move keys "
+                             "between partitions and break their order",
+                             fix="bootstrap the pipeline again (`gpcdc bootstrap drop --delete-topics`, then "
+                                 "`gpcdc bootstrap create`) and replay into a fresh target")
+    _grow_changes_topic(kafka, Topics(pipeline.prefix), cluster.segment_count)
+    return [_capture_from_a_cut(cluster, pipeline, node, kafka, lost=None, joined=True, timeout=timeout)
+            for node in added]
+
+
+def _refuse_own_placement(cluster: Cluster) -> None:
+    if not cluster.routes_in_python:
+        raise BootstrapError(f"a {cluster.kind} source places rows by its own shards, which capture of one node from "
+                             "a cut cannot name on the target",
+                             fix="bootstrap the pipeline again and replay into a fresh target")
+
+
+def _capture_from_a_cut(cluster: Cluster, pipeline: Pipeline, node: Node, kafka: Mapping[str, str], *,
+                        lost: str | None, joined: bool, timeout: float) -> Repair:
+    """A new slot on ``node``, a consistent cut with its rows copied as of it, and the
+    marks that tell readers (the lost mark, unless the node ``joined`` and was never
+    captured or capture wrote it; for a joined node first the pipeline's marker)."""
+    content = node.content
+    start = pipeline.start_point()
     # Every attempt takes a new number, kept even when it fails: a mark it may have left
     # in the stream is never taken for a later repair's.
     attempts = pipeline.repairs_dir / f"seg{content}.attempts"
@@ -72,8 +116,12 @@ def repair_segment(cluster: Cluster, pipeline: Pipeline, content: int, kafka: Ma
     try:
         slot.create(export=False, timeout=timeout)
         slot.close()
-        repair = _cut_and_copy(cluster, node, slot, number, directory, timeout)
-        _mark(kafka, Topics(pipeline.prefix), repair, lost)
+        repair = _cut_and_copy(cluster, node, slot, number, directory, timeout, joined)
+        topics = Topics(pipeline.prefix)
+        if joined and lost is None:
+            _mark_joined(kafka, topics, repair, start.identity, cluster.numbers_parts)
+        else:
+            _mark(kafka, topics, repair, lost or "")
         # Last: from here on the segment's worker captures from the new slot. A repair
         # stopped before it leaves the old slot's record, so it can be run again.
         write_json(directory / "repair.json", repair.to_json())  # read by Pipeline.start_point
@@ -112,7 +160,8 @@ def _drop_slot(cluster: Cluster, node: Node, slot: str) -> None:
         _drop_when_released(conn, slot)
 
 
-def _cut_and_copy(cluster: Cluster, node: Node, slot: _Slot, number: int, directory: Path, timeout: float) -> Repair:
+def _cut_and_copy(cluster: Cluster, node: Node, slot: _Slot, number: int, directory: Path, timeout: float,
+                  joined: bool) -> Repair:
     with ExitStack() as stack:
         controller = stack.enter_context(cluster.coordinator_connection())
         holder = stack.enter_context(cluster.connect_node(node, autocommit=False))
@@ -140,7 +189,8 @@ def _cut_and_copy(cluster: Cluster, node: Node, slot: _Slot, number: int, direct
         copier.rollback()
     return Repair(number, NodeStart(node.content, slot.name, slot.consistent_lsn, parse_lsn(lsn), name, visible,
                                     **slot.identity),
-                  snapshot, parse_lsn(coordinator_lsn), dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"))
+                  snapshot, parse_lsn(coordinator_lsn), dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
+                  joined)
 
 
 def _mark(kafka: Mapping[str, str], topics: Topics, repair: Repair, lost: str) -> None:
@@ -157,14 +207,42 @@ def _mark(kafka: Mapping[str, str], topics: Topics, repair: Repair, lost: str) -
     marks = [repaired_marker(repair)]
     if not (isinstance(last, dict) and kind_of(last) == "lost"):
         marks.insert(0, lost_marker(content, lost))
+    _produce(kafka, topics, content, marks)
+
+
+def _produce(kafka: Mapping[str, str], topics: Topics, content: int, marks: list[Outbound]) -> None:
     errors: list[str] = []
     producer = Producer({**kafka, "enable.idempotence": True, "acks": "all",
                          "on_delivery": lambda err, _msg: errors.append(str(err)) if err else None})
     for mark in marks:
         producer.produce(topics.changes, mark.value, partition=content)
     if producer.flush(30) or errors:
-        raise BootstrapError(f"Kafka did not take the repair's marks of {topics.changes} partition {content}"
-                             + (f": {errors[0]}" if errors else ""), fix="check the broker, then repair again")
+        raise BootstrapError(f"Kafka did not take the marks of {topics.changes} partition {content}"
+                             + (f": {errors[0]}" if errors else ""), fix="check the broker, then run the command again")
 
 
-__all__ = ["repair_segment"]
+def _mark_joined(kafka: Mapping[str, str], topics: Topics, repair: Repair, identity: str, numbered: bool) -> None:
+    """A joined segment's partition: the pipeline's marker (unless an earlier attempt
+    wrote it), then the repaired mark."""
+    content = repair.node.content
+    marks = [repaired_marker(repair)]
+    if end_offsets(kafka, topics.changes, [content])[content] == 0:
+        marks.insert(0, pipeline_marker(identity, content, numbered=numbered))
+    _produce(kafka, topics, content, marks)
+
+
+def _grow_changes_topic(kafka: Mapping[str, str], topics: Topics, partitions: int) -> None:
+    """One partition of the changes topic per segment (Kafka only ever adds partitions)."""
+    from confluent_kafka.admin import AdminClient, NewPartitions  # type: ignore[attr-defined]  # C module, no __all__
+
+    admin = AdminClient(dict(kafka))
+    metadata = admin.list_topics(topics.changes, timeout=10).topics.get(topics.changes)
+    if metadata is None or metadata.error is not None:
+        raise BootstrapError(f"topic {topics.changes} is not on the broker", fix="start capture once before extending")
+    if len(metadata.partitions) >= partitions:
+        return
+    for future in admin.create_partitions([NewPartitions(topics.changes, partitions)]).values():
+        future.result(30)
+
+
+__all__ = ["extend_pipeline", "repair_segment"]

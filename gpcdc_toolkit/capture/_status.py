@@ -36,8 +36,8 @@ def capture_status(cluster: Cluster, group: CaptureGroup) -> list[NodeStatus]:
     slot = group.pipeline.slot
     # Not bootstrapped: no start point to compare the nodes with.
     start = group.pipeline.start_point() if group.pipeline.start_point_file.is_file() else None
-    started = {n.content: start.node(n.content) for n in start.nodes} if start else {}  # repaired: the new slot
-    added = added_nodes((n.content for n in cluster.nodes), start.nodes) if start else None
+    started = {n.content: n for n in start.captured_nodes} if start else {}  # repaired: the new slot
+    added = added_nodes((n.content for n in cluster.nodes), start.captured_nodes) if start else None
     for node in cluster.nodes:
         with cluster.connect_node(node) as conn:
             # The timeline is the current WAL file's first eight hex digits.

@@ -225,7 +225,7 @@ class CaptureWorker:
         except UnreachableError:
             return self.node  # the session fails on it, and is retried
         self.cluster = current
-        if added := added_nodes((n.content for n in current.nodes), self.start.nodes):
+        if added := added_nodes((n.content for n in current.nodes), self.start.captured_nodes):
             raise added
         for node in current.nodes:
             if node.content == self.node.content:

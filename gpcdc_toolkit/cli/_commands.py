@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ._audit import Archive, Audit
 from ._command import Command
-from ._pipeline import BootstrapCreate, BootstrapDrop, BootstrapRepair, CaptureRun, CaptureStart, CaptureStop, Status
+from ._pipeline import BootstrapCreate, BootstrapDrop, BootstrapExtend, BootstrapRepair, CaptureRun, CaptureStart, CaptureStop, Status
 from ._replay import Replay
 from ._run import ReportsPrune, Run
 from ._servers import BrokerDown, BrokerStatus, BrokerUp, SandboxDown, SandboxExpand, SandboxFailover, SandboxStatus, SandboxUp
@@ -17,7 +17,7 @@ GROUPS: dict[str, tuple[str, list[Command]]] = {
                 [SandboxUp(), SandboxDown(), SandboxStatus(), SandboxFailover(), SandboxExpand()]),
     "broker": ("the embedded Apache Kafka broker", [BrokerUp(), BrokerDown(), BrokerStatus()]),
     "bootstrap": ("replication slots at a distributed-transaction-consistent point",
-                  [BootstrapCreate(), BootstrapDrop(), BootstrapRepair()]),
+                  [BootstrapCreate(), BootstrapDrop(), BootstrapRepair(), BootstrapExtend()]),
     "capture": ("capture workers: every node into Kafka", [CaptureRun(), CaptureStart(), CaptureStop()]),
     "reports": ("the runs of `gpcdc run` in the report directory", [ReportsPrune()]),
 }

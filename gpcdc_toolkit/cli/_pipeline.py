@@ -12,6 +12,7 @@ from ..capture import (
     CaptureGroup,
     capture_status,
     drop_pipeline,
+    extend_pipeline,
     repair_segment,
     run_worker,
 )
@@ -93,6 +94,31 @@ class BootstrapRepair(Command):
         return 0
 
 
+class BootstrapExtend(Command):
+    name, help = "extend", ("capture the segments added to the source since the bootstrap (an expansion), each "
+                            "from a consistent point of its own with its rows copied, without capturing the others again")
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for transactions or locks")
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        group = CaptureGroup(config)
+        running = group.running()
+        if running:
+            raise GpcdcError(f"capture workers run for nodes {sorted(running)}",
+                             fix="stop them (`gpcdc capture stop`: they go on from their slots), extend, then "
+                                 "`gpcdc capture start`")
+        pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+        for repair in extend_pipeline(open_cluster(config, "source"), pipeline, kafka_client_settings(config),
+                                      dispatcher=config.capture.dispatcher, timeout=args.timeout):
+            content = repair.node.content
+            say(f"segment {content} joined the pipeline: slot {repair.node.slot} consistent at "
+                f"{format_lsn(repair.node.consistent_lsn)}, rows copied as of distributed snapshot xmax "
+                f"{repair.snapshot.xmax} into {pipeline.repair_dir(content, repair.number)}")
+        say("start capture (`gpcdc capture start`); the replayer puts the new segments' rows in place on the target")
+        return 0
+
+
 class CaptureRun(Command):
     name, help = "run", "run capture workers in the foreground (all nodes, or one with --node)"
     sections = ("capture",)
@@ -106,7 +132,7 @@ class CaptureRun(Command):
             return 0
         group = CaptureGroup(config)
         check_reachable(kafka_client_settings(config))
-        procs = [subprocess.Popen(group.worker_argv(node.content)) for node in group.pipeline.start_point().nodes]
+        procs = [subprocess.Popen(group.worker_argv(node.content)) for node in group.pipeline.start_point().captured_nodes]
         say(f"capturing {len(procs)} nodes; Ctrl-C stops")
         try:
             codes = [p.wait() for p in procs]

@@ -39,8 +39,8 @@ class UnknownNodesError(ClusterChangedError, ValueError):
         super().__init__(
             f"node {content}: gxid {gxid} has parts on {unknown}, which the pipeline's start point does not list "
             f"(it captures segments {sorted(known)}): nodes were added since the bootstrap",
-            fix="bootstrap the pipeline again (`gpcdc bootstrap drop`, then `gpcdc bootstrap create`) and replay "
-                "into a fresh target")
+            fix="extend the pipeline to the new segments (`gpcdc bootstrap extend`), then start capture again "
+                "(`gpcdc capture start`)")
 
 
 @dataclass(slots=True)
@@ -61,12 +61,15 @@ def lost_marker(content: int, reason: str) -> Outbound:
 
 
 def repaired_marker(repair: Repair) -> Outbound:
-    """Written after a segment's lost mark by ``gpcdc bootstrap repair``: the segment's
-    stream goes on from a new slot, and its part of every transaction the cut's
+    """Written after a segment's lost mark by ``gpcdc bootstrap repair`` (or first after
+    the pipeline's marker by ``gpcdc bootstrap extend``): the segment's stream goes on
+    (or begins) from a new slot, and its part of every transaction the cut's
     snapshot sees is in the repair's copied rows (see :class:`Repair`)."""
     body = {"type": "repaired", "segment": repair.node.content, "number": repair.number,
             "xmax": repair.snapshot.xmax, "in_progress": sorted(repair.snapshot.in_progress),
             "coordinator_lsn": repair.coordinator_lsn, "version": PROTOCOL_VERSION}
+    if repair.joined:
+        body["joined"] = True
     return Outbound("repaired", None, orjson.dumps(body))
 
 
@@ -263,7 +266,7 @@ class TransactionAssembler:
         bootstrap) stops capture: their parts are decoded by no slot of the pipeline."""
         if self.start is None:
             return
-        known = {n.content for n in self.start.nodes}
+        known = {n.content for n in self.start.captured_nodes}
         unknown = set(segments) - known
         if unknown:
             raise UnknownNodesError(self.content, gxid, f"segments {sorted(unknown)}", known - {COORDINATOR})

@@ -98,18 +98,21 @@ class Repair:
     # the snapshot sees lies before it.
     coordinator_lsn: int
     created_at: str
+    # The segment joined the cluster after the bootstrap (an expansion): it was never
+    # captured before this cut, rather than lost (``gpcdc bootstrap extend``).
+    joined: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"number": self.number, "node": asdict(self.node), "coordinator_lsn": self.coordinator_lsn,
                 "snapshot": {"xmax": self.snapshot.xmax, "in_progress": sorted(self.snapshot.in_progress)},
-                "created_at": self.created_at}
+                "created_at": self.created_at, "joined": self.joined}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Repair:
         snapshot = data["snapshot"]
         return cls(data["number"], NodeStart(**data["node"]),
                    DistributedSnapshot(snapshot["xmax"], frozenset(snapshot["in_progress"])),
-                   data["coordinator_lsn"], data["created_at"])
+                   data["coordinator_lsn"], data["created_at"], data.get("joined", False))
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,13 @@ class StartPoint:
 
     def repair(self, content: int) -> Repair | None:
         return next((r for r in self.repairs if r.node.content == content), None)
+
+    @property
+    def captured_nodes(self) -> tuple[NodeStart, ...]:
+        """Every node the pipeline captures, as capture uses it now (a repaired one's new
+        slot), by content: the bootstrap's, then the segments it was extended to."""
+        joined = tuple(r.node for r in self.repairs if r.joined)
+        return tuple(sorted((*(self.node(n.content) for n in self.nodes), *joined), key=lambda n: n.content))
 
     def node(self, content: int) -> NodeStart:
         """The node's slot as capture uses it now: the latest repair's, if any."""

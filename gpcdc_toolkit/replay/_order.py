@@ -30,7 +30,7 @@ from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..errors import StreamError
+from ..errors import ClusterChangedError, StreamError
 from ..protocol import DistributedSnapshot
 
 
@@ -238,6 +238,11 @@ class Reassembler:
             self._coordinator_recent.add(record.commit_lsn)
         if record.gxid in self._position or record.gxid in self.applied:
             return  # a duplicate, or applied before a restart
+        if beyond := [s for s in record.segments if s >= len(self.segments)]:
+            raise ClusterChangedError(
+                f"the commit record of gxid {record.gxid} lists segments {beyond}, beyond the {len(self.segments)} this "
+                "replay reads: the pipeline was extended to segments added to the source since it began",
+                fix="run the replay again: it reads the new segments' partitions and goes on from its checkpoint")
         for segment in self._parts.get(record.gxid, {}):
             if segment not in record.segments:
                 raise ReassemblyError(f"gxid {record.gxid} has a part on segment {segment}, "
