@@ -199,6 +199,25 @@ def test_start_point_round_trips_through_json():
     assert StartPoint.from_json(orjson.loads(orjson.dumps(start.to_json()))) == start
 
 
+def test_a_joined_segment_is_captured_from_its_cut_and_stays_captured_when_repaired_later():
+    import dataclasses
+
+    from gpcdc_toolkit.protocol import Repair
+
+    cut = DistributedSnapshot(120, frozenset({115}))
+    joined = Repair(1, NodeStart(1, "s", 700, 710, None), cut, 900, "t", joined=True)
+    assert Repair.from_json(orjson.loads(orjson.dumps(joined.to_json()))) == joined
+    start = dataclasses.replace(start_point(), repairs=(joined,))
+    assert [n.content for n in start.captured_nodes] == [-1, 0, 1]
+    assert start.node(1).slot == "s" and start.node(1).consistent_lsn == 700
+    assert not start.captures(1, 800, gxid=110) and start.captures(1, 800, gxid=115)  # by the joined cut
+    assert start.captures(0, 800, gxid=110)  # another node: by the bootstrap's cut
+    again = dataclasses.replace(joined, number=2, node=NodeStart(1, "s", 800, 810, None))
+    assert [n.content for n in dataclasses.replace(start, repairs=(again,)).captured_nodes] == [-1, 0, 1]
+    recorded_before = {k: v for k, v in joined.to_json().items() if k != "joined"}  # by a version without the field
+    assert Repair.from_json(recorded_before).joined is False
+
+
 def test_lsn_text():
     assert parse_lsn("16/B374D848") == 0x16B374D848 and format_lsn(0x16B374D848) == "16/B374D848"
     with pytest.raises(ValueError):

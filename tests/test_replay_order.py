@@ -214,6 +214,15 @@ def test_contradictions_are_refused():
         r.add_part(Part(2, 4, False, 1))
 
 
+def test_a_record_naming_a_segment_beyond_those_read_stops_the_replay_as_a_cluster_change():
+    from gpcdc_toolkit.errors import ClusterChangedError
+
+    r = Reassembler(2)
+    with pytest.raises(ClusterChangedError, match=r"gxid 7 lists segments \[2, 3\], beyond the 2 this replay reads") as raised:
+        r.add_record(Record(7, (0, 2, 3)))
+    assert raised.value.exit_code == 5 and "run the replay again" in str(raised.value)
+
+
 def partitions_of(logs, coordinator, writes):
     """Each partition's messages as (offset, Part | Record); the coordinator is -1."""
     segs_of = {g: tuple(sorted({s for s, _ in w})) for g, w in writes.items()}
@@ -378,6 +387,21 @@ def test_a_repaired_segment_hands_out_what_its_copy_covers_then_the_copy_then_it
     assert [(w.gxid, w.covered) for w in r.ready()] == [(3, ())]
 
 
+def test_after_the_copy_the_repaired_segments_one_phase_part_goes_before_a_later_record_that_follows_it_there():
+    """Found by the random-cut property test: the record at the head when the copy went
+    out was handed out in the same pass, ahead of a one-phase part that the segment
+    committed before its part."""
+    r = Reassembler(2)
+    r.add_repair(_repair(xmax=3, offset=1))
+    r.add_record(Record(2, (0, 1), commit_ts_ms=1_000, commit_lsn=3, offset=4))  # seen by the cut
+    r.add_part(Part(0, 2, False, 11, offset=11))
+    r.add_part(Part(1, 5, True, 50, offset=2))  # after the cut, committed on 1 before gxid 6's part there
+    r.add_record(Record(6, (0, 1), commit_ts_ms=2_000, commit_lsn=200, offset=5))
+    r.add_part(Part(0, 6, False, 12, offset=12))
+    r.add_part(Part(1, 6, False, 51, offset=3))
+    assert [(w.gxid, w.reconcile is not None) for w in r.ready()] == [(2, False), (None, True), (5, False), (6, False)]
+
+
 def test_the_copy_waits_until_the_coordinator_is_past_the_cut_when_no_record_is_waiting():
     r = Reassembler(2)
     r.add_watermark(1, -1, lost="slot s is missing", lost_at=29)
@@ -450,15 +474,27 @@ def test_a_segment_lost_and_repaired_at_a_random_cut_replays_to_the_source_state
     consistent cut taken later (the repair: its rows copied as of the cut). Fed in a
     random interleaving, the reassembler's output, applied with the copy, leaves every
     row as the source's last writer left it."""
+    replay_with_a_cut(random.Random(seed), joined=False)
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_a_segment_joined_at_a_random_cut_replays_to_the_source_state(seed):
+    """A segment added to the source (an expansion) is in the stream only from a
+    consistent cut on (``gpcdc bootstrap extend``: its rows copied as of the cut), with
+    no lost mark: its part of every transaction before the cut is in the copy."""
+    replay_with_a_cut(random.Random(seed), joined=True)
+
+
+def replay_with_a_cut(rng, *, joined):
     from gpcdc_toolkit.protocol import DistributedSnapshot
 
-    rng = random.Random(seed)
     logs, coordinator, writes = simulate(rng, segments=3, transactions=25, keys=4)
     cuts = [(c, p) for c in range(len(coordinator) + 1) if (p := consistent_cut(logs, coordinator, writes, c))]
     c, prefixes = rng.choice(cuts)
     lost_segment = rng.randrange(3)
     cut_at = prefixes[lost_segment]
-    lost_from = rng.randint(0, cut_at)  # the parts from here to the cut never reach the stream
+    # The parts from here to the cut never reach the stream (joined: none before it does).
+    lost_from = 0 if joined else rng.randint(0, cut_at)
     seen = set(coordinator[:c]) | {g for s, log in enumerate(logs) for g in log[:prefixes[s]]}
     snapshot = DistributedSnapshot(len(writes) + 1, frozenset(set(writes) - seen))
     segs_of = {g: sorted({s for s, _ in w}) for g, w in writes.items()}
@@ -472,7 +508,7 @@ def test_a_segment_lost_and_repaired_at_a_random_cut_replays_to_the_source_state
               for s, log in enumerate(logs)]
     lost_queue = queues[lost_segment]
     at = sum(1 for e in lost_queue if e[2].offset < lost_from)
-    lost_queue[at:at] = [("lost", lost_from), ("repaired", lost_from + 1)]
+    lost_queue[at:at] = [("repaired", 1)] if joined else [("lost", lost_from), ("repaired", lost_from + 1)]
     queues.append([("record", g, i) for i, g in enumerate(coordinator)] + [("resolved", len(coordinator) + 1)])
     r = Reassembler(3)
     out = []

@@ -342,7 +342,11 @@ class Reassembler:
             progress = False
             for segment in self.segments:
                 progress |= self._advance(segment, out)
-            progress |= self._reconcile_due(out)
+            if self._reconcile_due(out):
+                # The repaired segment's parts after its mark are free now: the one-phase
+                # ones go out before any later record takes a part from behind them.
+                progress = True
+                continue
             if self._records:
                 record = self._records[0]
                 parts = self._parts.get(record.gxid, {})
