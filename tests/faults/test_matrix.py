@@ -431,6 +431,81 @@ def test_a_segment_failing_over_under_a_workload_and_repaired_while_it_writes_en
         mirrored.down(remove=True)
 
 
+@pytest.mark.changes
+def test_a_source_expanded_under_a_workload_and_extended_while_it_writes_ends_with_the_target_equal(spark, work_dir):
+    """gpexpand's two steps while the workload writes: two segments added and rows moved
+    to them at a random moment (the writers wait, then route over four), then at a
+    random moment of a second workload, capture stopped, `extend_pipeline` (`gpcdc
+    bootstrap extend`) and capture started again. The replayer following from before
+    stops at the first record naming a new segment and, run again, goes on. What capture
+    missed is exactly the new segments' parts of transactions their cut saw (the copies
+    hold them), the target ends equal to the source, and the audit finds nothing wrong."""
+    from gpcdc_toolkit.capture import extend_pipeline
+
+    sandbox = Sandbox(f"fx-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
+
+    def writing(cluster, seed, seconds, truth):
+        spec = WorkloadSpec(threads=2, duration=seconds, rate=60, hot_keys=3, update_share=0.3, delete_share=0.1,
+                            move_share=0.05, abort_share=0.05, abort_after_prepare_share=0.03, seed=seed)
+        load = threading.Thread(target=run_workload, args=(cluster, spec), kwargs={"ground_truth": truth})
+        load.start()
+        return load
+
+    try:
+        with pipeline_of(sandbox, work_dir) as env:
+            truths = [work_dir / f"truth-{env.config.kafka.topic_prefix}-{n}.jsonl" for n in (1, 2)]
+            load = writing(sandbox.cluster(), 61, 6.0, truths[0])
+            try:
+                threading.Event().wait(random.uniform(1.0, 4.0))  # a random moment in the workload
+                expansion = sandbox.expand(2)
+            finally:
+                load.join()
+            assert expansion.rows_moved > 0
+            assert "which the pipeline's start point does not list" in failed_state(env.group, -1)
+            source = sandbox.cluster()
+            load = writing(source, 62, 8.0, truths[1])
+            try:
+                threading.Event().wait(random.uniform(0.5, 3.0))  # a random moment in the workload
+                env.group.stop()
+                joined = {r.node.content: r for r in extend_pipeline(source, env.pipeline,
+                                                                     kafka_client_settings(env.config),
+                                                                     dispatcher="segment")}
+                env.group.start()
+                # The replayer reads two segments' partitions: it stops at the first record naming more.
+                assert env.replayer.wait(120) == 5, env.said()
+                env.start_replayer(work_dir)
+            finally:
+                load.join()
+            assert sorted(joined) == [2, 3]
+            resolve_in_doubt(source)
+            wait_until_acknowledged(source, env.pipeline.slot, timeout=120)
+            target, deadline = env.target.cluster(), time.monotonic() + 120
+            while differing := [d.line() for d in compare_tables(source, target, [ACCOUNTS, EVENTS]) if not d.equal]:
+                assert env.replayer.poll() is None, env.said()
+                assert time.monotonic() < deadline, (differing, env.said())
+                threading.Event().wait(0.2)  # polling the target while the replayer follows
+
+            truth = [r for path in truths for r in read_ground_truth(path)]
+            check = check_against_truth(read_captured(env.config), truth, env.start.snapshot.sees)
+            assert check.after > 100 and check.problems, "transactions before the cut touched the new segments"
+            for problem in check.problems:  # only new segments' parts that their copies hold
+                gxid, touched, captured = re.fullmatch(
+                    r"gxid (\d+) touched segments \[(.*)\], captured on \[(.*)\]", problem).groups()
+                touched = {int(s) for s in touched.split(", ")}
+                uncaptured = touched - {int(s) for s in captured.split(", ") if captured}
+                assert uncaptured and uncaptured <= {2, 3}, problem
+                assert all(joined[s].snapshot.sees(int(gxid)) for s in uncaptured), problem
+            result = run_audit(spark, env.config, write=False)
+            assert [(rule, severity) for rule, severity, _n in result.summary if severity != "info"] == [], \
+                result.summary
+            env.replayer.terminate()
+            assert env.replayer.wait(60) == 0, env.said()
+            print("EXTEND", json.dumps({"transactions": check.after, "covered": len(check.problems),
+                                        "moved": expansion.rows_moved}))
+    finally:
+        sandbox.down(remove=True)
+
+
 @pytest.mark.faults
 def test_a_replayer_started_while_the_broker_is_away_follows_once_it_is_back(source, work_dir, running):
     """Found under load: a replayer whose first metadata request met a broker that was
