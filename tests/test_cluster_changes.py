@@ -14,10 +14,11 @@ import uuid
 import psycopg
 import pytest
 
-from gpcdc_toolkit.bootstrap import Pipeline, bootstrap, drop_slots
-from gpcdc_toolkit.capture import CaptureGroup, capture_status, wait_until_acknowledged
+from gpcdc_toolkit.bootstrap import BootstrapError, Pipeline, bootstrap, drop_slots
+from gpcdc_toolkit.capture import CaptureGroup, capture_status, extend_pipeline, repair_segment, wait_until_acknowledged
 from gpcdc_toolkit.cluster import Session
 from gpcdc_toolkit.config import load_config
+from gpcdc_toolkit.connect import kafka_client_settings
 from gpcdc_toolkit.errors import ClusterChangedError, ClusterError, SandboxError
 from gpcdc_toolkit.replay import MissingPartError, Replayer
 from gpcdc_toolkit.sandbox import Sandbox
@@ -223,10 +224,52 @@ def test_segments_added_since_the_bootstrap_stop_capture_with_the_reason(mirrore
             "failed: the source lists segments [2], which the pipeline's start point does not (added since the "
             "bootstrap): no slot of the pipeline decodes them: extend the pipeline to the new segments "
             "(`gpcdc bootstrap extend`)")
+        kafka = kafka_client_settings(config)
+        with pytest.raises(BootstrapError, match="segment 2 was added to the source after the bootstrap: the "
+                                                 r"pipeline never captured it: extend the pipeline to it"):
+            repair_segment(mirrored.cluster(), pipeline, 2, kafka)
+        with pytest.raises(BootstrapError, match="capture.dispatcher is 'key': the changes topic spreads keys over "
+                                                 "its partitions by their number") as raised:
+            extend_pipeline(mirrored.cluster(), pipeline, kafka, dispatcher="key")
+        assert "bootstrap the pipeline again" in str(raised.value)
+        assert not pipeline.repairs_dir.exists(), "a refusal leaves nothing behind"
+        with pytest.raises(SandboxError, match="is a postgres cluster; only a greenplum sandbox expands"):
+            added.expand(1)
     finally:
         with psycopg.connect(mirrored.dsn, autocommit=True) as conn:
             conn.execute("DELETE FROM gp_dist.gp_segment_configuration WHERE dbid = 100")
         added.down(remove=True)
+
+
+def test_an_extension_with_nothing_new_and_expansions_out_of_range_are_refused(mirrored, captured):
+    cluster, config, pipeline, _group, _table = captured
+    with pytest.raises(BootstrapError, match=r"the pipeline captures every segment the source lists \(0 to 1\)"):
+        extend_pipeline(cluster, pipeline, kafka_client_settings(config), dispatcher="segment")
+    with pytest.raises(SandboxError, match="cannot add 0 segments to sandbox .*: it has 2, and a sandbox has 1 to 64: "
+                                           "add 1 to 62 segments"):
+        mirrored.expand(0)
+    with pytest.raises(SandboxError, match="cannot add 63 segments"):
+        mirrored.expand(63)
+    assert [n.content for n in mirrored.cluster().segments] == [0, 1]
+
+
+def test_an_expanded_mirrored_sandbox_gives_its_new_segments_mirrors_as_greenplum_lists_them(work_dir):
+    sandbox = Sandbox(f"em-{uuid.uuid4().hex[:4]}", work_dir).up(segments=1, mirrors=True)
+    try:
+        expansion = sandbox.expand(1)
+        assert expansion.added == [1] and expansion.moved == {}  # no tables: nothing moves
+        with psycopg.connect(sandbox.dsn) as conn:
+            rows = conn.execute("SELECT content, role, preferred_role, mode, status FROM gp_segment_configuration "
+                                "ORDER BY role DESC, content").fetchall()
+            dbids = [r[0] for r in conn.execute("SELECT dbid FROM gp_segment_configuration")]
+        assert rows == [(c, role, role, "s", "u") for role in "pm" for c in (-1, 0, 1)]
+        assert len(set(dbids)) == 6
+        with sandbox.cluster().connect_node(sandbox.cluster().segments[1]) as conn:
+            assert conn.execute("SELECT sync_state FROM pg_stat_replication").fetchall() == [("sync",)]
+        promoted = sandbox.failover(1)
+        assert sandbox.cluster().segments[1].port == promoted.port
+    finally:
+        sandbox.down(remove=True)
 
 
 def test_a_coordinator_whose_standby_took_over_stops_its_capture_and_the_replay_at_the_first_unrecorded_part(
@@ -422,10 +465,6 @@ def change(cluster, table, *, updated, deleted):
 
 
 def test_a_repair_refuses_a_segment_whose_capture_is_not_lost_the_coordinator_and_an_unknown_segment(captured):
-    from gpcdc_toolkit.bootstrap import BootstrapError
-    from gpcdc_toolkit.capture import repair_segment
-    from gpcdc_toolkit.connect import kafka_client_settings
-
     cluster, config, pipeline, group, _table = captured
     kafka = kafka_client_settings(config)
     with pytest.raises(BootstrapError, match=r"segment 0's capture is not lost: .* and the slot is there and usable"):
