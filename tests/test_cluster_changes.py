@@ -165,7 +165,20 @@ def test_a_dropped_slot_and_an_invalidated_slot_stop_their_nodes_capture_with_th
         "docs/reliability.md says what a node change loses and why")
     # The coordinator's slot falls behind further than max_slot_wal_keep_size allows.
     group.kill(-1)
-    with cluster.connect_node(coordinator, autocommit=True) as conn:
+    invalidate_slot(cluster, coordinator, pipeline.slot)
+    group.start_node(-1, group.log_file(-1))
+    assert failed_state(group, -1).startswith(
+        f"failed: slot {pipeline.slot} on {coordinator} was invalidated: the WAL it still needed was removed")
+    # Segment 1 is untouched: its capture goes on.
+    write(cluster, table, range(100, 120))
+    wait_until_acknowledged(cluster, pipeline.slot, contents=[1])
+
+
+def invalidate_slot(cluster, node, slot):
+    """Make ``slot`` on ``node`` fall further behind than max_slot_wal_keep_size allows
+    (its worker stopped first): WAL written in a table of that node alone, switched and
+    checkpointed away, until the slot's wal_status is lost."""
+    with cluster.connect_node(node, autocommit=True) as conn:
         conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
         conn.execute("SELECT pg_reload_conf()")
         try:
@@ -175,7 +188,7 @@ def test_a_dropped_slot_and_an_invalidated_slot_stop_their_nodes_capture_with_th
                 conn.execute("SELECT pg_switch_wal()")
                 conn.execute("CHECKPOINT")
                 status = conn.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s",
-                                      (pipeline.slot,)).fetchone()[0]
+                                      (slot,)).fetchone()[0]
                 if status == "lost":
                     break
             assert status == "lost"
@@ -183,12 +196,6 @@ def test_a_dropped_slot_and_an_invalidated_slot_stop_their_nodes_capture_with_th
             conn.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
             conn.execute("SELECT pg_reload_conf()")
             conn.execute("DROP TABLE IF EXISTS wal_filler")
-    group.start_node(-1, group.log_file(-1))
-    assert failed_state(group, -1).startswith(
-        f"failed: slot {pipeline.slot} on {coordinator} was invalidated: the WAL it still needed was removed")
-    # Segment 1 is untouched: its capture goes on.
-    write(cluster, table, range(100, 120))
-    wait_until_acknowledged(cluster, pipeline.slot, contents=[1])
 
 
 def test_the_worker_process_exits_with_the_status_of_a_changed_cluster(captured):

@@ -33,7 +33,7 @@ from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.validate import check_against_truth, compare_tables, read_captured
 from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, read_ground_truth, reset_tables, run_workload
 
-from ..test_cluster_changes import failed_state
+from ..test_cluster_changes import failed_state, invalidate_slot
 from ..test_replay_faults import ENV, applied_count, replay_command, wait_for_first_commit
 
 
@@ -364,14 +364,16 @@ def test_a_segment_failing_over_under_a_workload_stops_the_replay_at_the_gap_and
 
 
 @pytest.mark.changes
-def test_a_segment_failing_over_under_a_workload_and_repaired_while_it_writes_ends_with_the_target_equal(
-        spark, work_dir):
-    """The documented recovery without capturing again what was not lost: a segment
-    fails over mid-workload, the replayer stops at the gap; while the workload writes
-    through the new primary, `repair_segment` (`gpcdc bootstrap repair`) captures the
-    segment again from a new consistent cut, its worker and the replayer start again.
-    What capture missed is exactly segment 1's part of transactions the repair's cut
-    saw (its copy holds them), the target ends equal to the source, and the audit
+@pytest.mark.parametrize("loss", ["failover", "slot_invalidated"])
+def test_a_segment_lost_under_a_workload_and_repaired_while_it_writes_ends_with_the_target_equal(
+        spark, work_dir, loss):
+    """The documented recovery without capturing again what was not lost: segment 1's
+    capture is lost mid-workload (its mirror promoted, or its slot invalidated by
+    max_slot_wal_keep_size while its worker was down), the replayer stops at the gap;
+    while the workload writes on, `repair_segment` (`gpcdc bootstrap repair`) captures
+    the segment again from a new consistent cut, its worker and the replayer start
+    again. What capture missed is exactly segment 1's part of transactions the repair's
+    cut saw (its copy holds them), the target ends equal to the source, and the audit
     reports the repaired loss."""
     mirrored = Sandbox(f"fr-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2, mirrors=True)
 
@@ -388,9 +390,17 @@ def test_a_segment_failing_over_under_a_workload_and_repaired_while_it_writes_en
             load = writing(mirrored.cluster(), 51, 6.0, truths[0])
             try:
                 threading.Event().wait(random.uniform(1.0, 4.0))  # a random moment in the workload
-                mirrored.failover(1)
+                if loss == "failover":
+                    mirrored.failover(1)
+                else:
+                    cluster = mirrored.cluster()
+                    env.group.kill(1)
+                    invalidate_slot(cluster, cluster.segments[1], env.pipeline.slot)
+                    env.group.start_node(1, env.group.log_file(1))
             finally:
                 load.join()
+            assert ("is on timeline 2, not 1" if loss == "failover" else "was invalidated") in failed_state(
+                env.group, 1)
             source = mirrored.cluster()
             resolve_in_doubt(source)
             load = writing(source, 52, 8.0, truths[1])  # through the new primary
@@ -426,7 +436,7 @@ def test_a_segment_failing_over_under_a_workload_and_repaired_while_it_writes_en
                 ("lost_node", "warning")], result.summary
             env.replayer.terminate()
             assert env.replayer.wait(60) == 0, env.said()
-            print("REPAIR", json.dumps({"transactions": check.after, "covered": len(check.problems)}))
+            print("REPAIR", loss, json.dumps({"transactions": check.after, "covered": len(check.problems)}))
     finally:
         mirrored.down(remove=True)
 
