@@ -31,7 +31,7 @@ from ..cluster import COORDINATOR, Cluster, TableRef
 from ..cluster._cluster import Table
 from ..errors import GpcdcError
 from ._chunks import MOD, Chunk, Digest, Reply, bisect, differing, summed
-from ._diff import EXAMPLES, TableDiff
+from ._diff import EXAMPLES, DifferingRow, TableDiff
 from ._snapshots import Snapshots
 
 FETCH_ROWS = 1000  # bisect until a differing chunk holds at most this many rows
@@ -52,6 +52,25 @@ class ChecksumResult:
     fix: dict[int, list[str]] = field(default_factory=dict)  # target node content -> statements
     schema: tuple[str, ...] = ()  # how the target's definition differs beyond its rows (column defaults)
     levels: tuple[tuple[int, int, int], ...] = ()  # per bisection round: (level, chunks measured, chunks differing)
+    parts: tuple[str, str] = ("", "")  # (schema, name) as the catalog has them
+    columns: tuple[str, ...] = ()  # of the rows in diff.rows
+    key_columns: tuple[str, ...] = ()  # of their keys: the primary key, or every column
+
+    def differing_rows(self, causes: Sequence[tuple[str | None, str]] | None = None) -> list[dict[str, Any]]:
+        """Every differing row as a record: its key and each side's row as JSON objects
+        of column to text, the changed columns, the segments, and its cause with what
+        shows it (``causes``, one per row; none: not classified)."""
+        import json
+
+        def obj(names: Sequence[str], values: Sequence[str | None] | None) -> str | None:
+            return None if values is None else json.dumps(dict(zip(names, values)))
+
+        return [{"table": self.table, "kind": row.kind, "key": obj(self.key_columns, row.key),
+                 "key_text": ", ".join(f"{c}={'NULL' if v is None else v}" for c, v in zip(self.key_columns, row.key)),
+                 "changed_columns": list(row.columns), "source": obj(self.columns, row.source),
+                 "target": obj(self.columns, row.target), "source_segment": row.source_segment,
+                 "target_segment": row.target_segment, "cause": cause, "cause_detail": detail}
+                for row, (cause, detail) in zip(self.diff.rows, causes or [(None, "")] * len(self.diff.rows))]
 
     @property
     def equal(self) -> bool:
@@ -279,12 +298,17 @@ def finish(info: Table, target: Snapshots, target_info: Table, diff: TableDiff, 
         fix.setdefault(node, []).extend(statements)
     examples = diff.examples + tuple(f"row {row!r} on segment {node}, which its distribution key does not name"
                                      for node, _relation, row, _ in misplaced[:EXAMPLES])
-    diff = dataclasses.replace(diff, expected=totals[0], actual=totals[1], misplaced=len(misplaced), examples=examples)
+    key = [info.columns.index(c) for c in info.primary_key] or range(len(info.columns))
+    moved = tuple(DifferingRow("misplaced", tuple(row[i] for i in key), target=row, target_segment=node)
+                  for node, _relation, row, _ in misplaced)
+    diff = dataclasses.replace(diff, expected=totals[0], actual=totals[1], misplaced=len(misplaced), examples=examples,
+                               rows=diff.rows + moved)
     schema, alter = _schema(info, target_info)
     if alter:  # DDL: on the coordinator, which dispatches it to the segments
         rendered = _rendered(target, [(COORDINATOR, statement) for statement in alter])
         fix.setdefault(COORDINATOR, []).extend(rendered[COORDINATOR])
-    return ChecksumResult(info.name, diff, rounds, chunks, fetched, time.monotonic() - started, fix, tuple(schema))
+    return ChecksumResult(info.name, diff, rounds, chunks, fetched, time.monotonic() - started, fix, tuple(schema),
+                          parts=info.parts, columns=info.columns, key_columns=info.primary_key or info.columns)
 
 
 def _misplaced(target: Snapshots, info: Table) -> list[tuple[int, sql.Composable, tuple[str | None, ...], str]]:
@@ -357,7 +381,13 @@ def _by_key(info: Table, target: Snapshots, src: list[Any], tgt: list[Any]) -> t
         statements.append((target.cluster.writer_of(node), sql.SQL("UPDATE {} SET {} WHERE {}").format(
             info.identifier, assignments, _where(info, info.primary_key, row))))
     examples = [f"missing key {k!r}" for k in missing[:EXAMPLES]] + [f"extra key {k!r}" for k in extra[:EXAMPLES]] + examples
-    diff = TableDiff(info.name, len(expected), len(actual), len(missing), len(extra), len(changed), tuple(examples))
+    source_node = {tuple(r[i] for i in key): node for node, r, _ in src}
+    rows = [DifferingRow("missing", k, source=expected[k], source_segment=source_node[k]) for k in missing]
+    rows += [DifferingRow("extra", k, target=actual[k][1], target_segment=actual[k][0]) for k in extra]
+    rows += [DifferingRow("changed", k, tuple(c for i, c in enumerate(info.columns) if actual[k][1][i] != expected[k][i]),
+                          expected[k], actual[k][1], source_node[k], actual[k][0]) for k in changed]
+    diff = TableDiff(info.name, len(expected), len(actual), len(missing), len(extra), len(changed), tuple(examples),
+                     rows=tuple(rows))
     return diff, _rendered(target, statements)
 
 
@@ -381,8 +411,13 @@ def _as_multiset(info: Table, target: Snapshots, src: list[Any], tgt: list[Any])
     missing, extra = want - have, have - want
     examples = [f"missing {r!r}" for r in sorted(missing, key=repr)[:EXAMPLES]]
     examples += [f"extra {r!r}" for r in sorted(extra, key=repr)[:EXAMPLES]]
+    source_node = {r: node for node, r, _ in src}
+    rows = [DifferingRow("missing", r, source=r, source_segment=source_node[r])
+            for r, n in sorted(missing.items(), key=repr) for _ in range(n)]
+    rows += [DifferingRow("extra", r, target=r, target_segment=where[r][0])
+             for r, n in sorted(extra.items(), key=repr) for _ in range(n)]
     diff = TableDiff(info.name, sum(want.values()), sum(have.values()), sum(missing.values()), sum(extra.values()),
-                     examples=tuple(examples))
+                     examples=tuple(examples), rows=tuple(rows))
     return diff, _rendered(target, statements)
 
 

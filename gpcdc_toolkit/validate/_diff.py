@@ -16,6 +16,26 @@ Row = tuple[Any, ...]
 EXAMPLES = 5  # rows quoted per kind of difference
 
 
+Text = tuple[str | None, ...]  # a row's values as PostgreSQL prints them (None: NULL)
+
+
+@dataclass(frozen=True)
+class DifferingRow:
+    """One row that differs, as data: ``kind`` missing (on the source, not the target),
+    extra (on the target, not the source), changed (under the same primary key, other
+    values in ``columns``) or misplaced (on a target segment its distribution key does
+    not name); ``key`` its primary key's values (every column's for a table without
+    one); each side's whole row and segment, where the row is on that side."""
+
+    kind: str
+    key: Text
+    columns: tuple[str, ...] = ()
+    source: Text | None = None
+    target: Text | None = None
+    source_segment: int | None = None
+    target_segment: int | None = None
+
+
 @dataclass(frozen=True)
 class TableDiff:
     """How the rows of one table differ from what was expected."""
@@ -28,6 +48,7 @@ class TableDiff:
     changed: int = 0  # found under an expected key, with other values (by-key comparisons only)
     examples: tuple[str, ...] = ()
     misplaced: int = 0  # found on a segment other than the one its distribution key names
+    rows: tuple[DifferingRow, ...] = ()  # every differing row (where the comparison fetched them)
 
     @property
     def equal(self) -> bool:

@@ -26,10 +26,23 @@ from ..bootstrap import distributed_tables
 from ..cluster import Cluster, TableRef
 from ..config import Config
 from ..connect import open_cluster
+from ..errors import GpcdcError
+from ._causes import cause_of
 from ._checksum import ChecksumResult, ValidationError, compare_checksums
+from ._evidence import gather_evidence
 from ._expectations import check_target
 from ._snapshots import Snapshots
 from ._syncpoint import SyncPoint, attach, held_file, take_syncpoint
+
+
+def _rows_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema([("table", pa.string()), ("kind", pa.string()), ("key", pa.string()), ("key_text", pa.string()),
+                      ("changed_columns", pa.list_(pa.string())), ("source", pa.string()), ("target", pa.string()),
+                      ("source_segment", pa.int32()), ("target_segment", pa.int32()), ("cause", pa.string()),
+                      ("cause_detail", pa.string())])
+
 
 RESULT_COLUMNS = ("table", "equal", "source_rows", "target_rows", "missing", "extra", "changed", "misplaced",
                   "chunks", "rounds", "fetched", "seconds", "examples", "schema", "levels")
@@ -44,6 +57,20 @@ class Validation:
     output: Path
     expectations: tuple[Outcome, ...] = ()  # of the target's suites (none when validate.expectations is off)
     fail_on: str = "warning"  # the least severity of a failed expectation that fails the validation
+    # Per result, each differing row's cause and what shows it (see _causes); the cause
+    # None where the evidence could not be read (the detail says why).
+    causes: tuple[tuple[tuple[str | None, str], ...], ...] = ()
+
+    def differing_rows(self) -> list[dict[str, Any]]:
+        """Every differing row of every table, with its cause (``rows.parquet``)."""
+        return [row for i, r in enumerate(self.results)
+                for row in r.differing_rows(self.causes[i] if self.causes else None)]
+
+    def cause_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for row in self.differing_rows():
+            counts[row["cause"] or "not classified"] = counts.get(row["cause"] or "not classified", 0) + 1
+        return counts
 
     @property
     def equal(self) -> bool:
@@ -87,6 +114,9 @@ class Validation:
             out.append(f"great-expectations: {len(self.expectations)} expectations on the target, "
                        f"{len(self.failed_expectations)} failed")
             out += [f"  {o.suite}: {o.expectation}: {o.evidence}" for o in self.failed_expectations]
+        if counts := self.cause_counts():
+            out.append("differing rows by cause: " + ", ".join(f"{n} {cause}" for cause, n in sorted(counts.items()))
+                       + f" (every row in {self.output / 'rows.parquet'})")
         verdict = ("target equals source" if self.equal else
                    f"{sum(not r.equal for r in self.results)} tables differ; fix statements in {self.output / 'fix.sql'}")
         return [*out, verdict]
@@ -139,9 +169,23 @@ def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpo
             outcomes = check_target(spark, sides[1], counted, suites)
         summary = point.summary() if point is not None else None
     run = Validation(results, summary, settings.mode, time.monotonic() - started, _run_dir(config), tuple(outcomes),
-                     settings.fail_on)
+                     settings.fail_on, _causes(config, target, results))
     _write(run, target)
     return run
+
+
+def _causes(config: Config, target: Cluster, results: Sequence[ChecksumResult]) -> tuple[tuple[tuple[str | None, str], ...], ...]:
+    """Each differing row's cause, from the pipeline's record (read only when rows differ)."""
+    from confluent_kafka import KafkaException
+
+    if not any(r.diff.rows for r in results):
+        return ()
+    try:
+        evidence = gather_evidence(config, target, results)
+    except (GpcdcError, KafkaException, OSError) as e:  # the verdict stands; only the why is missing
+        reason = f"not classified: the pipeline's record could not be read ({str(e).strip().splitlines()[0]})"
+        return tuple(tuple((None, reason) for _ in r.diff.rows) for r in results)
+    return tuple(tuple(cause_of(r.table, r.columns, row, evidence) for row in r.diff.rows) for r in results)
 
 
 def _run_dir(config: Config) -> Path:
@@ -159,8 +203,11 @@ def _write(run: Validation, target: Cluster) -> None:
     (run.output / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
     (run.output / "expectations.json").write_text(json.dumps([dataclasses.asdict(o) for o in run.expectations],
                                                              indent=1) + "\n")
+    differing = run.differing_rows()
+    pq.write_table(pa.Table.from_pylist(differing, schema=_rows_schema()), run.output / "rows.parquet")
     (run.output / "summary.json").write_text(json.dumps(
         {"verified": run.verified, "equal": run.equal, "failed_expectations": len(run.failed_expectations),
+         "causes": run.cause_counts(),
          "mode": run.mode, "seconds": round(run.seconds, 3), "tables": len(rows),
          "differing": [r["table"] for r in rows if not r["equal"]], "syncpoint": run.syncpoint}, indent=1) + "\n")
     if not run.equal:

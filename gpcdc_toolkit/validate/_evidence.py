@@ -1,0 +1,152 @@
+"""The evidence that explains differing rows (see ``_causes``), read from the pipeline's
+topics, its initial snapshot, its quarantine file, the replay's settings and the
+target's record of applied transactions. Read only when rows differ: the topics are
+read whole, keeping only what names a differing key."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..bootstrap import InitialSnapshot, Pipeline
+from ..broker import check_reachable
+from ..cluster import Cluster
+from ..config import Config
+from ..connect import kafka_client_settings
+from ..ingest import read_values
+from ..protocol import Topics, kind_of
+from ._causes import Evidence, Gap, KeyEvent, value_text
+from ._checksum import ChecksumResult
+from ._diff import Text
+
+
+def gather_evidence(config: Config, target: Cluster, results: Sequence[ChecksumResult]) -> Evidence:
+    wanted = {(r.table, row.key) for r in results for row in r.diff.rows}
+    if not wanted:
+        return Evidence()
+    tables = {r.parts: r for r in results if r.diff.rows}
+    kafka = kafka_client_settings(config)
+    check_reachable(kafka, timeout=3.0)  # a broker away is said in seconds, not after a read's patience
+    topics = Topics(config.kafka.topic_prefix)
+    found: dict[tuple[str, Text], list[tuple[int | None, int, int, int, dict[str, str | None] | None]]] = \
+        defaultdict(list)
+    images: dict[tuple[str, Text], dict[str, str | None] | None] = {}
+    parts: dict[int, set[int]] = defaultdict(set)
+    seen: set[tuple[int, int, int]] = set()
+    for _partition, offset, v in read_values(kafka, topics.changes):
+        kind = kind_of(v)
+        if kind == "end" and v.get("gxid") is not None:
+            parts[v["gxid"]].add(v["segment"])
+        if kind != "row":
+            continue
+        source = v["source"]
+        identity = (source["segment"], source["commit_lsn"], source["seq"])
+        result = tables.get((source["schema"], source["table"]))
+        if result is None or identity in seen:
+            continue
+        seen.add(identity)
+        for key, image in _writes(result, v, images):
+            if (result.table, key) in wanted:
+                images[(result.table, key)] = image
+                found[(result.table, key)].append((source.get("gxid"), source["segment"], offset,
+                                                    source["ts_ms"], image))
+    records: dict[int, tuple[int, ...]] = {}
+    ddl: dict[int, str] = {}
+    for _partition, _offset, v in read_values(kafka, topics.dtx):
+        kind = kind_of(v)
+        if kind == "commit" and v.get("segments") is not None:
+            records[v["gxid"]] = tuple(v["segments"])
+        elif kind == "ddl":
+            ddl[v["gxid"]] = v.get("statement", "")
+    applied = _applied(target, config.kafka.topic_prefix, {g for events in found.values() for g, *_ in events})
+    events = {k: [KeyEvent(g, s, o, ts, image, g is None or g in applied) for g, s, o, ts, image in v]
+              for k, v in found.items()}
+    pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+    gaps = [Gap("lost_in_stream", s, f"gxid {gxid}'s part on segment {s}, which its commit record names")
+            for gxid, segments in sorted(records.items()) for s in segments if s not in parts.get(gxid, ())]
+    gaps += _set_aside(pipeline.directory / "quarantine.jsonl", topics.changes)
+    skipped = {r.table: [ddl[g] for g in sorted(config.replay.skip_ddl) if g in ddl and _names(ddl[g], r.parts)]
+               for r in tables.values()}
+    return Evidence(events, _snapshot_rows(pipeline, tables, wanted), gaps,
+                    {table: statements for table, statements in skipped.items() if statements})
+
+
+def _writes(result: ChecksumResult, event: Mapping[str, Any],
+            images: Mapping[tuple[str, Text], dict[str, str | None] | None]) -> list[tuple[Text, dict[str, str | None] | None]]:
+    """The keys an event writes, each with the row it leaves (None: no row)."""
+    op, after, before = event.get("op"), event.get("after"), event.get("before")
+    out: list[tuple[Text, dict[str, str | None] | None]] = []
+    if op == "d" and before:
+        out.append((_key(result, before), None))
+    elif op in ("c", "u") and after:
+        key = _key(result, after)
+        image = {c: value_text(v) for c, v in after.items()}
+        if op == "u":
+            if before and (old := _key(result, before)) != key:
+                out.append((old, None))  # the key changed: the old key's row is gone
+            elif event.get("unchanged"):  # values the WAL did not carry: as they were
+                previous = images.get((result.table, key)) or {}
+                image.update({c: previous.get(c) for c in event["unchanged"]})
+        out.append((key, image))
+    return out
+
+
+def _key(result: ChecksumResult, values: Mapping[str, Any]) -> Text:
+    return tuple(value_text(values.get(c)) for c in result.key_columns)
+
+
+def _applied(target: Cluster, pipeline: str, gxids: set[int | None]) -> set[int]:
+    from ..replay import APPLIED
+
+    asked = sorted(g for g in gxids if g is not None)
+    if not asked:
+        return set()
+    with target.coordinator_connection() as conn:
+        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (APPLIED,)).fetchone()[0]  # type: ignore[index]
+    if not exists:
+        return set()
+    return {int(g) for (g,) in target.fetch_all(f"SELECT gxid FROM {APPLIED} WHERE pipeline = %s AND gxid = ANY(%s)",
+                                                 (pipeline, asked))}
+
+
+def _set_aside(quarantine: Path, topic: str) -> list[Gap]:
+    if not quarantine.is_file():
+        return []
+    out = []
+    for line in quarantine.read_bytes().splitlines():
+        try:
+            entry = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(entry, dict) and entry.get("topic") == topic and "offset" in entry:
+            out.append(Gap("set_aside", int(entry["partition"]), f"the message at offset {entry['offset']} of {topic} "
+                                                                 f"partition {entry['partition']}, set aside as malformed "
+                                                                 f"({str(entry.get('reason', ''))[:120]})"))
+    return out
+
+
+def _names(statement: str, parts: tuple[str, str]) -> bool:
+    """Whether a DDL statement names the table (by its name, as written or quoted)."""
+    return parts[1].lower() in statement.lower()
+
+
+def _snapshot_rows(pipeline: Pipeline, tables: Mapping[tuple[str, str], ChecksumResult],
+                   wanted: set[tuple[str, Text]]) -> dict[tuple[str, Text], dict[str, str | None]]:
+    if not (pipeline.snapshot_dir / "manifest.json").is_file():
+        return {}
+    snapshot = InitialSnapshot(pipeline.snapshot_dir)
+    out: dict[tuple[str, Text], dict[str, str | None]] = {}
+    for result in tables.values():
+        if result.table not in snapshot.tables:
+            continue
+        columns = snapshot.columns(result.table)
+        for values in snapshot.rows(result.table):
+            image = {c: value_text(v) for c, v in zip(columns, values)}
+            key = tuple(image.get(c) for c in result.key_columns)
+            if (result.table, key) in wanted:
+                out[(result.table, key)] = image
+    return out
