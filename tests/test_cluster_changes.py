@@ -16,7 +16,7 @@ import pytest
 
 from gpcdc_toolkit.bootstrap import BootstrapError, Pipeline, bootstrap, drop_slots
 from gpcdc_toolkit.capture import CaptureGroup, capture_status, extend_pipeline, repair_segment, wait_until_acknowledged
-from gpcdc_toolkit.cluster import Session
+from gpcdc_toolkit.cluster import Session, segment_for
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.connect import kafka_client_settings
 from gpcdc_toolkit.errors import ClusterChangedError, ClusterError, SandboxError
@@ -230,7 +230,7 @@ def test_segments_added_since_the_bootstrap_stop_capture_with_the_reason(mirrore
         assert failed_state(group, 0).startswith(
             "failed: the source lists segments [2], which the pipeline's start point does not (added since the "
             "bootstrap): no slot of the pipeline decodes them: extend the pipeline to the new segments "
-            "(`gpcdc bootstrap extend`)")
+            "(`gpcdc bootstrap extend`; a Citus source or the key dispatcher: bootstrap again)")
         kafka = kafka_client_settings(config)
         with pytest.raises(BootstrapError, match="segment 2 was added to the source after the bootstrap: the "
                                                  r"pipeline never captured it: extend the pipeline to it"):
@@ -275,6 +275,50 @@ def test_an_expanded_mirrored_sandbox_gives_its_new_segments_mirrors_as_greenplu
             assert conn.execute("SELECT sync_state FROM pg_stat_replication").fetchall() == [("sync",)]
         promoted = sandbox.failover(1)
         assert sandbox.cluster().segments[1].port == promoted.port
+    finally:
+        sandbox.down(remove=True)
+
+
+def test_an_extension_waits_for_an_expansion_to_finish_its_redistribution(broker, work_dir):
+    """Rows left on a segment their key no longer names (an expansion stopped half-way)
+    would be deleted from the target by the new segment's copy: the extension refuses
+    until `gpcdc sandbox expand --finish` has moved them."""
+    sandbox = Sandbox(f"ef-{uuid.uuid4().hex[:4]}", work_dir).up(segments=1)
+    try:
+        cluster = sandbox.cluster()
+        with Session(cluster) as session:
+            session.ddl('CREATE TABLE "T f" (id int PRIMARY KEY, v text) DISTRIBUTED BY (id)')
+            with session.transaction() as tx:
+                tx.insert('"T f"', [{"id": i, "v": "x"} for i in range(50)])
+        config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
+                              "kafka.topic_prefix": f"e{uuid.uuid4().hex[:8]}", "source.sandbox": sandbox.name},
+                             environ={})
+        pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+        bootstrap(cluster, pipeline, "snapshot")
+        try:
+            CaptureGroup(config).start()  # the topics and each partition's marker
+            CaptureGroup(config).stop()
+            assert sandbox.expand(1).rows_moved > 0
+            now = sandbox.cluster()
+            # Half-way: a row of segment 1 back on segment 0, as an interrupted move leaves it.
+            stray = next(i for i in range(50) if segment_for([i], 2) == 1)
+            with now.connect_node(now.segments[1]) as conn:
+                conn.execute('DELETE FROM "T f" WHERE id = %s', (stray,))
+            with now.connect_node(now.segments[0]) as conn:
+                conn.execute('INSERT INTO "T f" VALUES (%s, %s)', (stray, "x"))
+            kafka = kafka_client_settings(config)
+            with pytest.raises(BootstrapError, match=r'table public."T f" has 1 rows on segments its distribution key '
+                                                     r"does not place them on: .*`gpcdc sandbox expand --finish`"):
+                extend_pipeline(now, pipeline, kafka, dispatcher="segment")
+            finished = subprocess.run([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(work_dir), "sandbox",
+                                       "expand", "--name", sandbox.name, "--finish"], env=ENV, capture_output=True,
+                                      text=True, stdin=subprocess.DEVNULL, timeout=120)
+            assert finished.returncode == 0, finished.stderr
+            assert "1 rows of 1 tables moved to the segments their distribution key places them on" in finished.stdout
+            [joined] = extend_pipeline(now, pipeline, kafka, dispatcher="segment")
+            assert joined.joined and joined.node.content == 1
+        finally:
+            drop_slots(sandbox.cluster(), pipeline.slot, publication=pipeline.publication)
     finally:
         sandbox.down(remove=True)
 
@@ -437,7 +481,9 @@ def test_an_expanded_source_is_captured_on_its_new_segments_and_replayed_to_equa
             assert shown.returncode == 0, shown.stdout + shown.stderr
             # The follower reads two segments' partitions: it stops at the first record naming more.
             assert follower.wait(timeout=120) == 5
-            assert "beyond the 2 this replay reads: the pipeline was extended" in follower.stderr.read()
+            said = follower.stderr.read()
+            # Whichever it meets first: a record naming a new segment, or the extended start point.
+            assert "beyond segments 0 to 1, which this replay reads" in said and "run the replay again" in said
             with Replayer(config) as replayer:
                 replayer.run()
                 assert sorted((s, n) for s, n, _keys, _rows in replayer.applier.stats.reconciled) == [(2, 1), (3, 1)]

@@ -218,7 +218,8 @@ def test_a_record_naming_a_segment_beyond_those_read_stops_the_replay_as_a_clust
     from gpcdc_toolkit.errors import ClusterChangedError
 
     r = Reassembler(2)
-    with pytest.raises(ClusterChangedError, match=r"gxid 7 lists segments \[2, 3\], beyond the 2 this replay reads") as raised:
+    with pytest.raises(ClusterChangedError,
+                       match=r"gxid 7 lists segments \[2, 3\], beyond segments 0 to 1, which this replay reads") as raised:
         r.add_record(Record(7, (0, 2, 3)))
     assert raised.value.exit_code == 5 and "run the replay again" in str(raised.value)
 
@@ -430,6 +431,19 @@ def test_a_replay_resumed_after_the_copy_was_applied_does_not_apply_it_again():
     fresh.add_watermark(1, -1, lost="slot s is missing", lost_at=29)
     fresh.add_repair(_repair())
     assert fresh.resume_offsets()[1] == 29, "until the copy is applied, the marks are read again after a restart"
+
+
+def test_a_joined_segments_mark_is_read_again_at_every_resume_until_its_copy_is_applied():
+    r = Reassembler(2)
+    r.add_repair(_repair(offset=1))  # joined: no lost mark before it
+    r.add_part(Part(0, 7, True, 10, offset=40))
+    r.add_watermark(-1, 1_000, resolved_lsn=200)  # past the cut
+    assert sorted((w.gxid or 0, w.reconcile is not None) for w in r.ready()) == [(0, True), (7, False)]
+    assert r.resume_offsets()[1] == 1, "until the copy is applied, the mark is read again"
+    assert 1 not in Reassembler(2, copies_applied={1: 1}).resume_offsets()
+    after = Reassembler(2, copies_applied={1: 1})
+    after.add_repair(_repair(offset=1))
+    assert 1 not in after.resume_offsets(), "its copy applied, the mark is not needed again"
 
 
 def test_a_segment_lost_again_after_its_repair_stops_the_replay_at_its_next_missing_part():

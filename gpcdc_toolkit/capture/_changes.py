@@ -10,8 +10,8 @@ from ..protocol import COORDINATOR, NodeStart
 
 REBOOTSTRAP = ("bootstrap the pipeline again (`gpcdc bootstrap drop`, then `gpcdc bootstrap create`) and replay into "
                "a fresh target; docs/reliability.md says what a node change loses and why")
-EXTEND = ("extend the pipeline to the new segments (`gpcdc bootstrap extend`), then start capture again "
-          "(`gpcdc capture start`); the replay goes on by itself")
+EXTEND = ("extend the pipeline to the new segments (`gpcdc bootstrap extend`; a Citus source or the key dispatcher: "
+          "bootstrap again), then start capture again (`gpcdc capture start`)")
 
 
 def added_nodes(listed: Iterable[int], started: Iterable[NodeStart]) -> ClusterChangedError | None:

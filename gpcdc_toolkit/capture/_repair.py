@@ -30,7 +30,7 @@ from .._runtime import write_atomic, write_json
 from ..bootstrap import BootstrapError, Pipeline
 from ..bootstrap._bootstrap import _drop_when_released, _ensure_publications, _Slot, replication_connection
 from ..bootstrap._snapshot import distributed_tables, export_tables, write_manifest
-from ..cluster import COORDINATOR, Cluster, Node
+from ..cluster import COORDINATOR, START_LOCK, Cluster, Node
 from ..ingest import end_offsets, read_to_end
 from ..protocol import NodeStart, Outbound, Repair, Topics, kind_of, lost_marker, parse_lsn, pipeline_marker, repaired_marker
 from ._changes import node_change
@@ -50,10 +50,10 @@ def repair_segment(cluster: Cluster, pipeline: Pipeline, content: int, kafka: Ma
     if content not in segments:
         raise BootstrapError(f"segment {content} is not a segment of the source (it has segments 0 to "
                              f"{len(segments) - 1})", fix="name a segment of the source")
+    _refuse_own_placement(cluster)
     if content not in {n.content for n in start.captured_nodes}:
         raise BootstrapError(f"segment {content} was added to the source after the bootstrap: the pipeline never "
                              "captured it", fix="extend the pipeline to it (`gpcdc bootstrap extend`)")
-    _refuse_own_placement(cluster)
     node = segments[content]
     lost = _why_lost(cluster, node, start.node(content))
     if lost is None:
@@ -83,9 +83,33 @@ def extend_pipeline(cluster: Cluster, pipeline: Pipeline, kafka: Mapping[str, st
                              "between partitions and break their order",
                              fix="bootstrap the pipeline again (`gpcdc bootstrap drop --delete-topics`, then "
                                  "`gpcdc bootstrap create`) and replay into a fresh target")
+    _refuse_unfinished_expansion(cluster)
     _grow_changes_topic(kafka, Topics(pipeline.prefix), cluster.segment_count)
     return [_capture_from_a_cut(cluster, pipeline, node, kafka, lost=None, joined=True, timeout=timeout)
             for node in added]
+
+
+def _refuse_unfinished_expansion(cluster: Cluster) -> None:
+    """A new segment's copy stands for every row the source places on it: refuse while
+    an expansion still runs (it holds the transaction-start lock), or left rows where
+    their distribution key no longer places them (its redistribution did not finish)."""
+    with cluster.coordinator_connection() as conn:
+        free = conn.execute("SELECT pg_try_advisory_lock_shared(%s, 0)", (START_LOCK,)).fetchone()[0]  # type: ignore[index]
+        if free:
+            conn.execute("SELECT pg_advisory_unlock_shared(%s, 0)", (START_LOCK,))
+    if not free:
+        raise BootstrapError("the source's transaction-start lock is held: an expansion (or a bootstrap) is running",
+                             fix="wait for it to end, then extend")
+    for info in distributed_tables(cluster):
+        misplaced = 0
+        for node in cluster.segments:
+            with cluster.connect_node(node, autocommit=False) as conn:  # its keys are read by a cursor
+                misplaced += len(cluster.misplaced_rows(node, conn, info, sql.SQL("t.ctid")))
+                conn.rollback()
+        if misplaced:
+            raise BootstrapError(f"table {info.name} has {misplaced} rows on segments its distribution key does not "
+                                 "place them on: the expansion's redistribution did not finish",
+                                 fix="finish it (`gpcdc sandbox expand --finish` for a sandbox), then extend")
 
 
 def _refuse_own_placement(cluster: Cluster) -> None:

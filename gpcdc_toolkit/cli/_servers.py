@@ -58,12 +58,20 @@ class SandboxExpand(Command):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--name", default="source", help="sandbox name (default: source)")
-        parser.add_argument("--segments", type=int, required=True, help="how many segments to add")
+        what = parser.add_mutually_exclusive_group(required=True)
+        what.add_argument("--segments", type=int, help="how many segments to add")
+        what.add_argument("--finish", action="store_true",
+                          help="only move the rows an expansion stopped half-way left where they no longer belong")
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
-        expansion = Sandbox(args.name, config.work_dir).expand(args.segments)
-        say(f"sandbox {args.name!r} has new segments {expansion.added}: {expansion.rows_moved} rows of "
-            f"{len(expansion.moved)} tables moved to them")
+        sandbox = Sandbox(args.name, config.work_dir)
+        expansion = sandbox.finish_expansion() if args.finish else sandbox.expand(args.segments)
+        if expansion.added:
+            say(f"sandbox {args.name!r} has new segments {expansion.added}: {expansion.rows_moved} rows of "
+                f"{len(expansion.moved)} tables moved to them")
+        else:
+            say(f"sandbox {args.name!r}: {expansion.rows_moved} rows of {len(expansion.moved)} tables moved to the "
+                "segments their distribution key places them on")
         for table, (rows, gxid) in sorted(expansion.moved.items()):
             say(f"  {table}: {rows} rows (gxid {gxid})")
         return 0

@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..errors import DistributedTransactionError, GpcdcError, SyncPointError, UnreachableError
+from ..errors import ClusterError, DistributedTransactionError, GpcdcError, SyncPointError, UnreachableError
 from ..protocol import COORDINATOR, DdlError, parse_create_table, parse_lsn
 from ..protocol import _markers as markers
 from ._cluster import Cluster, Node, Table, TableRef
@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 _DDL_LOCK_WAIT = "500ms"
 
 COMMIT_LOCK = 1196450636  # 'GPcL', key 1 of the controller's commit lock (see controller.sql)
+START_LOCK = 1196454761  # 'GPsi', key 1 of its transaction-start lock
 
 
 def syncpoint_lock(pipeline: str, gxid: int) -> tuple[int, int]:
@@ -109,8 +110,14 @@ class Session:
 
         Rows are routed over the segments the catalog lists when it starts: a cluster
         expanded since this session's was found is found again (see ``dtx_begin``)."""
-        gxid, segments = self.connection(COORDINATOR).execute(  # type: ignore[misc]
-            "SELECT gxid, segments FROM gp_dist.dtx_begin()").fetchone()
+        try:
+            gxid, segments = self.connection(COORDINATOR).execute(  # type: ignore[misc]
+                "SELECT gxid, segments FROM gp_dist.dtx_begin()").fetchone()
+        except psycopg.errors.UndefinedColumn:
+            raise ClusterError(f"{self.cluster.coordinator} has the controller functions of an earlier version "
+                               "(gp_dist.dtx_begin returns no segment count)",
+                               fix="create the sandbox again (`gpcdc sandbox down --name <name> --remove`, then "
+                                   "`gpcdc sandbox up`)") from None
         if segments != self.cluster.segment_count:
             self.cluster = type(self.cluster).connect(self.cluster.coordinator_dsn)
         return DistributedTransaction(self, int(gxid))

@@ -3,8 +3,9 @@
 -- `gpcdc sandbox up`, in the schema gp_dist, which is on the database's search_path.
 --
 -- Advisory locks (two-key form; key 1 names the lock, key 2 the instance):
---   1196454761 ('GPsi'), 0      transaction-start lock: shared for an instant at every
---                               distributed-transaction start, exclusive by the controller
+--   1196454761 ('GPsi'), 0      transaction-start lock: shared at every distributed-
+--                               transaction start until it is marked running, exclusive
+--                               by the controller (a peaceful bootstrap, an expansion)
 --   1196454484 ('GPrT'), gxid   held for the life of a running distributed transaction
 --   1196450636 ('GPcL'), 0      commit lock: shared across a commit phase (record to the
 --                               last segment commit), exclusive for a consistent cut
@@ -41,24 +42,28 @@ CREATE TABLE gp_dist.committed_gxids (gxid bigint PRIMARY KEY);
 
 -- Every distributed transaction starts here: pass the start lock, take a gxid, and
 -- mark the transaction running until gp_dist.dtx_end. Also returns how many segments
--- the catalog lists, which rows are routed over: an expansion changes it only while it
--- holds the start lock and no distributed transaction runs, so the count read here
--- holds for the whole transaction.
+-- the catalog lists, which rows are routed over. The start lock is held shared until
+-- the transaction is marked running and the count read: a holder of it exclusive (a
+-- peaceful bootstrap, an expansion) that then waits for running transactions sees this
+-- one, or this one starts after it. An expansion changes the count only under that
+-- lock with no transaction running, so the count holds for the whole transaction.
 CREATE FUNCTION gp_dist.dtx_begin(OUT gxid bigint, OUT segments int) LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_advisory_lock_shared(1196454761, 0);
-    PERFORM pg_advisory_unlock_shared(1196454761, 0);
     -- A consistent cut (commit lock exclusive) must never see a gxid that is taken
     -- but not yet marked running: the two steps happen under the commit lock.
     PERFORM pg_advisory_lock_shared(1196450636, 0);
     gxid := nextval('gp_dist.gxid_seq');
     IF gxid >= 2147483647 THEN  -- running gxids are advisory-lock keys, which are int4
+        PERFORM pg_advisory_unlock_shared(1196450636, 0);  -- session locks outlive the error
+        PERFORM pg_advisory_unlock_shared(1196454761, 0);
         RAISE EXCEPTION 'the sandbox has used up its gxids (% >= 2147483647)', gxid
             USING HINT = 'create a new sandbox';
     END IF;
     PERFORM pg_advisory_lock(1196454484, gxid::int);
     PERFORM pg_advisory_unlock_shared(1196450636, 0);
     SELECT count(*) INTO segments FROM gp_dist.gp_segment_configuration WHERE role = 'p' AND content >= 0;
+    PERFORM pg_advisory_unlock_shared(1196454761, 0);
 END $$;
 
 -- Enter the commit phase: take the commit lock shared; for a two-phase commit also

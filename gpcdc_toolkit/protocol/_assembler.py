@@ -39,8 +39,8 @@ class UnknownNodesError(ClusterChangedError, ValueError):
         super().__init__(
             f"node {content}: gxid {gxid} has parts on {unknown}, which the pipeline's start point does not list "
             f"(it captures segments {sorted(known)}): nodes were added since the bootstrap",
-            fix="extend the pipeline to the new segments (`gpcdc bootstrap extend`), then start capture again "
-                "(`gpcdc capture start`)")
+            fix="extend the pipeline to the new segments (`gpcdc bootstrap extend`; a Citus source or the key "
+                "dispatcher: bootstrap again), then start capture again (`gpcdc capture start`)")
 
 
 @dataclass(slots=True)

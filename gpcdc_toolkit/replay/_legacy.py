@@ -54,7 +54,7 @@ class SegmentOrder:
         self._damaged: Missing | None = None
 
     def add_repair(self, mark: RepairMark) -> None:
-        raise StreamError(f"segment {mark.segment} was repaired (repair {mark.number}), which a stream written with "
+        raise StreamError(f"segment {mark.segment} was captured from a new cut (repair {mark.number}), which a stream written with "
                           "legacy markers cannot be replayed through: its transactions carry no gxid to tell which "
                           "the repair's copy holds", fix="bootstrap the pipeline again and replay into a fresh target")
 

@@ -240,8 +240,9 @@ class Reassembler:
             return  # a duplicate, or applied before a restart
         if beyond := [s for s in record.segments if s >= len(self.segments)]:
             raise ClusterChangedError(
-                f"the commit record of gxid {record.gxid} lists segments {beyond}, beyond the {len(self.segments)} this "
-                "replay reads: the pipeline was extended to segments added to the source since it began",
+                f"the commit record of gxid {record.gxid} lists segments {beyond}, beyond segments 0 to "
+                f"{len(self.segments) - 1}, which this replay reads: the pipeline was extended to segments added to "
+                "the source since it began",
                 fix="run the replay again: it reads the new segments' partitions and goes on from its checkpoint")
         for segment in self._parts.get(record.gxid, {}):
             if segment not in record.segments:
@@ -514,6 +515,12 @@ class Reassembler:
             if content >= 0 and self._copy_applied(self.segments[content]):
                 continue  # repaired, and its copy applied: nothing before the marks is needed again
             out[content] = min(out.get(content, offset), offset)
+        for content, segment in enumerate(self.segments):
+            # A repaired mark too, until its copy is applied: a joined segment's has no
+            # lost mark before it, and a resume past it would hand out its covered
+            # transactions without the copy.
+            if segment.repair is not None and not self._copy_applied(segment):
+                out[content] = min(out.get(content, segment.repair.offset), segment.repair.offset)
         return out
 
     def oldest_waiting_ts_ms(self) -> int | None:

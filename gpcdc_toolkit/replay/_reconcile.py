@@ -28,14 +28,15 @@ def reconcile(tx: Writes, target: Cluster, mark: RepairMark, directory: Path) ->
     if not (directory / "manifest.json").is_file():
         raise StreamError(f"the stream marks repair {mark.number} of segment {mark.segment}, but its copied rows are "
                           f"not in {directory}",
-                          fix="replay with the work_dir where `gpcdc bootstrap repair` ran")
+                          fix="replay with the work_dir where `gpcdc bootstrap repair` (or `extend`) ran")
     copy = InitialSnapshot(directory)
     cut = copy.manifest["cut"]
     if (cut["xmax"], frozenset(cut["in_progress"])) != (mark.snapshot.xmax, mark.snapshot.in_progress):
         raise StreamError(f"the copied rows in {directory} are of another cut (xmax {cut['xmax']}) than the one repair "
                           f"{mark.number} of segment {mark.segment} marked at offset {mark.offset} (xmax "
                           f"{mark.snapshot.xmax}): a repair failed after marking the stream",
-                          fix=f"run `gpcdc bootstrap repair --segment {mark.segment}` again")
+                          fix=f"run what wrote the mark again: `gpcdc bootstrap repair --segment {mark.segment}`, or "
+                              "`gpcdc bootstrap extend` for a segment added since the bootstrap")
     segments = int(copy.manifest["placement"]["segments"])
     writers = sorted({target.writer_of(node.content) for node in target.segments} or {target.writer_of(-1)})
     deleted = 0

@@ -24,7 +24,7 @@ from ..bootstrap import InitialSnapshot, Pipeline
 from ..cluster import Cluster, syncpoint_lock
 from ..config import Config, ReplaySettings
 from ..connect import kafka_client_settings, kafka_logger, open_cluster
-from ..errors import BrokerError, GpcdcError, StreamError
+from ..errors import BrokerError, ClusterChangedError, GpcdcError, StreamError
 from ..ingest import EndTracker, high_watermarks, located, partitions_of
 from ..protocol import COORDINATOR, Topics, is_pipeline_marker
 from ._apply import Applier, Checkpoint, DdlRefusedError, commit_ts_ms
@@ -154,6 +154,7 @@ class Replayer:
                 # coordinator's stream passes the repair's cut, which a later run applies.
                 done = run.caught_up and not follow and not run.ready_to_apply
                 if done or now - last_report >= progress_interval:
+                    self._check_extended(run.segments)
                     self.latest = run.progress()
                     if progress is not None:
                         progress(self.latest)
@@ -168,6 +169,19 @@ class Replayer:
         if progress is not None:
             progress(final)
         return final
+
+    def _check_extended(self, segments: int) -> None:
+        """Stop when the pipeline captures more segments than this run reads partitions
+        for (it was extended since the run began): a new segment's stream, and the copy
+        its transactions wait for, are in a partition the run does not read."""
+        if not self.pipeline.start_point_file.is_file():
+            return
+        captured = [n.content for n in self.pipeline.start_point().captured_nodes if n.content >= 0]
+        if len(captured) > segments:
+            raise ClusterChangedError(
+                f"the pipeline captures segments {captured[segments:]}, beyond segments 0 to {segments - 1}, which "
+                "this replay reads: it was extended to segments added to the source since the replay began",
+                fix="run the replay again: it reads the new segments' partitions and goes on from its checkpoint")
 
     def _start_point_fingerprint(self) -> str:
         """Which bootstrap of the pipeline this is ("" where its start point is not here)."""

@@ -41,7 +41,8 @@ def expand_cluster(coordinator_dsn: str, new_nodes: Sequence[tuple[int, int, str
                    listed: Callable[[], None], *, timeout: float) -> Expansion:
     """Join ``new_nodes`` ((content, port, datadir), servers started and empty) to the
     cluster and redistribute every table. ``listed`` is called once the catalog lists
-    them (from then on the cluster has them, whatever happens next)."""
+    them (from then on the cluster has them, whatever happens next). With no new
+    nodes, only the redistribution: it finishes one that stopped half-way."""
     before = Cluster.connect(coordinator_dsn)
     expansion = Expansion([content for content, _, _ in new_nodes])
     with Session(before) as session:
@@ -54,6 +55,8 @@ def expand_cluster(coordinator_dsn: str, new_nodes: Sequence[tuple[int, int, str
         except psycopg.errors.LockNotAvailable:
             raise SandboxError(f"the transaction-start lock was not granted within {timeout:g} s: a bootstrap or "
                                "another expansion holds it", fix="wait for it to finish, then expand again") from None
+        # Granted: the redistribution's commit phases wait for any cut as long as it takes.
+        lock.execute("SELECT set_config('lock_timeout', '0', false)")
         try:
             try:
                 lock.execute("SELECT gp_dist.gp_wait_running_transaction_end(0, %s)", (timeout,))
@@ -62,17 +65,18 @@ def expand_cluster(coordinator_dsn: str, new_nodes: Sequence[tuple[int, int, str
                                    fix="let those transactions finish, then expand again") from None
             for content, port, _ in new_nodes:
                 _copy_definitions(before, port, pg_bin, content)
-            with lock.transaction():
-                lock.execute(
-                    "INSERT INTO gp_dist.gp_segment_configuration "
-                    "SELECT (SELECT max(dbid) FROM gp_dist.gp_segment_configuration) + n, content, 'p', 'p', "
-                    "'n', 'u', port, '127.0.0.1', '127.0.0.1', datadir "
-                    "FROM unnest(%s::smallint[], %s::int[], %s::text[]) WITH ORDINALITY AS a(content, port, datadir, n)",
-                    ([c for c, _, _ in new_nodes], [p for _, p, _ in new_nodes], [d for _, _, d in new_nodes]))
-            listed()
+            if new_nodes:
+                with lock.transaction():
+                    lock.execute(
+                        "INSERT INTO gp_dist.gp_segment_configuration "
+                        "SELECT (SELECT max(dbid) FROM gp_dist.gp_segment_configuration) + n, content, 'p', 'p', "
+                        "'n', 'u', port, '127.0.0.1', '127.0.0.1', datadir FROM unnest(%s::smallint[], %s::int[], "
+                        "%s::text[]) WITH ORDINALITY AS a(content, port, datadir, n)",
+                        ([c for c, _, _ in new_nodes], [p for _, p, _ in new_nodes], [d for _, _, d in new_nodes]))
+                listed()
             after = Cluster.connect(coordinator_dsn)
             for table in after.table_names():
-                moved = _redistribute(session, after, table, before.segment_count)
+                moved = _redistribute(session, after, table)
                 if moved is not None:
                     expansion.moved[table] = moved
         finally:
@@ -90,15 +94,21 @@ def _copy_definitions(cluster: Cluster, port: int, pg_bin: Path, content: int) -
     dump = subprocess.run([str(pg_bin / "pg_dump"), "--schema-only", "--no-publications", "--no-subscriptions",
                            "--no-owner", "-d", source], capture_output=True, text=True)
     if dump.returncode != 0:
-        raise SandboxError(f"pg_dump of segment 0's definitions failed: {dump.stderr.strip().splitlines()[-1:]}")
+        raise SandboxError(f"pg_dump of segment 0's definitions failed: {_last_line(dump.stderr)}",
+                           fix="check segment 0 answers (`gpcdc sandbox status`), then expand again")
     restore = subprocess.run([str(pg_bin / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", target],
                              input=dump.stdout, capture_output=True, text=True)
     if restore.returncode != 0:
         raise SandboxError(f"the definitions could not be created on new segment {content}: "
-                           f"{restore.stderr.strip().splitlines()[-1:]}")
+                           f"{_last_line(restore.stderr)}", fix="see the segment's log, then expand again")
 
 
-def _redistribute(session: Session, cluster: Cluster, table: str, old_segments: int) -> tuple[int, int] | None:
+def _last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else "(no output)"
+
+
+def _redistribute(session: Session, cluster: Cluster, table: str) -> tuple[int, int] | None:
     """Move a table's rows that belong on another segment now, in one distributed
     transaction (deleted where they were, inserted where they belong); returns (rows
     moved, its gxid), or None when none moves."""
@@ -106,7 +116,7 @@ def _redistribute(session: Session, cluster: Cluster, table: str, old_segments: 
     select = sql.SQL("t.ctid::text, {}").format(sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(c))
                                                                      for c in info.writable))
     leaving: dict[int, list[tuple[Any, ...]]] = {}
-    for node in cluster.segments[:old_segments]:
+    for node in cluster.segments:
         with cluster.connect_node(node, autocommit=False) as conn:  # its keys are read by a cursor
             rows = [row for _, row in cluster.misplaced_rows(node, conn, info, select)]
             conn.rollback()

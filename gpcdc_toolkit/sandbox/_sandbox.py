@@ -335,12 +335,12 @@ class Sandbox:
 
         def list_in_state() -> None:
             nonlocal listed
+            listed = True  # the catalog has them: whatever fails next, they stay
             state["nodes"] += [asdict(n) for n in new]
             if mirrors:
                 self._list_mirrors(self.dsn, mirrors)
                 state["mirrors"] += [asdict(m) for m in mirrors]
             write_json(self._state_file, state)
-            listed = True
 
         try:
             for node in new:
@@ -355,17 +355,27 @@ class Sandbox:
                                   timeout=timeout)
         except BaseException as e:
             if listed:
-                if isinstance(e, SandboxError):
-                    raise SandboxError(f"sandbox {self.name!r} has its new segments {[n.content for n in new]}, but "
-                                       f"its expansion stopped: {e.message}",
-                                       fix="some tables may have rows on segments they no longer belong on; "
-                                           "`gpcdc validate` finds them") from None
-                raise
+                if not isinstance(e, Exception):
+                    raise
+                reason = e.message if isinstance(e, SandboxError) else str(e).strip().splitlines()[0]
+                raise SandboxError(f"sandbox {self.name!r} lists its new segments {[n.content for n in new]}, but its "
+                                   f"expansion stopped: {reason}",
+                                   fix=f"finish it: `gpcdc sandbox expand --name {self.name} --finish`") from None
             for node in started:
                 self._stop(node, pg_bin=pg_bin, user=user)
             for node in [*new, *mirrors]:
                 shutil.rmtree(node.datadir, ignore_errors=True)
             raise
+
+    def finish_expansion(self, *, timeout: float = 60.0) -> Expansion:
+        """Move every row the distribution key places on another segment than where it
+        is, one distributed transaction per table: what an expansion stopped half-way
+        left to do (nothing, after one that finished)."""
+        state = self._state()
+        if state.get("flavour", "greenplum") != "greenplum":
+            raise SandboxError(f"sandbox {self.name!r} is a {state['flavour']} cluster; only a greenplum sandbox "
+                               "expands with `gpcdc sandbox expand`", fix="expand a greenplum sandbox")
+        return expand_cluster(self.dsn, [], Path(state["pg_bin"]), lambda: None, timeout=timeout)
 
     def down(self, *, remove: bool = False) -> None:
         """Stop every node (by its pid file); with ``remove``, delete the data too."""

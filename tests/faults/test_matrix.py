@@ -449,7 +449,8 @@ def test_a_source_expanded_under_a_workload_and_extended_while_it_writes_ends_wi
     bootstrap extend`) and capture started again. The replayer following from before
     stops at the first record naming a new segment and, run again, goes on. What capture
     missed is exactly the new segments' parts of transactions their cut saw (the copies
-    hold them), the target ends equal to the source, and the audit finds nothing wrong."""
+    hold them), the target ends equal to the source, and the audit finds nothing wrong
+    beyond capture's pause."""
     from gpcdc_toolkit.capture import extend_pipeline
 
     sandbox = Sandbox(f"fx-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
@@ -506,8 +507,11 @@ def test_a_source_expanded_under_a_workload_and_extended_while_it_writes_ends_wi
                 assert uncaptured and uncaptured <= {2, 3}, problem
                 assert all(joined[s].snapshot.sees(int(gxid)) for s in uncaptured), problem
             result = run_audit(spark, env.config, write=False)
-            assert [(rule, severity) for rule, severity, _n in result.summary if severity != "info"] == [], \
-                result.summary
+            # Capture stood still from the first record naming a new segment until the
+            # extension started it again: a pause longer than audit.silence_ms is a
+            # watermark gap, and nothing else is worth more than information.
+            assert {(rule, severity) for rule, severity, _n in result.summary if severity != "info"} <= {
+                ("watermark_gap", "warning")}, result.summary
             env.replayer.terminate()
             assert env.replayer.wait(60) == 0, env.said()
             print("EXTEND", json.dumps({"transactions": check.after, "covered": len(check.problems),
