@@ -3,6 +3,7 @@ on real servers: a pipeline replayed into a target, the target written by hand a
 the source written after the replay stopped; every differing row in rows.parquet,
 each with its cause, none unexplained."""
 
+import dataclasses
 import json
 import uuid
 
@@ -130,3 +131,127 @@ def test_every_differing_row_is_written_with_its_cause_and_none_is_unexplained(s
     summary = json.loads((run.output / "summary.json").read_text())
     assert summary["causes"] == {"not_replayed": 3, "outside_pipeline": 3}
     assert any(line.startswith("differing rows by cause: 3 not_replayed, 3 outside_pipeline") for line in run.lines())
+
+
+def copy_topics(kafka, prefix, copy, rewrite):
+    """The pipeline's topics copied under another prefix, message for message and
+    partition for partition, each value as ``rewrite(decoded value, raw value)`` gives
+    it (None: left out)."""
+    import orjson
+    from confluent_kafka import Producer
+
+    from gpcdc_toolkit.capture import ensure_topics
+    from gpcdc_toolkit.ingest import read_to_end
+    from gpcdc_toolkit.protocol import Topics
+
+    source, target = Topics(prefix), Topics(copy)
+    partitions = {m.partition() for m in read_to_end(kafka, source.changes)}
+    ensure_topics(kafka, target, max(partitions) + 1)
+    producer = Producer({**kafka, "enable.idempotence": True})
+    for topic, to in ((source.changes, target.changes), (source.dtx, target.dtx)):
+        for message in read_to_end(kafka, topic):
+            value = rewrite(orjson.loads(message.value()), message.value())
+            if value is not None:
+                producer.produce(to, value, key=message.key(), partition=message.partition())
+    assert producer.flush(30) == 0
+
+
+@pytest.mark.parametrize("replay_target", ["greenplum"], indirect=True)
+@pytest.mark.parametrize("damage", ["lost", "poison"])
+def test_rows_a_damaged_part_wrote_are_named_so_and_those_held_behind_it_not_replayed(
+        source, replay_target, work_dir, damage):
+    """A copy of the topics where one two-phase transaction's part on segment 0 is left
+    out (its BEGIN, rows and END), or its row replaced by bytes that are not JSON (a
+    poison message, which the replayer sets aside), replayed into the target: the
+    replay stops before that transaction. Its row on segment 0 is lost in the stream
+    (the commit record names the part that never came) or set aside (quarantine.jsonl
+    names the message); its part on the other segment, and every later transaction,
+    are in the stream and not applied."""
+    import shutil
+
+    from gpcdc_toolkit.bootstrap import bootstrap
+    from gpcdc_toolkit.capture import wait_until_acknowledged
+    from gpcdc_toolkit.cluster import Session, segment_for
+    from gpcdc_toolkit.connect import kafka_client_settings
+    from gpcdc_toolkit.errors import GpcdcError
+    from gpcdc_toolkit.replay import Replayer
+    from gpcdc_toolkit.validate import validate
+
+    target, config, pipeline, group = replay_target
+    table = f'"Lost {uuid.uuid4().hex[:4]}"'
+    with Session(source) as session:
+        session.ddl(f"CREATE TABLE {table} (id int PRIMARY KEY, v text) DISTRIBUTED BY (id)")
+    bootstrap(source, pipeline, "snapshot")
+    group.start()
+    on = {s: [i for i in range(1000) if segment_for([i], source.segment_count) == s][:3] for s in (0, 1)}
+    with Session(source) as session:
+        with session.transaction() as tx:
+            tx.insert(table, [{"id": i, "v": "first"} for i in on[0][:1] + on[1][:1]])
+        with session.transaction() as damaged:  # its part on segment 0 is damaged in the copy
+            damaged.insert(table, [{"id": i, "v": "damaged"} for i in on[0][1:2] + on[1][1:2]])
+        with session.transaction() as tx:
+            tx.insert(table, [{"id": i, "v": "after"} for i in on[0][2:] + on[1][2:]])
+    wait_until_acknowledged(source, pipeline.slot)
+    group.stop()
+
+    def rewrite(value, raw):
+        where = value.get("source") or value
+        if where.get("segment") != 0 or where.get("gxid") != damaged.gxid:
+            return raw
+        if damage == "lost":
+            return None
+        return b"\xff{not json" if "after" in value else raw  # the row event only
+
+    copy = f"c{uuid.uuid4().hex[:8]}"
+    copy_topics(kafka_client_settings(config), config.kafka.topic_prefix, copy, rewrite)
+    shutil.copytree(pipeline.directory, pipeline.directory.parent / copy)
+    copied = config.with_settings({"kafka.topic_prefix": copy, "validate.expectations": False})
+    with Replayer(copied) as replayer:
+        try:
+            replayer.run()
+        except GpcdcError:
+            pass  # the part proven missing or damaged, or still waited for: it stops before that transaction
+    run = validate(copied, tables=[table], syncpoint=False, source=source, target=target.cluster())
+    causes = {json.loads(r["key"])["id"]: r["cause"] for r in pq.read_table(run.output / "rows.parquet").to_pylist()}
+    named = {"lost": "lost_in_stream", "poison": "set_aside"}[damage]
+    assert causes == {str(on[0][1]): named, str(on[1][1]): "not_replayed",
+                      **{str(i): "not_replayed" for i in on[0][2:] + on[1][2:]}}
+    detail = next(r["cause_detail"] for r in run.differing_rows() if r["cause"] == named)
+    assert (f"lacks gxid {damaged.gxid}'s part on segment 0, which its commit record names" if damage == "lost" else
+            "partition 0, set aside as malformed") in detail
+
+
+@pytest.mark.parametrize("replay_target", ["greenplum"], indirect=True)
+def test_rows_of_a_table_whose_ddl_the_replay_skipped_are_named_so(source, replay_target):
+    """A column added on the source and, by hand, on the target with another default;
+    the replay told to skip that DDL (`--skip-ddl`): the rows differ in that column, and
+    each is named skipped_ddl with the statement."""
+    from gpcdc_toolkit.bootstrap import bootstrap
+    from gpcdc_toolkit.capture import wait_until_acknowledged
+    from gpcdc_toolkit.cluster import Session
+    from gpcdc_toolkit.replay import Replayer
+    from gpcdc_toolkit.validate import validate
+
+    target, config, pipeline, group = replay_target
+    table = f"skipped_{uuid.uuid4().hex[:4]}"
+    with Session(source) as session:
+        session.ddl(f"CREATE TABLE {table} (id int PRIMARY KEY, v text) DISTRIBUTED BY (id)")
+        with session.transaction() as tx:
+            tx.insert(table, [{"id": i, "v": "x"} for i in range(6)])
+    bootstrap(source, pipeline, "snapshot")
+    group.start()
+    with Replayer(config) as replayer:  # the initial load
+        replayer.run()
+    with Session(source) as session:
+        added = session.ddl(f"ALTER TABLE {table} ADD COLUMN w int DEFAULT 7")
+    with Session(target.cluster()) as session:
+        session.ddl(f"ALTER TABLE {table} ADD COLUMN w int DEFAULT 0")
+    wait_until_acknowledged(source, pipeline.slot)
+    with Replayer(config, settings=dataclasses.replace(config.replay, skip_ddl=frozenset({added}))) as replayer:
+        replayer.run()
+    run = validate(config.with_settings({"validate.expectations": False}), tables=[table], syncpoint=False,
+                   source=source, target=target.cluster())
+    rows = run.differing_rows()
+    assert sorted(json.loads(r["key"])["id"] for r in rows) == [str(i) for i in range(6)]
+    assert {(r["kind"], tuple(r["changed_columns"]), r["cause"]) for r in rows} == {("changed", ("w",), "skipped_ddl")}
+    assert "ADD COLUMN w int DEFAULT 7" in rows[0]["cause_detail"]

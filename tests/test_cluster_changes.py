@@ -401,17 +401,7 @@ def test_a_failed_over_segment_repaired_is_captured_again_and_the_replay_goes_on
             shown = subprocess.run(repaired.args[:-4] + ["status"], env=ENV, capture_output=True, text=True,
                                    stdin=subprocess.DEVNULL, timeout=120)
             assert shown.returncode == 0, shown.stdout + shown.stderr  # the repaired slot is the one status expects
-            with Replayer(config) as replayer:
-                replayer.run()
-                assert [(s, n) for s, n, _keys, _rows in replayer.applier.stats.reconciled] == [(1, 1)]
-            assert table_rows(target.cluster(), table) == table_rows(now, table)
-            # A replay that starts again does not put the copy in place a second time.
-            change(now, table, updated=range(0, 100, 2), deleted=())
-            wait_until_acknowledged(now, pipeline.slot)
-            with Replayer(config) as replayer:
-                replayer.run()
-                assert replayer.applier.stats.reconciled == []
-            assert table_rows(target.cluster(), table) == table_rows(now, table)
+            replayed_to_equality_with_copies(config, target, now, pipeline, table, [(1, 1)])
     finally:
         target.down(remove=True)
         sandbox.down(remove=True)
@@ -484,16 +474,7 @@ def test_an_expanded_source_is_captured_on_its_new_segments_and_replayed_to_equa
             said = follower.stderr.read()
             # Whichever it meets first: a record naming a new segment, or the extended start point.
             assert "beyond segments 0 to 1, which this replay reads" in said and "run the replay again" in said
-            with Replayer(config) as replayer:
-                replayer.run()
-                assert sorted((s, n) for s, n, _keys, _rows in replayer.applier.stats.reconciled) == [(2, 1), (3, 1)]
-            assert table_rows(target.cluster(), table) == table_rows(now, table)
-            change(now, table, updated=range(0, 120, 2), deleted=())
-            wait_until_acknowledged(now, pipeline.slot)
-            with Replayer(config) as replayer:
-                replayer.run()
-                assert replayer.applier.stats.reconciled == []
-            assert table_rows(target.cluster(), table) == table_rows(now, table)
+            replayed_to_equality_with_copies(config, target, now, pipeline, table, [(2, 1), (3, 1)])
     finally:
         target.down(remove=True)
         sandbox.down(remove=True)
@@ -505,6 +486,22 @@ def rows_or_none(sandbox, table):
         return table_rows(sandbox.cluster(), table)
     except ClusterError:
         return []
+
+
+def replayed_to_equality_with_copies(config, target, source, pipeline, table, copies):
+    """Replay: the target ends equal to the source, with the copies (segment, number)
+    put in place; then, the source written again, a replay that starts over puts none
+    in place a second time and the target is equal again."""
+    with Replayer(config) as replayer:
+        replayer.run()
+        assert sorted((s, n) for s, n, _keys, _rows in replayer.applier.stats.reconciled) == copies
+    assert table_rows(target.cluster(), table) == table_rows(source, table)
+    change(source, table, updated=range(0, 120, 2), deleted=())
+    wait_until_acknowledged(source, pipeline.slot)
+    with Replayer(config) as replayer:
+        replayer.run()
+        assert replayer.applier.stats.reconciled == []
+    assert table_rows(target.cluster(), table) == table_rows(source, table)
 
 
 def change(cluster, table, *, updated, deleted):

@@ -87,6 +87,11 @@ class Pipeline:
         return self.directory / "snapshot"
 
     @property
+    def skipped_ddl_file(self) -> Path:
+        """The DDL statements a replay skipped (``--skip-ddl``), one JSON line each."""
+        return self.directory / "skipped_ddl.jsonl"
+
+    @property
     def repairs_dir(self) -> Path:
         return self.directory / "repairs"
 

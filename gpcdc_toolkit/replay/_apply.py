@@ -106,9 +106,11 @@ class Applier:
     """Applies batches of whole transactions of one pipeline to ``target``."""
 
     def __init__(self, target: Cluster, pipeline: str, *, skip_ddl: Iterable[int] = (),
-                 chunk_rows: int = 5_000, repair_dir: Callable[[int, int], Path] | None = None) -> None:
+                 chunk_rows: int = 5_000, repair_dir: Callable[[int, int], Path] | None = None,
+                 skipped_file: Path | None = None) -> None:
         self.target = target
         self.repair_dir = repair_dir  # (segment, repair number) -> where that repair's copied rows are
+        self.skipped_file = skipped_file  # where each skipped DDL statement is kept, for validate to name
         self.chunk_rows = chunk_rows  # row events folded and written at a time
         self.pipeline = pipeline
         self.skip_ddl = frozenset(skip_ddl)  # gxids whose DDL was given to the target by hand
@@ -237,6 +239,10 @@ class Applier:
     def _apply_ddl(self, whole: Whole, record: Callable[[Writes], None]) -> None:
         statements = whole.record.ddl  # type: ignore[union-attr]
         if whole.gxid in self.skip_ddl:
+            if self.skipped_file is not None:  # kept before the commit: a retry keeps it again, never loses it
+                self.skipped_file.parent.mkdir(parents=True, exist_ok=True)
+                with self.skipped_file.open("ab") as f:
+                    f.write(json.dumps({"gxid": whole.gxid, "statements": list(statements)}).encode() + b"\n")
             with self.session.transaction() as tx:  # applied by hand: only recorded
                 record(tx)
             self.stats.ddl += 1

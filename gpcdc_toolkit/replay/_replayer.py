@@ -115,7 +115,8 @@ class Replayer:
         self.kafka = kafka_client_settings(config)
         self.target = target or open_cluster(config, "target")
         self.applier = Applier(self.target, config.kafka.topic_prefix, skip_ddl=self.settings.skip_ddl,
-                               chunk_rows=self.settings.chunk_rows, repair_dir=self.pipeline.repair_dir)
+                               chunk_rows=self.settings.chunk_rows, repair_dir=self.pipeline.repair_dir,
+                               skipped_file=self.pipeline.skipped_ddl_file)
         self.initial_load: tuple[int, int] | None = None  # (rows, tables) when this replayer made the load
         self.latest: Progress | None = None  # the running run's progress, as last reported
 

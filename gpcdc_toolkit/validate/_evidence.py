@@ -6,7 +6,7 @@ read whole, keeping only what names a differing key."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from ..broker import check_reachable
 from ..cluster import Cluster
 from ..config import Config
 from ..connect import kafka_client_settings
-from ..ingest import read_values
+from ..ingest import located, read_to_end
 from ..protocol import Topics, kind_of
 from ._causes import Evidence, Gap, KeyEvent, value_text
 from ._checksum import ChecksumResult
@@ -37,7 +37,7 @@ def gather_evidence(config: Config, target: Cluster, results: Sequence[ChecksumR
     images: dict[tuple[str, Text], dict[str, str | None] | None] = {}
     parts: dict[int, set[int]] = defaultdict(set)
     seen: set[tuple[int, int, int]] = set()
-    for _partition, offset, v in read_values(kafka, topics.changes):
+    for offset, v in _decoded(kafka, topics.changes):
         kind = kind_of(v)
         if kind == "end" and v.get("gxid") is not None:
             parts[v["gxid"]].add(v["segment"])
@@ -55,13 +55,9 @@ def gather_evidence(config: Config, target: Cluster, results: Sequence[ChecksumR
                 found[(result.table, key)].append((source.get("gxid"), source["segment"], offset,
                                                     source["ts_ms"], image))
     records: dict[int, tuple[int, ...]] = {}
-    ddl: dict[int, str] = {}
-    for _partition, _offset, v in read_values(kafka, topics.dtx):
-        kind = kind_of(v)
-        if kind == "commit" and v.get("segments") is not None:
+    for _offset, v in _decoded(kafka, topics.dtx):
+        if kind_of(v) == "commit" and v.get("segments") is not None:
             records[v["gxid"]] = tuple(v["segments"])
-        elif kind == "ddl":
-            ddl[v["gxid"]] = v.get("statement", "")
     applied = _applied(target, config.kafka.topic_prefix, {g for events in found.values() for g, *_ in events})
     events = {k: [KeyEvent(g, s, o, ts, image, g is None or g in applied) for g, s, o, ts, image in v]
               for k, v in found.items()}
@@ -69,10 +65,22 @@ def gather_evidence(config: Config, target: Cluster, results: Sequence[ChecksumR
     gaps = [Gap("lost_in_stream", s, f"gxid {gxid}'s part on segment {s}, which its commit record names")
             for gxid, segments in sorted(records.items()) for s in segments if s not in parts.get(gxid, ())]
     gaps += _set_aside(pipeline.directory / "quarantine.jsonl", topics.changes)
-    skipped = {r.table: [ddl[g] for g in sorted(config.replay.skip_ddl) if g in ddl and _names(ddl[g], r.parts)]
-               for r in tables.values()}
+    statements = _skipped(pipeline.skipped_ddl_file)
+    skipped = {r.table: [s for s in statements if _names(s, r.parts)] for r in tables.values()}
     return Evidence(events, _snapshot_rows(pipeline, tables, wanted), gaps,
                     {table: statements for table, statements in skipped.items() if statements})
+
+
+def _decoded(kafka: Mapping[str, str], topic: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(offset, value) of every message that is a JSON object: a malformed one, which
+    the replayer set aside, tells nothing here (the quarantine file names it)."""
+    for message in read_to_end(kafka, topic):
+        try:
+            value = orjson.loads(message.value() or b"")
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            yield located(message)[1], value
 
 
 def _writes(result: ChecksumResult, event: Mapping[str, Any],
@@ -126,6 +134,21 @@ def _set_aside(quarantine: Path, topic: str) -> list[Gap]:
             out.append(Gap("set_aside", int(entry["partition"]), f"the message at offset {entry['offset']} of {topic} "
                                                                  f"partition {entry['partition']}, set aside as malformed "
                                                                  f"({str(entry.get('reason', ''))[:120]})"))
+    return out
+
+
+def _skipped(path: Path) -> list[str]:
+    """The DDL statements replays skipped, as they kept them."""
+    if not path.is_file():
+        return []
+    out: list[str] = []
+    for line in path.read_bytes().splitlines():
+        try:
+            entry = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(entry, dict):
+            out += [s for s in entry.get("statements", []) if isinstance(s, str) and s not in out]
     return out
 
 

@@ -363,6 +363,24 @@ def test_a_segment_failing_over_under_a_workload_stops_the_replay_at_the_gap_and
         mirrored.down(remove=True)
 
 
+def writing(cluster, seed, seconds, truth):
+    """A workload of ``seconds`` in a thread of its own, started; its record in ``truth``."""
+    spec = WorkloadSpec(threads=2, duration=seconds, rate=60, hot_keys=3, update_share=0.3, delete_share=0.1,
+                        move_share=0.05, abort_share=0.05, abort_after_prepare_share=0.03, seed=seed)
+    load = threading.Thread(target=run_workload, args=(cluster, spec), kwargs={"ground_truth": truth})
+    load.start()
+    return load
+
+
+def until_the_target_equals(env, source, timeout=120):
+    """Poll the target while the replayer follows, until it equals the source."""
+    target, deadline = env.target.cluster(), time.monotonic() + timeout
+    while differing := [d.line() for d in compare_tables(source, target, [ACCOUNTS, EVENTS]) if not d.equal]:
+        assert env.replayer.poll() is None, env.said()
+        assert time.monotonic() < deadline, (differing, env.said())
+        threading.Event().wait(0.2)  # polling the target while the replayer follows
+
+
 @pytest.mark.changes
 @pytest.mark.parametrize("loss", ["failover", "slot_invalidated"])
 def test_a_segment_lost_under_a_workload_and_repaired_while_it_writes_ends_with_the_target_equal(
@@ -376,13 +394,6 @@ def test_a_segment_lost_under_a_workload_and_repaired_while_it_writes_ends_with_
     cut saw (its copy holds them), the target ends equal to the source, and the audit
     reports the repaired loss."""
     mirrored = Sandbox(f"fr-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2, mirrors=True)
-
-    def writing(cluster, seed, seconds, truth):
-        spec = WorkloadSpec(threads=2, duration=seconds, rate=60, hot_keys=3, update_share=0.3, delete_share=0.1,
-                            move_share=0.05, abort_share=0.05, abort_after_prepare_share=0.03, seed=seed)
-        load = threading.Thread(target=run_workload, args=(cluster, spec), kwargs={"ground_truth": truth})
-        load.start()
-        return load
 
     try:
         with pipeline_of(mirrored, work_dir) as env:
@@ -416,11 +427,7 @@ def test_a_segment_lost_under_a_workload_and_repaired_while_it_writes_ends_with_
                 load.join()
             resolve_in_doubt(source)
             wait_until_acknowledged(source, env.pipeline.slot, timeout=120)
-            target, deadline = env.target.cluster(), time.monotonic() + 120
-            while differing := [d.line() for d in compare_tables(source, target, [ACCOUNTS, EVENTS]) if not d.equal]:
-                assert env.replayer.poll() is None, env.said()
-                assert time.monotonic() < deadline, (differing, env.said())
-                threading.Event().wait(0.2)  # polling the target while the replayer follows
+            until_the_target_equals(env, source)
 
             truth = [r for path in truths for r in read_ground_truth(path)]
             check = check_against_truth(read_captured(env.config), truth, env.start.snapshot.sees)
@@ -455,13 +462,6 @@ def test_a_source_expanded_under_a_workload_and_extended_while_it_writes_ends_wi
 
     sandbox = Sandbox(f"fx-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
 
-    def writing(cluster, seed, seconds, truth):
-        spec = WorkloadSpec(threads=2, duration=seconds, rate=60, hot_keys=3, update_share=0.3, delete_share=0.1,
-                            move_share=0.05, abort_share=0.05, abort_after_prepare_share=0.03, seed=seed)
-        load = threading.Thread(target=run_workload, args=(cluster, spec), kwargs={"ground_truth": truth})
-        load.start()
-        return load
-
     try:
         with pipeline_of(sandbox, work_dir) as env:
             truths = [work_dir / f"truth-{env.config.kafka.topic_prefix}-{n}.jsonl" for n in (1, 2)]
@@ -490,11 +490,7 @@ def test_a_source_expanded_under_a_workload_and_extended_while_it_writes_ends_wi
             assert sorted(joined) == [2, 3]
             resolve_in_doubt(source)
             wait_until_acknowledged(source, env.pipeline.slot, timeout=120)
-            target, deadline = env.target.cluster(), time.monotonic() + 120
-            while differing := [d.line() for d in compare_tables(source, target, [ACCOUNTS, EVENTS]) if not d.equal]:
-                assert env.replayer.poll() is None, env.said()
-                assert time.monotonic() < deadline, (differing, env.said())
-                threading.Event().wait(0.2)  # polling the target while the replayer follows
+            until_the_target_equals(env, source)
 
             truth = [r for path in truths for r in read_ground_truth(path)]
             check = check_against_truth(read_captured(env.config), truth, env.start.snapshot.sees)
