@@ -7,6 +7,7 @@ import dataclasses
 import json
 import uuid
 
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given
@@ -130,6 +131,21 @@ def test_every_differing_row_is_written_with_its_cause_and_none_is_unexplained(s
     assert changed["source_segment"] == changed["target_segment"] is not None
     summary = json.loads((run.output / "summary.json").read_text())
     assert summary["causes"] == {"not_replayed": 3, "outside_pipeline": 3}
+    # The source events of each key, as data: key 3 updated after the replay stopped, key 1 before.
+    events = {json.loads(r["key"])["id"]: json.loads(r["events"]) for r in rows}
+    assert [e["applied"] for e in events["3"]] == [False] and events["500"] == []
+    assert [e["applied"] for e in events["1"]] == [True] and events["1"][0]["segment"] == changed["source_segment"]
+    # ... and, for the transaction browser, as findings of the transactions that wrote them.
+    from gpcdc_toolkit.report import TransactionBrowser
+    from gpcdc_toolkit.validate import latest_differences
+
+    named = latest_differences(config)
+    assert set(named["rule"]) == {"difference: not_replayed", "difference: outside_pipeline"}
+    assert set(named.loc[named["rule"] == "difference: not_replayed", "gxid"]) == {events["3"][0]["gxid"]}
+    assert set(named.loc[named["severity"] == "warning", "gxid"]) == {events["3"][0]["gxid"]}  # not applied
+    nothing = {c: pd.Series(dtype=object) for c in ("kind", "table_schema", "table_name", "partition", "offset", "gxid")}
+    browser = TransactionBrowser(pd.DataFrame(nothing), pd.DataFrame(nothing)).with_findings(named)
+    assert browser.rules == ["difference: not_replayed", "difference: outside_pipeline"]
     assert any(line.startswith("differing rows by cause: 3 not_replayed, 3 outside_pipeline") for line in run.lines())
 
 

@@ -77,6 +77,15 @@ class TransactionBrowser:
         self.findings = findings if findings is not None else pd.DataFrame(columns=["rule", "severity", "gxid"])
         self._order = {int(g): i for i, g in enumerate(self.records["gxid"])}
 
+    def with_findings(self, more: Any) -> TransactionBrowser:
+        """The browser with ``more`` findings (pandas, the same columns: e.g. a
+        validation's differences, ``gpcdc_toolkit.validate.latest_differences``)."""
+        import pandas as pd
+
+        if len(more):
+            self.findings = pd.concat([self.findings, more], ignore_index=True)
+        return self
+
     @classmethod
     def from_spark(cls, changes: Any, transactions: Any, findings: Any = None, *,
                    minutes: float | None = 15.0) -> TransactionBrowser:

@@ -13,7 +13,7 @@ from ._diff import TableDiff, diff_by_key, diff_rows
 __getattr__ = lazy_exports(__name__, {
     "_capture": ("CaptureCheck", "Captured", "check_against_truth", "read_captured"),
     "_checksum": ("ChecksumResult", "ValidationError", "compare_checksums"),
-    "_run": ("Validation", "validate"),
+    "_run": ("Validation", "latest_differences", "validate"),
     "_snapshots": ("Snapshots",),
     "_syncpoint": ("SyncPoint", "SyncPointError", "take_syncpoint"),
     "_tables": ("check_workload", "compare_tables", "table_rows"),
@@ -22,7 +22,7 @@ __getattr__ = lazy_exports(__name__, {
 if TYPE_CHECKING:
     from ._capture import CaptureCheck, Captured, check_against_truth, read_captured
     from ._checksum import ChecksumResult, ValidationError, compare_checksums
-    from ._run import Validation, validate
+    from ._run import Validation, latest_differences, validate
     from ._snapshots import Snapshots
     from ._syncpoint import SyncPoint, SyncPointError, take_syncpoint
     from ._tables import check_workload, compare_tables, table_rows
@@ -32,5 +32,5 @@ __all__ = [
     "check_workload", "compare_tables", "table_rows",
     "CaptureCheck", "Captured", "check_against_truth", "read_captured",
     "ChecksumResult", "ValidationError", "compare_checksums",
-    "Validation", "validate", "Snapshots", "SyncPoint", "SyncPointError", "take_syncpoint",
+    "Validation", "latest_differences", "validate", "Snapshots", "SyncPoint", "SyncPointError", "take_syncpoint",
 ]

@@ -93,6 +93,13 @@ def cause_of(table: str, columns: Sequence[str], row: DifferingRow, evidence: Ev
                            f"{segment}" if segment is not None else "the stream leaves it otherwise than the source")
 
 
+def events_of(table: str, row: DifferingRow, evidence: Evidence) -> list[dict[str, object]]:
+    """The source events that wrote the row's key, in source order, as records: gxid,
+    segment, offset in its partition, commit time, and whether the replay applied it."""
+    return [{"gxid": e.gxid, "segment": e.segment, "offset": e.offset, "commit_ts_ms": e.commit_ts_ms,
+             "applied": e.applied} for e in evidence.events.get((table, row.key), ())]
+
+
 def _same(implied: Mapping[str, str | None] | None, source: Mapping[str, str | None] | None) -> bool:
     """Whether the row the stream implies is the source's, on the columns the stream carries."""
     if implied is None or source is None:

@@ -56,10 +56,11 @@ class ChecksumResult:
     columns: tuple[str, ...] = ()  # of the rows in diff.rows
     key_columns: tuple[str, ...] = ()  # of their keys: the primary key, or every column
 
-    def differing_rows(self, causes: Sequence[tuple[str | None, str]] | None = None) -> list[dict[str, Any]]:
+    def differing_rows(self, causes: Sequence[tuple[str | None, str, str | None]] | None = None) -> list[dict[str, Any]]:
         """Every differing row as a record: its key and each side's row as JSON objects
         of column to text, the changed columns, the segments, and its cause with what
-        shows it (``causes``, one per row; none: not classified)."""
+        shows it and the source events that wrote its key (``causes``, one (cause,
+        detail, events as JSON) per row; none: not classified)."""
         import json
 
         def obj(names: Sequence[str], values: Sequence[str | None] | None) -> str | None:
@@ -69,8 +70,9 @@ class ChecksumResult:
                  "key_text": ", ".join(f"{c}={'NULL' if v is None else v}" for c, v in zip(self.key_columns, row.key)),
                  "changed_columns": list(row.columns), "source": obj(self.columns, row.source),
                  "target": obj(self.columns, row.target), "source_segment": row.source_segment,
-                 "target_segment": row.target_segment, "cause": cause, "cause_detail": detail}
-                for row, (cause, detail) in zip(self.diff.rows, causes or [(None, "")] * len(self.diff.rows))]
+                 "target_segment": row.target_segment, "cause": cause, "cause_detail": detail, "events": events}
+                for row, (cause, detail, events) in zip(self.diff.rows,
+                                                        causes or [(None, "", None)] * len(self.diff.rows))]
 
     @property
     def equal(self) -> bool:

@@ -27,7 +27,7 @@ from ..cluster import Cluster, TableRef
 from ..config import Config
 from ..connect import open_cluster
 from ..errors import GpcdcError
-from ._causes import cause_of
+from ._causes import cause_of, events_of
 from ._checksum import ChecksumResult, ValidationError, compare_checksums
 from ._evidence import gather_evidence
 from ._expectations import check_target
@@ -41,7 +41,7 @@ def _rows_schema() -> Any:
     return pa.schema([("table", pa.string()), ("kind", pa.string()), ("key", pa.string()), ("key_text", pa.string()),
                       ("changed_columns", pa.list_(pa.string())), ("source", pa.string()), ("target", pa.string()),
                       ("source_segment", pa.int32()), ("target_segment", pa.int32()), ("cause", pa.string()),
-                      ("cause_detail", pa.string())])
+                      ("cause_detail", pa.string()), ("events", pa.string())])
 
 
 RESULT_COLUMNS = ("table", "equal", "source_rows", "target_rows", "missing", "extra", "changed", "misplaced",
@@ -59,7 +59,7 @@ class Validation:
     fail_on: str = "warning"  # the least severity of a failed expectation that fails the validation
     # Per result, each differing row's cause and what shows it (see _causes); the cause
     # None where the evidence could not be read (the detail says why).
-    causes: tuple[tuple[tuple[str | None, str], ...], ...] = ()
+    causes: tuple[tuple[tuple[str | None, str, str | None], ...], ...] = ()
 
     def differing_rows(self) -> list[dict[str, Any]]:
         """Every differing row of every table, with its cause (``rows.parquet``)."""
@@ -174,8 +174,10 @@ def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpo
     return run
 
 
-def _causes(config: Config, target: Cluster, results: Sequence[ChecksumResult]) -> tuple[tuple[tuple[str | None, str], ...], ...]:
-    """Each differing row's cause, from the pipeline's record (read only when rows differ)."""
+def _causes(config: Config, target: Cluster,
+            results: Sequence[ChecksumResult]) -> tuple[tuple[tuple[str | None, str, str | None], ...], ...]:
+    """Each differing row's cause, what shows it and the source events that wrote its
+    key (as JSON), from the pipeline's record (read only when rows differ)."""
     from confluent_kafka import KafkaException
 
     if not any(r.diff.rows for r in results):
@@ -184,8 +186,26 @@ def _causes(config: Config, target: Cluster, results: Sequence[ChecksumResult]) 
         evidence = gather_evidence(config, target, results)
     except (GpcdcError, KafkaException, OSError) as e:  # the verdict stands; only the why is missing
         reason = f"not classified: the pipeline's record could not be read ({str(e).strip().splitlines()[0]})"
-        return tuple(tuple((None, reason) for _ in r.diff.rows) for r in results)
-    return tuple(tuple(cause_of(r.table, r.columns, row, evidence) for row in r.diff.rows) for r in results)
+        return tuple(tuple((None, reason, None) for _ in r.diff.rows) for r in results)
+    return tuple(tuple((*cause_of(r.table, r.columns, row, evidence), json.dumps(events_of(r.table, row, evidence)))
+                       for row in r.diff.rows) for r in results)
+
+
+def latest_differences(config: Config) -> Any:
+    """The pipeline's latest validation run's differing rows as findings of the
+    transactions that wrote them (a pandas DataFrame: rule ``difference: <cause>``,
+    severity, gxid, evidence), for the transaction browser; empty when no run differed."""
+    import pandas as pd
+
+    runs = sorted((Path(config.work_dir) / "validate" / config.kafka.topic_prefix / "runs").glob("*/rows.parquet"))
+    found = []
+    for row in (pd.read_parquet(runs[-1]).to_dict("records") if runs else []):
+        for event in json.loads(row["events"]) if row.get("events") else []:
+            if event["gxid"] is not None:
+                found.append({"rule": f"difference: {row['cause'] or 'not classified'}",
+                              "severity": "info" if event["applied"] else "warning", "gxid": event["gxid"],
+                              "evidence": f"{row['table']} {row['key_text']}: {row['kind']}; {row['cause_detail']}"})
+    return pd.DataFrame(found, columns=["rule", "severity", "gxid", "evidence"])
 
 
 def _run_dir(config: Config) -> Path:
