@@ -176,7 +176,8 @@ def spark_audit(path: Path) -> dict[str, Any]:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from gpcdc_toolkit.audit import Thresholds, audit_events, read_archive
+    from gpcdc_toolkit.archive import read_archive
+    from gpcdc_toolkit.audit import Thresholds, audit_events
 
     spark = (SparkSession.builder.master("local[2]").appName("bench-audit").config("spark.ui.enabled", "false")
              .config("spark.driver.memory", "6g").config("spark.sql.shuffle.partitions", "8")

@@ -10,7 +10,8 @@ import uuid
 
 import pytest
 
-from gpcdc_toolkit.audit import ADVICE, read_archive, run_audit, write_archive
+from gpcdc_toolkit.archive import read_archive, write_archive
+from gpcdc_toolkit.audit import ADVICE, run_audit
 from gpcdc_toolkit.capture import ensure_topics
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.connect import kafka_client_settings
@@ -71,11 +72,11 @@ def test_an_archive_gives_the_same_findings_as_kafka_and_grows_by_what_is_new(sp
     b.record(1, [0, 1], 10, 1000).part(0, 1, 100, 1001).part(1, 1, 100, 1001, count=2)
     watermarks(b, 5000)
     b.produce(kafka)
-    first = write_archive(spark, config, tmp_path / "archive")
+    first = write_archive(config, tmp_path / "archive")
     b.record(2, [0, 2], 20, 6000).part(0, 2, 110, 6001)
     watermarks(b, 9000)
     b.produce(kafka)
-    second = write_archive(spark, config, tmp_path / "archive")
+    second = write_archive(config, tmp_path / "archive")
     assert (first.events, second.events) == (15, 8)  # the first with the 4 pipeline markers
     assert read_archive(spark, tmp_path / "archive").count() == 23
     from_kafka = found(run_audit(spark, config, write=False))

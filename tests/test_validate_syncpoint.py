@@ -63,8 +63,9 @@ def _validate_at_a_held_syncpoint(config, work_dir, target_box, source, target, 
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                               stdin=subprocess.DEVNULL)
     try:
-        taken, readable = holder.stdout.readline(), holder.stdout.readline()  # each printed when done
+        taken, recorded, readable = (holder.stdout.readline() for _ in range(3))  # each printed when done
         assert taken.startswith("sync point ") and "readable for 300 s" in readable, (taken, readable)
+        assert "tables digested as of the cut" in recorded, recorded
         gxid = int(taken.split()[2].rstrip(":"))
         path = held_file(work_dir, config.kafka.topic_prefix, gxid)
         assert path.is_file()

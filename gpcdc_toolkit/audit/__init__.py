@@ -1,7 +1,7 @@
 """Consistency audits of a pipeline's change stream, on Spark.
 
 ``run_audit`` reads the stream (the Kafka topics, or a Parquet archive written by
-``write_archive``), applies every rule of :mod:`._rules` and the suites of
+:func:`gpcdc_toolkit.archive.write_archive`), applies every rule of :mod:`._rules` and the suites of
 ``expectations/``, and returns the findings, a summary and charts; ``gpcdc audit`` is
 the same on the command line.
 
@@ -15,20 +15,17 @@ from .._lazy import lazy_exports
 from ._findings import ADVICE, FINDING_COLUMNS, FINDINGS_DDL, SEVERITIES, Thresholds, advice, at_or_above, summary_table
 
 __getattr__ = lazy_exports(__name__, {
-    "_archive": ("ArchiveError", "ArchiveRun", "read_archive", "write_archive"),
     "_rules": ("RULES", "Stream", "prepare", "watermark_delay"),
     "_run": ("AuditResult", "AuditState", "audit_events", "events_frame", "latest_findings", "run_audit",
               "thresholds_of"),
 })
 
 if TYPE_CHECKING:
-    from ._archive import ArchiveError, ArchiveRun, read_archive, write_archive
     from ._rules import RULES, Stream, prepare, watermark_delay
     from ._run import AuditResult, AuditState, audit_events, events_frame, latest_findings, run_audit, thresholds_of
 
 __all__ = [
     "ADVICE", "advice", "FINDING_COLUMNS", "FINDINGS_DDL", "SEVERITIES", "Thresholds", "at_or_above", "summary_table",
-    "ArchiveError", "ArchiveRun", "read_archive", "write_archive",
     "RULES", "Stream", "prepare", "watermark_delay",
     "AuditResult", "AuditState", "audit_events", "events_frame", "latest_findings", "run_audit",
     "thresholds_of",

@@ -27,12 +27,13 @@ from pyspark.sql import functions as F
 
 from .._expect import load_suites
 from .._runtime import read_json, write_json
+from ..archive import read_archive
+from ..archive._layout import Offsets
 from ..broker import check_reachable
 from ..config import Config
 from ..connect import kafka_client_settings
 from ..errors import ConfigError
 from ..protocol import Topics
-from ._archive import Offsets, read_archive
 from ._expectations import validate
 from ._findings import ADVICE, Thresholds, at_or_above, summarize
 from ._rules import RULES, Stream, prepare, watermark_delay

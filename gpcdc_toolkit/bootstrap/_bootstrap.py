@@ -92,6 +92,11 @@ class Pipeline:
         return self.directory / "skipped_ddl.jsonl"
 
     @property
+    def syncpoints_dir(self) -> Path:
+        """Each sync point's record: the source's per-table digests as of its cut."""
+        return self.directory / "syncpoints"
+
+    @property
     def repairs_dir(self) -> Path:
         return self.directory / "repairs"
 

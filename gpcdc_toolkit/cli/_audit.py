@@ -62,20 +62,17 @@ class Audit(Command):
 
 
 class Archive(Command):
-    name, help = "archive", "append the topics' new messages to a Parquet archive, for audits of long history"
+    name, help = "archive", "append the topics' new messages to a Parquet archive, for audits of long history and rebuilds"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--to", dest="path", type=Path, required=True, metavar="PATH",
                             help="the archive's directory")
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
-        from ..audit import write_archive
+        from ..archive import write_archive
 
         if args.path.exists() and not args.path.is_dir():
             raise ConfigError(f"{args.path} is not a directory", fix="give the archive's directory to --to")
-        from ..ingest.spark import command_session
-
-        with command_session(config, "gpcdc-archive") as spark:
-            run = write_archive(spark, config, args.path)
+        run = write_archive(config, args.path)
         say(f"archived {run.events} messages to {run.path}")
         return 0

@@ -6,13 +6,14 @@ import argparse
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from ..config import Config
 from ..errors import ConfigError
 from ._command import Command, say
 
 
-def _gxid(text: str) -> int:
+def syncpoint_id(text: str) -> int:
     if not text.isdigit() or int(text) <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a sync point id (a positive gxid)")
     return int(text)
@@ -30,10 +31,15 @@ class Validate(Command):
         when.add_argument("--new-syncpoint", dest="syncpoint", action="store_true", default=True,
                           help="cut the source now and read the target where the replayer reaches the cut "
                                "(the default; the replayer must be running)")
-        when.add_argument("--at-syncpoint", dest="syncpoint", type=_gxid, metavar="ID",
+        when.add_argument("--at-syncpoint", dest="syncpoint", type=syncpoint_id, metavar="ID",
                           help="read both sides at a sync point that `gpcdc syncpoint --hold` holds")
         when.add_argument("--no-syncpoint", dest="syncpoint", action="store_false",
                           help="read both sides as they are, one after the other: exact only when neither changes")
+        when.add_argument("--against-syncpoint", dest="against", type=syncpoint_id, metavar="ID",
+                          help="compare the target as it is with the source as it was at sync point ID, by the "
+                               "digests recorded then (a target rebuilt with `gpcdc replay --until-syncpoint ID`)")
+        parser.add_argument("--archive", type=Path, metavar="PATH",
+                            help="with --against-syncpoint: the archive whose copy of the record to read")
         parser.add_argument("--mode", dest="setting:validate.mode", choices=("checksum", "spark"),
                             default=argparse.SUPPRESS, help="same as --validate-mode")
         parser.add_argument("--fail-on", dest="setting:validate.fail_on", choices=("error", "warning", "info"),
@@ -42,10 +48,16 @@ class Validate(Command):
     def run(self, args: argparse.Namespace, config: Config) -> int:
         # Exit 2 whatever stopped the validation: 1 is kept for "it ran, and found differences"
         # (or an expectation the target fails).
+        if args.archive is not None and args.against is None:
+            raise ConfigError("--archive names where a sync point's record is", fix="give it with --against-syncpoint ID")
+        if args.against is not None and args.tables:
+            raise ConfigError("--against-syncpoint compares every table the sync point recorded",
+                              fix="leave out --tables")
         try:
-            from ..validate import validate
+            from ..validate import check_against_syncpoint, validate
 
-            run = validate(config, tables=args.tables, syncpoint=args.syncpoint)
+            run = (check_against_syncpoint(config, args.against, archive=args.archive) if args.against is not None
+                   else validate(config, tables=args.tables, syncpoint=args.syncpoint))
         except Exception as e:  # noqa: BLE001 (any cause is reported in one line)
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             print(f"gpcdc: validate could not run: {first}", file=sys.stderr)
@@ -67,16 +79,22 @@ class SyncPointCommand(Command):
                                  "there for this long (or until stopped) for `gpcdc validate --at-syncpoint`")
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
+        from ..bootstrap import Pipeline, distributed_tables
         from ..connect import open_cluster
+        from ..validate._recorded import record_syncpoint
         from ..validate._syncpoint import held_file, publish, take_syncpoint
 
         if args.hold < 0:
             raise ConfigError(f"--hold {args.hold:g} is negative", fix="give the seconds to hold, or 0")
         source = open_cluster(config, "source")
         target = open_cluster(config, "target") if args.hold else None
-        with take_syncpoint(source, target, pipeline=config.kafka.topic_prefix,
+        tables = distributed_tables(source)
+        with take_syncpoint(source, target, pipeline=config.kafka.topic_prefix, tables=tables,
                             lock_timeout=config.validate.lock_timeout) as point:
             say(f"sync point {point.gxid}: writers held {point.stall_ms} ms")
+            record_syncpoint(point, tables, Pipeline(config.work_dir, config.kafka.topic_prefix).syncpoints_dir)
+            say(f"sync point {point.gxid}: {len(tables)} tables digested as of the cut (`gpcdc validate "
+                f"--against-syncpoint {point.gxid}` proves a target rebuilt there)")
             if not args.hold:
                 return 0
             point.wait_for_replay(config.validate.replay_timeout)

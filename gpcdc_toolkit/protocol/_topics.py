@@ -36,6 +36,10 @@ class Topics:
     def dtx(self) -> str:
         return f"{self.prefix}.dtx"
 
+    def name(self, partition: int) -> str:
+        """A partition as messages name it: of the changes topic, or (-1) the coordinator's topic."""
+        return self.dtx if partition < 0 else f"{self.changes} partition {partition}"
+
 
 @dataclass(frozen=True)
 class Dispatcher:

@@ -1,7 +1,7 @@
 """The replayer: the pipeline's topics in, whole transactions out to the target.
 
-It reads every partition of the changes topic and the coordinator's topic with one
-consumer, frames messages into parts and records (:class:`Framer`), orders them
+It reads every partition of the changes topic and the coordinator's topic (from Kafka
+with one consumer, or from a Parquet archive of them: ``_feed``), frames messages into parts and records (:class:`Framer`), orders them
 (:class:`Reassembler`) and applies them in batches (:class:`Applier`), each batch with
 the checkpoint that says where to read again after a crash. On a restart it reads
 again from the checkpoint's resume offsets; up to its read offsets, the transactions it
@@ -16,18 +16,19 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from ..bootstrap import InitialSnapshot, Pipeline
 from ..cluster import Cluster, syncpoint_lock
 from ..config import Config, ReplaySettings
-from ..connect import kafka_client_settings, kafka_logger, open_cluster
+from ..connect import kafka_client_settings, open_cluster
 from ..errors import BrokerError, ClusterChangedError, GpcdcError, StreamError
-from ..ingest import EndTracker, high_watermarks, located, partitions_of
+from ..ingest import EndTracker
 from ..protocol import COORDINATOR, Topics, is_pipeline_marker
 from ._apply import Applier, Checkpoint, DdlRefusedError, commit_ts_ms
+from ._feed import ArchiveFeed, Delivery, Feed, KafkaFeed
 from ._legacy import SegmentOrder
 from ._load import load_rows, prepare_target
 from ._order import Missing, Part, Reassembler, Record, Whole, resume_point
@@ -104,18 +105,29 @@ class Progress:
                 + (f"; {self.set_aside} malformed messages set aside (quarantine.jsonl)" if self.set_aside else ""))
 
 
-class Replayer:
-    """Replays one pipeline into the target; ``run`` once or following the stream."""
+class SyncPointNotReachedError(StreamError):
+    """A replay asked to stop at a sync point read to the end without meeting it."""
 
-    def __init__(self, config: Config, *, target: Cluster | None = None, settings: ReplaySettings | None = None) -> None:
+
+class Replayer:
+    """Replays one pipeline into the target; ``run`` once or following the stream.
+
+    With ``archive``, the stream and the pipeline's record (start point, initial
+    snapshot, repairs) are the archive's (``gpcdc archive``), and Kafka is not read."""
+
+    def __init__(self, config: Config, *, target: Cluster | None = None, settings: ReplaySettings | None = None,
+                 archive: Path | None = None) -> None:
         self.config = config
         self.settings = settings or config.replay
         self.topics = Topics(config.kafka.topic_prefix)
-        self.pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+        self.pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)  # where this replay keeps its files
+        self.archive = archive
+        # Where the stream's own record is: the work directory's, or the archive's copy.
+        self.record = Pipeline(archive, config.kafka.topic_prefix) if archive is not None else self.pipeline
         self.kafka = kafka_client_settings(config)
         self.target = target or open_cluster(config, "target")
         self.applier = Applier(self.target, config.kafka.topic_prefix, skip_ddl=self.settings.skip_ddl,
-                               chunk_rows=self.settings.chunk_rows, repair_dir=self.pipeline.repair_dir,
+                               chunk_rows=self.settings.chunk_rows, repair_dir=self.record.repair_dir,
                                skipped_file=self.pipeline.skipped_ddl_file)
         self.initial_load: tuple[int, int] | None = None  # (rows, tables) when this replayer made the load
         self.latest: Progress | None = None  # the running run's progress, as last reported
@@ -131,15 +143,22 @@ class Replayer:
 
     # -- the run ------------------------------------------------------------------------
     def run(self, *, follow: bool = False, progress: Callable[[Progress], None] | None = None,
-            should_stop: Callable[[], bool] = lambda: False, progress_interval: float = 0.5) -> Progress:
+            should_stop: Callable[[], bool] = lambda: False, progress_interval: float = 0.5,
+            until_syncpoint: int | None = None) -> Progress:
         """Apply what the topics hold; with ``follow``, keep applying what comes until
-        ``should_stop()``. Raises :class:`MissingPartError` rather than apply part of a
+        ``should_stop()``; with ``until_syncpoint``, stop once that sync point is applied,
+        with nothing after it (:class:`SyncPointNotReachedError` when the stream ends
+        before it). Raises :class:`MissingPartError` rather than apply part of a
         transaction; everything before it is applied."""
         # Finds the topics before anything is written to the target; a following run
         # waits longer for a broker that is restarting.
-        run = _Run(self, broker_wait=30.0 if follow else 10.0)
+        feed: Feed = (ArchiveFeed(self.archive, self.topics) if self.archive is not None
+                      else KafkaFeed(self.kafka, self.topics, 30.0 if follow else 10.0))
+        run = _Run(self, feed, until_syncpoint)
         last_report = 0.0
         try:
+            if until_syncpoint is not None:
+                self._check_stop(feed, until_syncpoint)
             identity = self._start_point_fingerprint()
             run.begin(self._start(identity), identity)
             if self.settings.legacy_per_segment:
@@ -153,7 +172,7 @@ class Replayer:
                     run.check_heard(KAFKA_SILENCE)
                 # Read to the end; what is in hand waits for a repair's copy, due once the
                 # coordinator's stream passes the repair's cut, which a later run applies.
-                done = run.caught_up and not follow and not run.ready_to_apply
+                done = run.reached or (run.caught_up and not follow and not run.ready_to_apply)
                 if done or now - last_report >= progress_interval:
                     self._check_extended(run.segments)
                     self.latest = run.progress()
@@ -162,6 +181,7 @@ class Replayer:
                     last_report = now
                 if done:
                     run.check_marked()
+                    run.check_reached()
                 if done or should_stop():
                     break
         finally:
@@ -171,13 +191,26 @@ class Replayer:
             progress(final)
         return final
 
+    def _check_stop(self, feed: Feed, gxid: int) -> None:
+        """Refuse, before anything is applied, to stop at a sync point that this target
+        has passed, or that the stream (when its whole is known) does not hold."""
+        if self.applier.state() is not None and self.applier.applied_among({gxid}):
+            raise GpcdcError(f"this target has applied sync point {gxid} already, and maybe more after it",
+                             fix="rebuild into a fresh target to stop there")
+        held = feed.syncpoints()
+        if held is not None and gxid not in held:
+            latest = ", ".join(map(str, held[-5:])) or "none"
+            raise SyncPointNotReachedError(f"the archive holds no sync point {gxid} (its sync points, the latest: "
+                                           f"{latest}); nothing was applied",
+                                           fix="name one it holds (`gpcdc replay --archive PATH --list-syncpoints`)")
+
     def _check_extended(self, segments: int) -> None:
         """Stop when the pipeline captures more segments than this run reads partitions
         for (it was extended since the run began): a new segment's stream, and the copy
         its transactions wait for, are in a partition the run does not read."""
-        if not self.pipeline.start_point_file.is_file():
+        if not self.record.start_point_file.is_file():
             return
-        captured = [n.content for n in self.pipeline.start_point().captured_nodes if n.content >= 0]
+        captured = [n.content for n in self.record.start_point().captured_nodes if n.content >= 0]
         if len(captured) > segments:
             raise ClusterChangedError(
                 f"the pipeline captures segments {captured[segments:]}, beyond segments 0 to {segments - 1}, which "
@@ -186,7 +219,7 @@ class Replayer:
 
     def _start_point_fingerprint(self) -> str:
         """Which bootstrap of the pipeline this is ("" where its start point is not here)."""
-        return self.pipeline.start_point().identity if self.pipeline.start_point_file.is_file() else ""
+        return self.record.start_point().identity if self.record.start_point_file.is_file() else ""
 
     def _start(self, start_point: str) -> Checkpoint:
         # A replayer killed in a commit leaves prepared parts that hold row locks.
@@ -200,15 +233,18 @@ class Replayer:
                     fix="replay into a fresh target (`gpcdc sandbox down --name <target> --remove`, then "
                         "`gpcdc sandbox up --name <target>`)")
             return state.checkpoint
-        snapshot = self.pipeline.snapshot_dir
+        snapshot = self.record.snapshot_dir
         if not self.settings.initial_load:
             self.applier.start(start_point=start_point)
             return Checkpoint()
         if not (snapshot / "manifest.json").is_file():
             raise GpcdcError(f"pipeline {self.topics.prefix!r} has no initial snapshot in {snapshot} to load into "
                              "the target first",
-                             fix="replay with the work_dir where `gpcdc bootstrap create` ran, or pass "
-                                 "--no-replay-initial-load if the target already holds the data as of the start point")
+                             fix=("archive again with the work_dir where `gpcdc bootstrap create` ran (it copies the "
+                                  "snapshot), " if self.archive is not None else
+                                  "replay with the work_dir where `gpcdc bootstrap create` ran, ")
+                             + "or pass --no-replay-initial-load if the target already holds the data as of the "
+                               "start point")
         loaded = InitialSnapshot(snapshot)
         prepare_target(self.applier.session, loaded)
         counted: list[int] = []
@@ -222,7 +258,10 @@ class _Run:
     """One run's reading, ordering and applying: made (the topics found), then ``begin``
     from a checkpoint; ``steps`` yields after each poll."""
 
-    def __init__(self, replayer: Replayer, *, broker_wait: float) -> None:
+    def __init__(self, replayer: Replayer, feed: Feed, until_syncpoint: int | None = None) -> None:
+        self.feed = feed
+        self.until, self.reached = until_syncpoint, False  # stop once sync point ``until`` is applied
+        self.syncpoints_read: list[int] = []  # the sync points' gxids met in the stream
         self.settings = replayer.settings
         self.applier = replayer.applier
         self.target = replayer.target
@@ -230,21 +269,9 @@ class _Run:
         self.quarantine = replayer.pipeline.directory / "quarantine.jsonl"
         self.set_aside = 0  # malformed messages quarantined
         self.batches, self.batch_seconds = 0, 0.0  # target transactions committed, and their time
-        self.consumer = Consumer({**replayer.kafka, "group.id": f"gpcdc-replay-{self.topics.prefix}",
-                                  "enable.auto.commit": False, "enable.partition.eof": True,
-                                  "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100,
-                                  # Prefetch bounded: 16 MB queued, 8 MB per fetch (not 64 and 50).
-                                  "queued.max.messages.kbytes": 16384, "fetch.max.bytes": 8 << 20,
-                                  "logger": kafka_logger()})
         self.spill_dir = SpillDirectory(self.settings.spill_dir, self.topics.prefix)
-        try:
-            self.partitions = partitions_of(self.consumer, self.topics.changes, broker_wait)
-            partitions_of(self.consumer, self.topics.dtx, broker_wait)
-        except BaseException:
-            self.consumer.close()
-            raise
+        self.partitions = feed.segments
         self.segments = len(self.partitions)
-        self.broker_wait = broker_wait
 
     def begin(self, checkpoint: Checkpoint, identity: str) -> None:
         """Start reading from ``checkpoint``; ``identity`` names the bootstrap whose
@@ -267,8 +294,7 @@ class _Run:
         self.identity = identity
         self.unmarked = {p for p, offset in self.next.items() if offset == 0 and not checkpoint.read}
         self.window_end = {p: o for p, o in checkpoint.read.items() if o > self.next.get(p, 0)}
-        ends = {**high_watermarks(self.consumer, self.topics.changes, segments, self.broker_wait),
-                COORDINATOR: high_watermarks(self.consumer, self.topics.dtx, [0], self.broker_wait)[0]}
+        ends = self.feed.ends()
         for partition, read in sorted(self.window_end.items()):
             if ends[partition] < read:
                 raise StreamError(f"{self._name(partition)} ends at offset {ends[partition]}, before offset {read} "
@@ -276,8 +302,7 @@ class _Run:
                                   fix="the topics were recreated: replay into a fresh target, or bootstrap again")
         self.ends = EndTracker(ends, self.next)
         self.heard = time.monotonic()  # when Kafka last delivered anything
-        self.consumer.assign([TopicPartition(self.topics.changes, p, self.next[p]) for p in segments]
-                             + [TopicPartition(self.topics.dtx, 0, self.next[COORDINATOR])])
+        self.feed.start(self.next)
         self.reassembler: Reassembler | SegmentOrder | None = None
         self.applied_lsn = dict(checkpoint.applied_lsn)  # parts without a gxid up to these are applied
         self.repaired = dict(checkpoint.repaired)  # segment -> the latest repair whose rows are applied
@@ -286,7 +311,7 @@ class _Run:
         self.syncpoints: list[tuple[int, float]] = []  # (gxid, ms held there) of the sync points passed
 
     def close(self) -> None:
-        self.consumer.close()
+        self.feed.close()
         self.spill_dir.cleanup()
 
     @property
@@ -303,11 +328,13 @@ class _Run:
 
     def steps(self) -> Iterator[None]:
         while True:
-            messages = self.consumer.consume(1000, 0.2)
+            messages, ended = self.feed.poll()
             if messages:
                 self.heard = time.monotonic()
             for message in messages:
                 self._receive(message)
+            for partition in ended:
+                self.ends.end_of_partition(partition)
             if self.reassembler is None and not self.window_end:
                 self._open_reassembler()
             if self.reassembler is not None:
@@ -318,18 +345,8 @@ class _Run:
                     raise MissingPartError(missing[0], self.topics, self.next[missing[0].segment])
             yield
 
-    def _receive(self, message: Message) -> None:
-        error = message.error()
-        if error is not None:
-            partition = COORDINATOR if message.topic() == self.topics.dtx else (message.partition() or 0)
-            if error.code() != KafkaError._PARTITION_EOF:
-                raise BrokerError(f"Kafka failed while the replayer read {self._name(partition)}: {error.str()}",
-                                  fix="check the broker and kafka.bootstrap_servers")
-            self.ends.end_of_partition(partition)
-            return
-        partition, offset = located(message)
-        if message.topic() == self.topics.dtx:
-            partition = COORDINATOR
+    def _receive(self, message: Delivery) -> None:
+        partition, offset = message.partition, message.offset
         self.ends.message(partition, offset)
         if partition not in self.first_offsets_seen:
             self.first_offsets_seen.add(partition)
@@ -340,7 +357,7 @@ class _Run:
         self.next[partition] = offset + 1
         malformed: str | None = None
         try:
-            value = orjson.loads(message.value() or b"")
+            value = orjson.loads(message.value or b"")
         except orjson.JSONDecodeError as e:
             value, malformed = None, f"not JSON ({e})"
         if partition in self.unmarked:
@@ -378,8 +395,18 @@ class _Run:
                               fix="start capture (`gpcdc capture start`); if it refuses to, bootstrap the pipeline "
                                   "again and replay into a fresh target")
 
+    def check_reached(self) -> None:
+        """A replay asked to stop at a sync point that read everything without it."""
+        if self.until is not None and not self.reached:
+            seen = ", ".join(map(str, self.syncpoints_read[-5:])) or "none"
+            raise SyncPointNotReachedError(
+                f"sync point {self.until} is not in the stream read (its sync points, the latest: {seen}); "
+                "everything read was applied",
+                fix="name a sync point the stream holds (`gpcdc replay --archive PATH --list-syncpoints`), or archive "
+                    "again once it is in Kafka")
+
     def _name(self, partition: int) -> str:
-        return self.topics.dtx if partition == COORDINATOR else f"{self.topics.changes} partition {partition}"
+        return self.topics.name(partition)
 
     def _open_reassembler(self) -> None:
         if self.settings.legacy_per_segment:
@@ -400,6 +427,8 @@ class _Run:
         if isinstance(framed, Part):
             self.reassembler.add_part(framed)
         elif isinstance(framed, Record):
+            if framed.syncpoint and framed.gxid is not None:
+                self.syncpoints_read.append(framed.gxid)
             self.reassembler.add_record(framed)
         elif framed.repaired is not None:
             self.reassembler.add_repair(framed.repaired)
@@ -413,7 +442,7 @@ class _Run:
         return bool(self.in_hand) and bool(self._next_batch())
 
     def _apply_ready(self) -> None:
-        while self.in_hand:
+        while self.in_hand and not self.reached:
             batch = self._next_batch()
             if not batch:
                 return  # the first waits for a repair's rows
@@ -436,6 +465,7 @@ class _Run:
             last = batch[-1]
             if last.record is not None and last.record.syncpoint and last.gxid is not None:
                 self._pass_syncpoint(last.gxid)
+                self.reached = last.gxid == self.until
 
     def _pass_syncpoint(self, gxid: int) -> None:
         """Everything before sync point ``gxid`` is applied, nothing after: wait while a
@@ -447,16 +477,18 @@ class _Run:
         self.syncpoints.append((gxid, held_ms))
         log.info("passed sync point %d (held %.1f ms)", gxid, held_ms)
 
-    def _set_aside(self, message: Message, reason: str) -> None:
+    def _set_aside(self, message: Delivery, reason: str) -> None:
         """A malformed message into the quarantine file, with where it is and (the first
         64 KiB of) what it holds; the topic keeps it whole at that offset."""
-        value = message.value() or b""
+        value = message.value or b""
+        topic = self.topics.dtx if message.partition == COORDINATOR else self.topics.changes
+        partition = 0 if message.partition == COORDINATOR else message.partition
         log.warning("set aside the malformed message at offset %d of %s partition %d: %s (see %s)",
-                    message.offset(), message.topic(), message.partition(), reason, self.quarantine)
+                    message.offset, topic, partition, reason, self.quarantine)
         self.set_aside += 1
         self.quarantine.parent.mkdir(parents=True, exist_ok=True)
         with self.quarantine.open("ab") as f:
-            f.write(orjson.dumps({"topic": message.topic(), "partition": message.partition(), "offset": message.offset(),
+            f.write(orjson.dumps({"topic": topic, "partition": partition, "offset": message.offset,
                                   "reason": reason, "bytes": len(value),
                                   "value_base64": base64.b64encode(value[:65536]).decode(),
                                   "quarantined_ms": int(time.time() * 1000)}) + b"\n")

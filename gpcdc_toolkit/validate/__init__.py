@@ -13,6 +13,7 @@ from ._diff import TableDiff, diff_by_key, diff_rows
 __getattr__ = lazy_exports(__name__, {
     "_capture": ("CaptureCheck", "Captured", "check_against_truth", "read_captured"),
     "_checksum": ("ChecksumResult", "ValidationError", "compare_checksums"),
+    "_recorded": ("SyncPointCheck", "SyncPointRecord", "check_against_syncpoint", "load_record", "record_syncpoint"),
     "_run": ("Validation", "latest_differences", "validate"),
     "_snapshots": ("Snapshots",),
     "_syncpoint": ("SyncPoint", "SyncPointError", "take_syncpoint"),
@@ -22,6 +23,7 @@ __getattr__ = lazy_exports(__name__, {
 if TYPE_CHECKING:
     from ._capture import CaptureCheck, Captured, check_against_truth, read_captured
     from ._checksum import ChecksumResult, ValidationError, compare_checksums
+    from ._recorded import SyncPointCheck, SyncPointRecord, check_against_syncpoint, load_record, record_syncpoint
     from ._run import Validation, latest_differences, validate
     from ._snapshots import Snapshots
     from ._syncpoint import SyncPoint, SyncPointError, take_syncpoint
@@ -32,5 +34,6 @@ __all__ = [
     "check_workload", "compare_tables", "table_rows",
     "CaptureCheck", "Captured", "check_against_truth", "read_captured",
     "ChecksumResult", "ValidationError", "compare_checksums",
+    "SyncPointCheck", "SyncPointRecord", "check_against_syncpoint", "load_record", "record_syncpoint",
     "Validation", "latest_differences", "validate", "Snapshots", "SyncPoint", "SyncPointError", "take_syncpoint",
 ]

@@ -30,7 +30,7 @@ from psycopg import sql
 from ..cluster import COORDINATOR, Cluster, TableRef
 from ..cluster._cluster import Table
 from ..errors import GpcdcError
-from ._chunks import MOD, Chunk, Digest, Reply, bisect, differing, summed
+from ._chunks import EMPTY, MOD, WHOLE, Chunk, Digest, Reply, bisect, differing, summed
 from ._diff import EXAMPLES, DifferingRow, TableDiff
 from ._snapshots import Snapshots
 
@@ -167,6 +167,13 @@ def _digests(side: Snapshots, info: Table, hashed: sql.Composable, level: int,
             query = sql.SQL("{} GROUP BY 1").format(query)
         queries.append((conn, query, params))
     return queries
+
+
+def whole_digest(side: Snapshots, info: Table, by_record: bool) -> Digest:
+    """A table's digest as ``side`` reads it: its rows' count and hashes' sum (the first
+    round of a comparison)."""
+    results = _run_all(_digests(side, info, _row_hash(info, by_record), 0, ()))
+    return summed(_digest_rows(0, rows) for rows in results).get(WHOLE, EMPTY)
 
 
 def _digest_rows(level: int, rows: list[tuple[Any, ...]]) -> dict[Chunk, Digest]:

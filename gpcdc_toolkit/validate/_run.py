@@ -22,7 +22,7 @@ from typing import Any
 
 from .._expect import Outcome, load_suites
 from ..audit._findings import SEVERITIES
-from ..bootstrap import distributed_tables
+from ..bootstrap import Pipeline, distributed_tables
 from ..cluster import Cluster, TableRef
 from ..config import Config
 from ..connect import open_cluster
@@ -31,6 +31,7 @@ from ._causes import cause_of, events_of
 from ._checksum import ChecksumResult, ValidationError, compare_checksums
 from ._evidence import gather_evidence
 from ._expectations import check_target
+from ._recorded import record_syncpoint
 from ._snapshots import Snapshots
 from ._syncpoint import SyncPoint, attach, held_file, take_syncpoint
 
@@ -148,6 +149,8 @@ def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpo
         if syncpoint is True:
             point = stack.enter_context(take_syncpoint(source, target, pipeline=config.kafka.topic_prefix,
                                                        tables=infos, lock_timeout=settings.lock_timeout))
+            # While the replayer reaches the cut: the record a rebuild is later proven against.
+            record_syncpoint(point, infos, Pipeline(config.work_dir, config.kafka.topic_prefix).syncpoints_dir)
             sides: tuple[Snapshots, Snapshots] = (point.source, point.wait_for_replay(settings.replay_timeout))
         elif syncpoint is not False:
             point = stack.enter_context(attach(source, target, held_file(config.work_dir, config.kafka.topic_prefix,
