@@ -4,6 +4,7 @@ the source written after the replay stopped; every differing row in rows.parquet
 each with its cause, none unexplained."""
 
 import dataclasses
+import html
 import json
 import uuid
 
@@ -147,6 +148,18 @@ def test_every_differing_row_is_written_with_its_cause_and_none_is_unexplained(s
     browser = TransactionBrowser(pd.DataFrame(nothing), pd.DataFrame(nothing)).with_findings(named)
     assert browser.rules == ["difference: not_replayed", "difference: outside_pipeline"]
     assert any(line.startswith("differing rows by cause: 3 not_replayed, 3 outside_pipeline") for line in run.lines())
+    # The investigate notebook, as a job, from this failed run to each cause and what to do.
+    from gpcdc_toolkit.report import run_notebook
+    from gpcdc_toolkit.validate._causes import REMEDIES
+
+    done = run_notebook(config.with_settings({"report.dir": str(config.work_dir / f"reports-{table[5:9]}")}),
+                        "investigate", {})
+    assert (done.status, done.error) == ("ok", None)  # every row explained: exit 0
+    assert dict(done.headline.figures) == {"differing rows": 6, "causes": 2, "unexplained": 0,
+                                           "source transactions behind them": 2}, done.headline.figures
+    page = done.report.read_text()
+    assert all(html.escape(REMEDIES[c], quote=False) in page for c in ("not_replayed", "outside_pipeline"))
+    assert str(run.output) in page and "DELETE FROM" in page  # the run it started from, and its fix
 
 
 def copy_topics(kafka, prefix, copy, rewrite):
@@ -271,3 +284,53 @@ def test_rows_of_a_table_whose_ddl_the_replay_skipped_are_named_so(source, repla
     assert sorted(json.loads(r["key"])["id"] for r in rows) == [str(i) for i in range(6)]
     assert {(r["kind"], tuple(r["changed_columns"]), r["cause"]) for r in rows} == {("changed", ("w",), "skipped_ddl")}
     assert "ADD COLUMN w int DEFAULT 7" in rows[0]["cause_detail"]
+
+
+@given(st.lists(st.integers(0, 60), unique=True, max_size=6), st.lists(st.tuples(st.integers(0, 2), st.integers(0, 60)),
+       unique_by=lambda t: t, max_size=6), st.sampled_from([0, 1, None]))
+def test_a_truncate_is_a_write_that_leaves_a_key_no_row_in_its_segments_order(own, truncates, home):
+    from gpcdc_toolkit.validate._evidence import _fold_truncates
+
+    key = (T, ("1",))
+    # The key lives on segment 1; messages have offsets of their own (even: the key's, odd: truncates').
+    events = [(10 + o, 1, 2 * o, 1_000 + o, {"id": "1", "v": str(o)}) for o in sorted(own)]
+    parts = [(100 + i, s, 2 * o + 1, 2_000 + o) for i, (s, o) in enumerate(truncates)]
+    found = {key: list(events)} if events else {}
+    _fold_truncates(found, key, parts, home)
+    merged = found.get(key, [])
+    segment = home if home is not None else (1 if events else None)
+    assert [e for e in merged if e[4] is not None] == events  # the key's own events, in their order
+    folded = [e for e in merged if e[4] is None]
+    if segment is not None:
+        assert sorted(e[:4] for e in folded) == sorted(p for p in parts if p[1] == segment)
+        for i, event in enumerate(merged):  # on the key's segment, in offset order
+            later = [e for e in merged[i + 1:] if e[1] == segment]
+            assert event[1] != segment or all(e[2] > event[2] for e in later)
+    else:  # a key the stream never wrote: each truncate once
+        assert sorted(e[0] for e in folded) == sorted({p[0] for p in parts})
+    if folded and segment is not None and merged[-1][4] is None:
+        assert cause_of(T, COLUMNS, DifferingRow("extra", ("1",), target=("1", "x"), target_segment=0),
+                        Evidence(events={key: [KeyEvent(g, s, o, ts, img, True) for g, s, o, ts, img in merged]}))[0] \
+            == "outside_pipeline"  # the stream's last word is "no row", as the source: the target's row is extra
+
+
+def test_a_gap_in_a_numbered_streams_part_numbers_names_the_parts_lost_one_phase_ones_too():
+    from gpcdc_toolkit.validate._evidence import PartNumbers
+
+    numbers = PartNumbers()
+    stream = [("pipeline", {"segment": 0, "parts": 0}), ("end", {"segment": 0, "number": 1}),
+              ("end", {"segment": 0, "number": 2}), ("end", {"segment": 0, "number": 2}),  # a resend
+              ("end", {"segment": 0, "number": 5}),  # 3 and 4 lost: one-phase or not, no record needed
+              ("resolved", {"segment": 0, "parts": 5}), ("resolved", {"segment": 1, "parts": 7}),
+              ("end", {"segment": 1, "number": 8}), ("resolved", {"segment": 1, "parts": 9}),  # 9 lost before it
+              ("lost", {"segment": 1}), ("end", {"segment": 1, "number": 30}),  # counted afresh after a mark
+              ("end", {"segment": 2, "number": None}), ("end", {"segment": 2})]  # not numbered: nothing to tell
+    for offset, (kind, value) in enumerate(stream):
+        numbers.feed(kind, value, offset)
+    assert [(g.cause, g.segment, g.what.split(" (")[0]) for g in numbers.gaps] == [
+        ("lost_in_stream", 0, "parts 3 to 4 of segment 0"), ("lost_in_stream", 1, "part 9 of segment 1")]
+    assert "before offset 4" in numbers.gaps[0].what
+    row = DifferingRow("missing", ("1",), source=("1", "a"), source_segment=0)
+    assert cause_of(T, COLUMNS, row, Evidence(gaps=numbers.gaps)) == (
+        "lost_in_stream", "the stream leaves it otherwise than the source has it, and lacks parts 3 to 4 of segment 0 "
+                          "(a gap in its part numbers before offset 4: one-phase parts are named by no commit record)")

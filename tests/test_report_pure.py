@@ -40,7 +40,7 @@ from gpcdc_toolkit.report import (
 )
 
 ROOT = Path(__file__).parent.parent
-JOBS = ("bootstrap", "capture", "workload", "replay", "audit", "validate", "explore")
+JOBS = ("bootstrap", "capture", "workload", "replay", "audit", "validate", "explore", "investigate")
 
 
 def notebook_with(source, outputs=()):
@@ -463,3 +463,62 @@ def test_style_rules_inside_media_and_parentheses_are_judged_without_dropping_wh
     assert "margin: 0" in kept  # the class under :not() need not be there
     assert ".jp-Dialog { display" not in kept and "@media screen" not in kept
     assert "color: green" in kept  # :is() matches where any of its classes is
+
+
+def _validation_run(runs, name, *, verified, rows=()):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from gpcdc_toolkit.validate._run import _rows_schema
+
+    run = runs / name
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"verified": verified, "differing": sorted({r["table"] for r in rows})}))
+    full = [{**dict.fromkeys(_rows_schema().names), "changed_columns": [], **r} for r in rows]
+    pq.write_table(pa.Table.from_pylist(full, schema=_rows_schema()), run / "rows.parquet")
+    (run / "fix.sql").write_text("-- node: seg0\nBEGIN;\nDELETE FROM t WHERE id = 9;\nCOMMIT;\n")
+    return run
+
+
+def test_an_investigation_starts_from_the_latest_failed_run_and_groups_rows_by_cause(tmp_path):
+    from gpcdc_toolkit.config import load_config
+    from gpcdc_toolkit.report import find_run, investigate
+    from gpcdc_toolkit.validate._causes import REMEDIES
+
+    config = load_config({"work_dir": str(tmp_path), "kafka.topic_prefix": "p"}, environ={})
+    runs = tmp_path / "validate" / "p" / "runs"
+    assert find_run(config, "validate") is None and investigate(config).verdict() == "no failed validate run to investigate"
+    behind = json.dumps([{"gxid": 7, "segment": 1, "offset": 3, "commit_ts_ms": 1_000, "applied": False}])
+    failed = _validation_run(runs, "20261126T000001Z", verified=False, rows=[
+        {"table": "public.t", "kind": "changed", "key_text": "id=1", "cause": "not_replayed", "events": behind},
+        {"table": "public.t", "kind": "extra", "key_text": "id=9", "cause": "outside_pipeline", "events": "[]"},
+        {"table": 'public."U v"', "kind": "missing", "key_text": "id=2", "cause": "not_replayed", "events": behind}])
+    _validation_run(runs, "20261126T000002Z", verified=True)  # a later run that passed is not the one
+    assert find_run(config, "validate") == failed
+    found = investigate(config)
+    causes = found.causes()
+    assert causes.to_dict("records") == [
+        {"cause": "not_replayed", "rows": 2, "tables": 'public."U v", public.t', "what to do": REMEDIES["not_replayed"]},
+        {"cause": "outside_pipeline", "rows": 1, "tables": "public.t", "what to do": REMEDIES["outside_pipeline"]}]
+    assert found.unexplained == 0 and found.verdict() == "every one of the 3 differing rows is explained: 2 causes"
+    assert found.events()[["key_text", "gxid", "applied"]].to_dict("records") == [
+        {"key_text": "id=1", "gxid": 7, "applied": False}, {"key_text": "id=2", "gxid": 7, "applied": False}]
+    assert "DELETE FROM t WHERE id = 9" in found.fix()
+    # A row the record cannot account for, or could not read, is what fails the investigation.
+    odd = _validation_run(runs, "20261126T000003Z", verified=False, rows=[
+        {"table": "public.t", "kind": "changed", "key_text": "id=3", "cause": "unexplained", "events": "[]"},
+        {"table": "public.t", "kind": "changed", "key_text": "id=4", "cause": None, "events": None}])
+    found = investigate(config)
+    assert found.run == odd and found.unexplained == 2
+    assert set(found.causes()["cause"]) == {"unexplained", "not classified"}
+    assert investigate(config, run="20261126T000001Z").run == failed
+    with pytest.raises(ConfigError, match="is not a validate run .*: give a directory under"):
+        investigate(config, run="nosuch")
+    with pytest.raises(ConfigError, match="start 'replay' is neither of validate, audit"):
+        investigate(config, "replay")
+
+
+def test_every_cause_says_what_to_do():
+    from gpcdc_toolkit.validate._causes import CAUSES, REMEDIES
+
+    assert set(REMEDIES) == {*CAUSES, None} and all(len(text) > 40 for text in REMEDIES.values())

@@ -20,6 +20,7 @@ from urllib.parse import quote
 import plotly.graph_objects as go
 import pytest
 
+from gpcdc_toolkit.audit import ADVICE
 from gpcdc_toolkit.bootstrap import Pipeline, drop_slots
 from gpcdc_toolkit.broker import EmbeddedBroker
 from gpcdc_toolkit.capture import CaptureGroup, child_environment, ensure_topics
@@ -38,7 +39,8 @@ from ._audit_stream import StreamBuilder
 pytestmark = pytest.mark.reports  # long: `./dev test-reports`, not the default run
 
 JOBS = ["bootstrap", "capture", "workload", "replay", "audit", "validate", "explore"]
-CHARTS = {"bootstrap": 1, "capture": 2, "workload": 1, "replay": 3, "audit": 3, "validate": 2, "explore": 2}
+CHARTS = {"bootstrap": 1, "capture": 2, "workload": 1, "replay": 3, "audit": 3, "validate": 2, "explore": 2,
+          "investigate": 2}
 GPCDC = str(Path(sys.executable).parent / "gpcdc")
 
 
@@ -203,6 +205,7 @@ def test_reports_with_findings_and_differences_draw_them_and_list_every_check(so
             tx.delete(("public", f"Diff {tag}"), {"id": 8})
             tx.insert(("public", f"Diff {tag}"), [{"id": 500, "v": "extra"}])
         validation = run_notebook(config, "validate", {"tables": f"public.{table}", "syncpoint": "none"})
+        investigated = run_notebook(config, "investigate", {"start": "audit"})
     finally:
         with Session(source) as session:
             session.ddl(f"DROP TABLE IF EXISTS {table}")
@@ -221,6 +224,11 @@ def test_reports_with_findings_and_differences_draw_them_and_list_every_check(so
     assert drawn == CHARTS["validate"]  # chunks differing by level, rows by kind
     assert dict(runs["validate"]["figures"])["rows differing"] == 3
     assert "changed" in text and "fix" in text
+    # The audit investigated: each rule's findings with what to do about them.
+    assert investigated.status == "ok", investigated.error
+    text, drawn = report_as_shown(reports, runs["investigate"], tmp_path)
+    assert dict(runs["investigate"]["figures"]) == {"findings": 2, "rules": 2, "errors": 2}
+    assert drawn == 1 and all(ADVICE[rule][:60] in text for rule in ("damaged_part", "missing_part"))
 
 
 @pytest.fixture
@@ -249,7 +257,7 @@ def test_the_notebooks_as_stored_pass_nbval(fresh_pipeline):
     environment = {**child_environment(config), "PYTHONWARNINGS": "ignore"}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "--rootdir",
                str(NOTEBOOKS)]
-    notebooks = [str(NOTEBOOKS / f"{job}.ipynb") for job in JOBS if job != "validate"]
+    notebooks = [str(NOTEBOOKS / f"{job}.ipynb") for job in [*JOBS, "investigate"] if job != "validate"]
     done = subprocess.run([*command, *notebooks], env=environment, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:]
     # As stored, validate cuts a new sync point, which a replayer following the pipeline must reach.

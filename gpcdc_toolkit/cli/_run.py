@@ -18,7 +18,7 @@ class Run(Command):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("notebook", metavar="NOTEBOOK",
-                            help="a notebook's name (bootstrap, capture, workload, replay, audit, validate, explore) "
+                            help="a notebook's name (bootstrap, capture, workload, replay, audit, validate, explore, investigate) "
                                  "or path")
         parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                             help="a parameter of the notebook's parameters cell (repeatable); no secrets: "

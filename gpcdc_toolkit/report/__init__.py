@@ -20,6 +20,7 @@ __getattr__ = lazy_exports(__name__, {
     "_browser": ("TransactionBrowser", "TransactionView", "browse"),
     "_charts": ("chart", "has_points"),
     "_export": ("external_references", "for_report", "for_schedule", "redact", "to_html"),
+    "_investigate": ("Investigation", "find_run", "investigate"),
     "_notebook": ("notebook_config",),
     "_runner": ("EXIT", "NOTEBOOKS", "NotebookRun", "find_notebook", "run_notebook", "secrets_of"),
 })
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from ._browser import TransactionBrowser, TransactionView, browse
     from ._charts import chart, has_points
     from ._export import external_references, for_report, for_schedule, redact, to_html
+    from ._investigate import Investigation, find_run, investigate
     from ._notebook import notebook_config
     from ._runner import EXIT, NOTEBOOKS, NotebookRun, find_notebook, run_notebook, secrets_of
 
@@ -38,6 +40,7 @@ __all__ = [
     "TransactionBrowser", "TransactionView", "browse",
     "chart", "has_points",
     "external_references", "for_report", "for_schedule", "redact", "to_html",
+    "Investigation", "find_run", "investigate",
     "notebook_config",
     "EXIT", "NOTEBOOKS", "NotebookRun", "find_notebook", "run_notebook", "secrets_of",
 ]

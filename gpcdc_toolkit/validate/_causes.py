@@ -34,6 +34,26 @@ from ._diff import DifferingRow, Text
 
 CAUSES = ("skipped_ddl", "not_replayed", "outside_pipeline", "lost_in_stream", "set_aside", "unexplained")
 
+# What to do about a row of each cause (None: the rows the evidence could not classify).
+REMEDIES: dict[str | None, str] = {
+    "skipped_ddl": "Give the target's table the change of the DDL the replay skipped (skipped_ddl.jsonl lists it), "
+                   "then validate again; fix.sql makes the rows equal once the tables are alike.",
+    "not_replayed": "The target is behind: let the replayer catch up (`gpcdc replay`, with capture running), then "
+                    "validate again. Do not run fix.sql for these rows: the replay writes them.",
+    "outside_pipeline": "Something other than the replayer wrote the target: find what (the target's logs and "
+                        "grants) and stop it, then run the statements of fix.sql, which restore the source's rows.",
+    "lost_in_stream": "The stream lacks a part of the row's segment: nothing after it was applied. Restore the "
+                      "segment's events to the topic, or capture the segment again (`gpcdc bootstrap repair "
+                      "--segment S`) and replay.",
+    "set_aside": "A message of the row's segment was set aside as malformed (quarantine.jsonl names it): find what "
+                 "wrote it to the topic, restore the true event, or capture the segment again "
+                 "(`gpcdc bootstrap repair --segment S`).",
+    "unexplained": "The pipeline's record does not account for this row: report it, with rows.parquet and the run's "
+                   "directory; fix.sql restores the source's row meanwhile.",
+    None: "Not classified: the pipeline's record could not be read (the detail says why); validate again once the "
+          "broker answers.",
+}
+
 
 @dataclass(frozen=True)
 class KeyEvent:

@@ -28,6 +28,8 @@ def gather_evidence(config: Config, target: Cluster, results: Sequence[ChecksumR
     wanted = {(r.table, row.key) for r in results for row in r.diff.rows}
     if not wanted:
         return Evidence()
+    homes = {(r.table, row.key): row.source_segment for r in results for row in r.diff.rows
+             if row.source_segment is not None}
     tables = {r.parts: r for r in results if r.diff.rows}
     kafka = kafka_client_settings(config)
     check_reachable(kafka, timeout=3.0)  # a broker away is said in seconds, not after a read's patience
@@ -36,9 +38,12 @@ def gather_evidence(config: Config, target: Cluster, results: Sequence[ChecksumR
         defaultdict(list)
     images: dict[tuple[str, Text], dict[str, str | None] | None] = {}
     parts: dict[int, set[int]] = defaultdict(set)
+    truncated: dict[str, list[tuple[int | None, int, int, int]]] = defaultdict(list)  # table -> its truncates' parts
     seen: set[tuple[int, int, int]] = set()
+    numbering = PartNumbers()
     for offset, v in _decoded(kafka, topics.changes):
         kind = kind_of(v)
+        numbering.feed(kind, v, offset)
         if kind == "end" and v.get("gxid") is not None:
             parts[v["gxid"]].add(v["segment"])
         if kind != "row":
@@ -49,6 +54,9 @@ def gather_evidence(config: Config, target: Cluster, results: Sequence[ChecksumR
         if result is None or identity in seen:
             continue
         seen.add(identity)
+        if v.get("op") == "t":
+            truncated[result.table].append((source.get("gxid"), source["segment"], offset, source["ts_ms"]))
+            continue
         for key, image in _writes(result, v, images):
             if (result.table, key) in wanted:
                 images[(result.table, key)] = image
@@ -58,17 +66,81 @@ def gather_evidence(config: Config, target: Cluster, results: Sequence[ChecksumR
     for _offset, v in _decoded(kafka, topics.dtx):
         if kind_of(v) == "commit" and v.get("segments") is not None:
             records[v["gxid"]] = tuple(v["segments"])
+    for table_key in wanted:
+        _fold_truncates(found, table_key, truncated.get(table_key[0], ()), homes.get(table_key))
     applied = _applied(target, config.kafka.topic_prefix, {g for events in found.values() for g, *_ in events})
     events = {k: [KeyEvent(g, s, o, ts, image, g is None or g in applied) for g, s, o, ts, image in v]
               for k, v in found.items()}
     pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
     gaps = [Gap("lost_in_stream", s, f"gxid {gxid}'s part on segment {s}, which its commit record names")
             for gxid, segments in sorted(records.items()) for s in segments if s not in parts.get(gxid, ())]
+    gaps += numbering.gaps
     gaps += _set_aside(pipeline.directory / "quarantine.jsonl", topics.changes)
     statements = _skipped(pipeline.skipped_ddl_file)
     skipped = {r.table: [s for s in statements if _names(s, r.parts)] for r in tables.values()}
     return Evidence(events, _snapshot_rows(pipeline, tables, wanted), gaps,
                     {table: statements for table, statements in skipped.items() if statements})
+
+
+class PartNumbers:
+    """Gaps in a numbered stream's part numbers, per segment (pure): a part lost from
+    its partition, one-phase ones too, which no commit record names. The numbers go up
+    by one from the pipeline's marker, each END carrying its part's and each watermark
+    the last one's before it; a number met again is a resend after a capture restart.
+    A lost or repaired mark starts the count afresh."""
+
+    def __init__(self) -> None:
+        self.last: dict[int, int] = {}  # segment -> the last number met
+        self.gaps: list[Gap] = []
+
+    def feed(self, kind: str | None, value: Mapping[str, Any], offset: int) -> None:
+        segment = value.get("segment")
+        if not isinstance(segment, int):
+            return
+        if kind in ("lost", "repaired"):
+            self.last.pop(segment, None)
+            return
+        number = value.get("number") if kind == "end" else value.get("parts") if kind in ("resolved", "pipeline") \
+            else None
+        if not isinstance(number, int) or isinstance(number, bool):
+            return
+        last = self.last.get(segment)
+        if last is not None and number > last + (1 if kind == "end" else 0):
+            first, final = last + 1, number - 1 if kind == "end" else number
+            what = f"part {first}" if first == final else f"parts {first} to {final}"
+            self.gaps.append(Gap("lost_in_stream", segment,
+                                 f"{what} of segment {segment} (a gap in its part numbers before offset {offset}: "
+                                 "one-phase parts are named by no commit record)"))
+        self.last[segment] = number if last is None else max(last, number)
+
+
+def _fold_truncates(found: dict[tuple[str, Text], list[tuple[int | None, int, int, int, dict[str, str | None] | None]]],
+                    key: tuple[str, Text], truncates: Sequence[tuple[int | None, int, int, int]],
+                    home: int | None) -> None:
+    """Put the table's truncates among the key's events, as writes that leave it no row.
+
+    A truncate has a part on every segment; the one that matters to a key is on the
+    key's segment (its source row's, or its events'), where the offsets order it among
+    the key's events. A key the stream never wrote takes each truncate once."""
+    events = found.get(key, [])
+    segment = home if home is not None else (events[-1][1] if events else None)
+    if segment is not None:
+        mine = [t for t in truncates if t[1] == segment]
+    else:
+        first: dict[int | None, tuple[int | None, int, int, int]] = {}
+        for t in truncates:
+            first.setdefault(t[0], t)
+        mine = list(first.values())
+    if not mine:
+        return
+    pending = sorted(mine, key=lambda t: (t[3], t[2]) if segment is None else t[2])
+    merged: list[tuple[int | None, int, int, int, dict[str, str | None] | None]] = []
+    for event in events:  # the key's own events keep their order; a truncate goes before the first it precedes
+        while segment is not None and event[1] == segment and pending and pending[0][2] < event[2]:
+            g, s, o, ts = pending.pop(0)
+            merged.append((g, s, o, ts, None))
+        merged.append(event)
+    found[key] = merged + [(g, s, o, ts, None) for g, s, o, ts in pending]
 
 
 def _decoded(kafka: Mapping[str, str], topic: str) -> Iterator[tuple[int, dict[str, Any]]]:
