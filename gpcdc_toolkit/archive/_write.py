@@ -67,10 +67,10 @@ def write_archive(config: Config, path: Path) -> ArchiveRun:
         aside.mkdir()
         first = {topic: {p: start.get(topic, {}).get(p, 0) for p in parts} for topic, parts in end.items()}
         count, low = _write_run(kafka, first, end, aside / "part-00000.parquet")
-        # Where the run starts: its first messages, or where the last run ended (retention
-        # may have deleted messages the archive never held: the replay sees that gap).
-        write_json(aside / START, {t: {str(p): min(low.get(t, {}).get(p, o), o) if bounds else low.get(t, {}).get(p, o)
-                                       for p, o in parts.items()} for t, parts in first.items()})
+        # Where the run starts: its first messages (past where the last run ended when
+        # retention deleted messages the archive never held: a gap the chain shows).
+        write_json(aside / START, {t: {str(p): low.get(t, {}).get(p, o) for p, o in parts.items()}
+                                   for t, parts in first.items()})
         write_json(aside / POSITION, {t: {str(p): o for p, o in parts.items()} for t, parts in end.items()})
         final = path / f"run-{number:06d}"
         aside.rename(final)  # the run, and where it starts and ends, at once

@@ -1,8 +1,9 @@
 """The replayer: the pipeline's topics in, whole transactions out to the target.
 
 It reads every partition of the changes topic and the coordinator's topic (from Kafka
-with one consumer, or from a Parquet archive of them: ``_feed``), frames messages into parts and records (:class:`Framer`), orders them
-(:class:`Reassembler`) and applies them in batches (:class:`Applier`), each batch with
+with one consumer, or from a Parquet archive of them: ``_feed``), frames messages into
+parts and records (:class:`Framer`), orders them (:class:`Reassembler`) and applies
+them in batches (:class:`Applier`), each batch with
 the checkpoint that says where to read again after a crash. On a restart it reads
 again from the checkpoint's resume offsets; up to its read offsets, the transactions it
 meets may have been applied, so it asks the target which, and passes over those.
@@ -151,10 +152,15 @@ class Replayer:
         before it). Raises :class:`MissingPartError` rather than apply part of a
         transaction; everything before it is applied."""
         # Finds the topics before anything is written to the target; a following run
-        # waits longer for a broker that is restarting.
+        # waits longer for a broker that is restarting. An archive does not grow: read once.
+        follow = follow and self.archive is None
         feed: Feed = (ArchiveFeed(self.archive, self.topics) if self.archive is not None
                       else KafkaFeed(self.kafka, self.topics, 30.0 if follow else 10.0))
-        run = _Run(self, feed, until_syncpoint)
+        try:
+            run = _Run(self, feed, until_syncpoint)
+        except BaseException:
+            feed.close()
+            raise
         last_report = 0.0
         try:
             if until_syncpoint is not None:
