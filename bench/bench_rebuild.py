@@ -17,25 +17,18 @@ in the same run.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import statistics
-import tempfile
 import threading
 import time
-from pathlib import Path
 
-from bench_replay import SPEC, Timeline
+from bench_replay import SPEC, Timeline, captured_source
 
 from gpcdc_toolkit.archive import write_archive
-from gpcdc_toolkit.bootstrap import Pipeline, bootstrap, distributed_tables
-from gpcdc_toolkit.broker import EmbeddedBroker
-from gpcdc_toolkit.capture import CaptureGroup, wait_until_acknowledged
-from gpcdc_toolkit.config import load_config
+from gpcdc_toolkit.bootstrap import distributed_tables
+from gpcdc_toolkit.capture import wait_until_acknowledged
 from gpcdc_toolkit.replay import Replayer
-from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.validate import check_against_syncpoint, record_syncpoint, take_syncpoint
-from gpcdc_toolkit.workload import WorkloadSpec, reset_tables, run_workload
+from gpcdc_toolkit.workload import WorkloadSpec, run_workload
 
 
 def main() -> None:
@@ -43,32 +36,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="gpcdc-bench-"))
-    work.chmod(0o755)
-    source = Sandbox("source", work)
     kinds = ["kafka", "archive"] * args.rounds
-    targets = [Sandbox(f"{kind}{i}", work) for i, kind in enumerate(kinds)]
-    broker = EmbeddedBroker(work)
-    group = None
-    try:
-        cluster = source.up(segments=3).cluster()
-        broker.up()
-        for target in targets:
-            target.up(segments=2)
-
-        def config_for(target: str):  # type: ignore[no-untyped-def]
-            return load_config({"work_dir": str(work), "kafka.bootstrap_servers": broker.bootstrap_servers,
-                                "kafka.topic_prefix": "bench", "source.sandbox": "source", "target.sandbox": target},
-                               environ={})
-
-        config = config_for(targets[0].name)
-        pipeline = Pipeline(work, "bench")
-        reset_tables(cluster)
-        run_workload(cluster, WorkloadSpec(threads=1, transactions=10, hot_keys=SPEC["hot_keys"]))
-        bootstrap(cluster, pipeline, "snapshot")
-        group = CaptureGroup(config)
-        group.start()
-
+    names = [f"{kind}{i}" for i, kind in enumerate(kinds)]
+    with captured_source(names) as (cluster, pipeline, config_for, targets):
+        config = config_for(names[0])
         points: list[int] = []
         stop = threading.Event()
 
@@ -87,10 +58,9 @@ def main() -> None:
             stop.set()
             cutter.join()
         wait_until_acknowledged(cluster, pipeline.slot, timeout=300)
-        group.stop()
         print(f"source workload: {load.committed} dtx, {load.rows} rows in {load.elapsed:.1f} s, "
               f"{len(points)} sync points", flush=True)
-        archive = work / "archive"
+        archive = pipeline.work_dir / "archive"
         began = time.perf_counter()
         run = write_archive(config, archive)
         seconds = time.perf_counter() - began
@@ -111,14 +81,6 @@ def main() -> None:
         ratio = statistics.median(rates["archive"]) / statistics.median(rates["kafka"])
         print(f"rebuild rate from the archive / replay rate from Kafka: {ratio:.2f} "
               f"(medians of {args.rounds} rounds each)", flush=True)
-    finally:
-        if group is not None:
-            group.stop()
-        broker.down()
-        for sandbox in (source, *targets):
-            sandbox.down(remove=True)
-        if not os.environ.get("GPCDC_BENCH_KEEP"):
-            shutil.rmtree(work)
 
 
 if __name__ == "__main__":

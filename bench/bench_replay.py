@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import shutil
@@ -29,12 +30,14 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from gpcdc_toolkit.bootstrap import Pipeline, bootstrap
 from gpcdc_toolkit.broker import EmbeddedBroker
 from gpcdc_toolkit.capture import CaptureGroup, wait_until_acknowledged
-from gpcdc_toolkit.config import load_config
+from gpcdc_toolkit.config import Config, load_config
 from gpcdc_toolkit.replay import Progress, Replayer, ReplaySettings
 from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.validate import table_rows
@@ -134,6 +137,47 @@ def large_transaction(mb: int) -> None:
             shutil.rmtree(work)
 
 
+@contextlib.contextmanager
+def captured_source(target_names: list[str]) -> Iterator[tuple[Any, Pipeline, Callable[[str], Config], list[Sandbox]]]:
+    """In a work directory of its own: the source (1+3 segments) with the workload's
+    tables and a few transactions, its pipeline "bench" bootstrapped and captured by a
+    running capture group, the embedded broker, and targets (1+2 segments) named
+    ``target_names``. Yields (source cluster, pipeline, the configuration for a target
+    by name, the targets); everything stopped and removed after."""
+    work = Path(tempfile.mkdtemp(prefix="gpcdc-bench-"))
+    work.chmod(0o755)
+    source = Sandbox("source", work)
+    targets = [Sandbox(name, work) for name in target_names]
+    broker = EmbeddedBroker(work)
+    group = None
+    try:
+        cluster = source.up(segments=3).cluster()
+        broker.up()
+        for target in targets:
+            target.up(segments=2)
+
+        def config_for(target: str) -> Config:
+            return load_config({"work_dir": str(work), "kafka.bootstrap_servers": broker.bootstrap_servers,
+                                "kafka.topic_prefix": "bench", "source.sandbox": "source", "target.sandbox": target},
+                               environ={})
+
+        pipeline = Pipeline(work, "bench")
+        reset_tables(cluster)
+        run_workload(cluster, WorkloadSpec(threads=1, transactions=10, hot_keys=SPEC["hot_keys"]))
+        bootstrap(cluster, pipeline, "snapshot")
+        group = CaptureGroup(config_for(targets[0].name if targets else "target"))
+        group.start()
+        yield cluster, pipeline, config_for, targets
+    finally:
+        if group is not None:
+            group.stop()
+        broker.down()
+        for sandbox in (source, *targets):
+            sandbox.down(remove=True)
+        if not os.environ.get("GPCDC_BENCH_KEEP"):
+            shutil.rmtree(work)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0)
@@ -145,30 +189,8 @@ def main() -> None:
         large_transaction(args.large_mb)
         return
     batches = [int(b) for b in args.batch.split(",")]
-    work = Path(tempfile.mkdtemp(prefix="gpcdc-bench-"))
-    work.chmod(0o755)
-    source = Sandbox("source", work)
-    targets = [Sandbox(f"t{b}", work) for b in batches] + [Sandbox("follow", work)]
-    broker = EmbeddedBroker(work)
-    group = None
-    try:
-        cluster = source.up(segments=3).cluster()
-        broker.up()
-        for target in targets:
-            target.up(segments=2)
-        def config_for(target: str):  # type: ignore[no-untyped-def]
-            return load_config({"work_dir": str(work), "kafka.bootstrap_servers": broker.bootstrap_servers,
-                                "kafka.topic_prefix": "bench", "source.sandbox": "source", "target.sandbox": target},
-                               environ={})
-
+    with captured_source([f"t{b}" for b in batches] + ["follow"]) as (cluster, pipeline, config_for, targets):
         config = config_for("follow")
-        pipeline = Pipeline(work, "bench")
-        reset_tables(cluster)
-        run_workload(cluster, WorkloadSpec(threads=1, transactions=10, hot_keys=SPEC["hot_keys"]))
-        bootstrap(cluster, pipeline, "snapshot")
-        group = CaptureGroup(config)
-        group.start()
-
         source_run = run_workload(cluster, WorkloadSpec(duration=args.seconds, seed=1, **SPEC))  # type: ignore[arg-type]
         wait_until_acknowledged(cluster, pipeline.slot, timeout=300)
         src_tps, src_rps = source_run.committed / source_run.elapsed, source_run.rows / source_run.elapsed
@@ -204,14 +226,6 @@ def main() -> None:
             follower.join()
         print(f"follow: workload {load.committed / load.elapsed:,.0f} dtx/s for {load.elapsed:.0f} s; largest lag "
               f"{timeline.max_lag_ms / 1000:.1f} s; everything applied {drained:.1f} s after the workload ended", flush=True)
-    finally:
-        if group is not None:
-            group.stop()
-        broker.down()
-        for sandbox in (source, *targets):
-            sandbox.down(remove=True)
-        if not os.environ.get("GPCDC_BENCH_KEEP"):
-            shutil.rmtree(work)
 
 
 if __name__ == "__main__":
