@@ -100,15 +100,13 @@ class ArchivedStream:
 
     def syncpoints(self) -> list[tuple[int, int]]:
         """(gxid, commit time in ms) of every sync point's commit record, in stream order."""
-        import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
         found = []
         for run in self.runs:
             for file in self._files(run):
-                table = pq.read_table(file, columns=["topic", "kind", VALUE])
-                table = table.filter(pc.and_(pc.equal(table["topic"], self.topics.dtx),
-                                             pc.equal(table["kind"], "commit")))
+                table = pq.read_table(file, columns=[VALUE],
+                                      filters=[("topic", "=", self.topics.dtx), ("kind", "=", "commit")])
                 for value in table[VALUE].to_pylist():
                     body = orjson.loads(value)
                     if body.get("syncpoint") is not None:
