@@ -11,6 +11,7 @@ differ needs the source as it was, which only the stream holds.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import time
@@ -108,7 +109,8 @@ class RecordedResult:
 
 def compare_record(record: SyncPointRecord, target: Cluster | Snapshots) -> list[RecordedResult]:
     """Each recorded table against the target as it is now."""
-    with Snapshots(target) if isinstance(target, Cluster) else _kept(target) as side:
+    # A caller's Snapshots are used as they are, and left open.
+    with Snapshots(target) if isinstance(target, Cluster) else contextlib.nullcontext(target) as side:
         if record.by_record and side.server_version < RECORD_HASH:
             raise GpcdcError(f"sync point {record.gxid} was digested by a server of version 14 or later, which "
                              f"hashes rows by their columns' types; the target's oldest segment is "
@@ -134,19 +136,6 @@ def _compare(recorded: TableDigest, side: Snapshots, by_record: bool) -> Recorde
     what = (f"{digest.rows} rows where the source had {recorded.rows}" if digest.rows != recorded.rows
             else f"{digest.rows} rows as on the source, but their checksum differs (rows changed)")
     return RecordedResult(recorded.table, recorded.rows, digest.rows, False, what)
-
-
-class _kept:
-    """A caller's Snapshots, used without closing them."""
-
-    def __init__(self, side: Snapshots) -> None:
-        self.side = side
-
-    def __enter__(self) -> Snapshots:
-        return self.side
-
-    def __exit__(self, *exc: object) -> None:
-        pass
 
 
 @dataclass(frozen=True)
