@@ -15,7 +15,9 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import os
+import select
 import shutil
 import statistics
 import subprocess
@@ -26,7 +28,7 @@ from pathlib import Path
 
 from gpcdc_toolkit.bootstrap import Pipeline, bootstrap
 from gpcdc_toolkit.broker import EmbeddedBroker
-from gpcdc_toolkit.capture import CaptureGroup, CaptureWorker, WorkerSettings, wait_until_acknowledged
+from gpcdc_toolkit.capture import CaptureGroup, CaptureWorker, WorkerSettings, quiet_collector, wait_until_acknowledged
 from gpcdc_toolkit.cluster import Cluster, Session
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.protocol import Topics, kind_of, parse_lsn
@@ -54,11 +56,13 @@ def write_rows(cluster: Cluster, rows: int, payload: int, per_txn: int) -> None:
 
 
 def throughput(cluster: Cluster, config, rows: int) -> None:
+    quiet_collector()  # as a worker's process does: here the worker is a thread of this one
     pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
     start = bootstrap(cluster, pipeline, "snapshot")
     segment = cluster.segments[0]
     with cluster.connect_node(segment) as conn:
-        conn.execute("SELECT pg_create_logical_replication_slot('recv', 'pgoutput')")
+        for slot in ("recv", "stages"):
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
     write_rows(cluster, rows, 40, 1000)
     end = flush_lsn(cluster, 0)
 
@@ -71,6 +75,7 @@ def throughput(cluster: Cluster, config, rows: int) -> None:
     from gpcdc_toolkit.connect import kafka_client_settings
 
     settings = WorkerSettings(prefix=config.kafka.topic_prefix, kafka=kafka_client_settings(config))
+    stage_s = stages(cluster, start, settings, end)
     worker = CaptureWorker(cluster, segment, start, settings, database="postgres", partitions=cluster.segment_count)
     stop = threading.Event()
     thread = threading.Thread(target=worker.run, args=(stop,))
@@ -85,6 +90,67 @@ def throughput(cluster: Cluster, config, rows: int) -> None:
     print(f"  pg_recvlogical -> /dev/null : {rows / recv_s:>10,.0f} rows/s")
     print(f"  capture -> Kafka, acked     : {rows / capture_s:>10,.0f} rows/s")
     print(f"  ratio                       : {recv_s / capture_s:>10.2f}", flush=True)
+    print("where a captured row's time goes, each stage alone on the same WAL:")
+    for stage, seconds in [("pg_recvlogical", recv_s), *stage_s.items(), ("capture, all stages", capture_s)]:
+        print(f"  {stage:<40}: {seconds / rows * 1e6:6.2f} us/row", flush=True)
+
+
+def stages(cluster: Cluster, start, settings: WorkerSettings, end: int) -> dict[str, float]:
+    """Seconds of each of capture's stages alone, over the WAL up to ``end``: reading
+    pgoutput (psycopg2's replication stream, as the worker reads it); turning it into
+    encoded protocol events (the assembler, from memory); producing those events
+    (the worker's producer settings, acks=all, to a topic of their own, flushed)."""
+    import psycopg2
+    import psycopg2.extras
+    from confluent_kafka import Producer
+
+    from gpcdc_toolkit.capture._worker import ensure_topics, producer_config
+
+    segment = cluster.segments[0]
+    conn = psycopg2.connect(cluster.dsn(segment), connection_factory=psycopg2.extras.LogicalReplicationConnection)
+    cur = conn.cursor()
+    payloads = []
+    t0 = time.perf_counter()
+    cur.start_replication(slot_name="stages", decode=False,
+                          options={**cluster.decoding_options(), "publication_names": start.publication})
+    while True:
+        message = cur.read_message()
+        if message is None:
+            if cur.wal_end >= end and payloads and payloads[-1][0] == 0x43:  # a COMMIT at the end of the WAL
+                break
+            select.select([conn], [], [], 0.1)
+            continue
+        payloads.append(message.payload)
+    read_s = time.perf_counter() - t0
+    conn.close()
+
+    assembler = cluster.translator(segment, source_name=settings.prefix, database="postgres", start=start,
+                                   max_buffered=settings.capture.max_buffered)
+    t0 = time.perf_counter()
+    for payload in payloads:
+        assembler.feed(payload)  # let go of at once, as the worker does once produced
+    decode_s = time.perf_counter() - t0
+    assembler = cluster.translator(segment, source_name=settings.prefix, database="postgres", start=start,
+                                   max_buffered=settings.capture.max_buffered)
+    gc.disable()  # half a million events held at once: not what the worker holds, and not timed
+    events = [out for payload in payloads for out in assembler.feed(payload)]
+    gc.enable()
+
+    topics = Topics("stages")
+    ensure_topics(settings.kafka, topics, cluster.segment_count)
+    producer = Producer(producer_config(settings, lambda err, msg: None))
+    t0 = time.perf_counter()
+    for out in events:
+        while True:
+            try:
+                producer.produce(topics.changes, out.value, out.key, partition=0)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush()
+    produce_s = time.perf_counter() - t0
+    return {"read pgoutput (psycopg2)": read_s, "decode and encode (assembler)": decode_s,
+            "produce to Kafka, acks=all, flushed": produce_s}
 
 
 def latency(cluster: Cluster, config, rate: float, seconds: float) -> None:

@@ -2,6 +2,8 @@
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpcdc_toolkit.protocol import (
     UNCHANGED_TOAST,
@@ -52,6 +54,24 @@ def test_malformed_payloads_are_named(payload, message):
 def test_values_convert_to_json_types():
     assert pg.convert(20, "12") == 12 and pg.convert(16, "f") is False and pg.convert(701, "1.5") == 1.5
     assert pg.convert(701, "NaN") == "NaN" and pg.convert(1700, "1.50") == "1.50" and pg.convert(25, None) is None
+
+
+_TEXTS = {16: st.sampled_from(["t", "f"]), 20: st.integers(-2**63, 2**63 - 1).map(str),
+          23: st.integers(-2**31, 2**31 - 1).map(str), 701: st.sampled_from(["1.5", "-0", "NaN", "Infinity", "1e300"]),
+          25: st.text(), 1700: st.sampled_from(["1.50", "NaN", "-0.000"])}
+
+
+@given(st.lists(st.sampled_from(sorted(_TEXTS)), min_size=1, max_size=6).flatmap(
+    lambda oids: st.tuples(st.just(oids), st.tuples(*(st.one_of(st.none(), _TEXTS[o]) for o in oids)))))
+def test_a_row_image_converts_each_value_as_its_type_says(case):
+    oids, values = case
+    names = [f"c{i}" for i in range(len(oids))]
+    assembler = TransactionAssembler(0, source_name="s", database="d")
+    feed(assembler, w.begin(100, 7), w.relation(16384, "public", "t", [(n, o, i == 0) for i, (n, o) in
+                                                                      enumerate(zip(names, oids))]))
+    [_begin, (_row, key, row), _end] = feed(assembler, w.insert(16384, list(values)), w.commit(100, 120))
+    assert row["after"] == {n: pg.convert(o, v) for n, o, v in zip(names, oids, values)}
+    assert orjson.loads(key) == {names[0]: row["after"][names[0]]}
 
 
 def feed(assembler, *payloads):

@@ -4,11 +4,20 @@ from ._processes import CaptureGroup, child_environment, config_environment, run
 from ._repair import extend_pipeline, repair_segment
 from ._reset import DroppedPipeline, drop_pipeline
 from ._status import NodeStatus, capture_status, wait_until_acknowledged
-from ._worker import CaptureWorker, WorkerSettings, WorkerStats, delete_topics, ensure_topics, producer_config
+from ._worker import (
+    CaptureWorker,
+    WorkerSettings,
+    WorkerStats,
+    delete_topics,
+    ensure_topics,
+    producer_config,
+    quiet_collector,
+)
 
 __all__ = [
     "NodeStatus", "capture_status", "wait_until_acknowledged",
     "CaptureGroup", "child_environment", "config_environment", "run_worker", "DroppedPipeline", "drop_pipeline",
     "extend_pipeline", "repair_segment",
     "CaptureWorker", "WorkerSettings", "WorkerStats", "delete_topics", "ensure_topics", "producer_config",
+    "quiet_collector",
 ]

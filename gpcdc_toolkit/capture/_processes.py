@@ -23,7 +23,7 @@ from ..bootstrap import Pipeline
 from ..config import ENV_PREFIX, SETTINGS, Config
 from ..connect import kafka_client_settings, open_cluster
 from ..errors import GpcdcError
-from ._worker import CaptureWorker, WorkerSettings
+from ._worker import CaptureWorker, WorkerSettings, quiet_collector
 
 
 def config_environment(config: Config) -> dict[str, str]:
@@ -165,6 +165,7 @@ def run_worker(config: Config, content: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     write_atomic(group.pid_file(content), str(os.getpid()))
+    quiet_collector()
     try:
         worker.run(stop)
     finally:

@@ -86,26 +86,36 @@ def _qualified(schema: str, name: str) -> str:
     return f"{schema}.{name}"
 
 
-def _converter(type_oid: int) -> Callable[[str | None], Any]:
-    return lambda text: pg.convert(type_oid, text)
-
-
 @dataclass(slots=True)
 class _Table:
     qualified: str
     schema: str
     name: str
     columns: tuple[str, ...]
-    converters: tuple[Callable[[str | None], Any], ...]
-    key_positions: tuple[int, ...]
+    typed: tuple[tuple[int, str, Callable[[str], Any]], ...]  # (position, name, converter) of non-text columns
+    key_columns: tuple[str, ...]
+
+    @classmethod
+    def of(cls, relation: pg.Relation, schema: str, name: str) -> _Table:
+        columns = relation.columns
+        return cls(_qualified(schema, name), schema, name, tuple(c.name for c in columns),
+                   tuple((i, c.name, to_json) for i, c in enumerate(columns)
+                         if (to_json := pg.converter(c.type_oid)) is not None),
+                   tuple(c.name for c in columns if c.is_key))
 
     def image(self, values: tuple[str | None, ...]) -> dict[str, Any]:
-        return {name: convert(v) for name, convert, v in zip(self.columns, self.converters, values)}
+        # Most columns stay text: only the others are converted (one row in every event).
+        image = dict(zip(self.columns, values))
+        for position, name, to_json in self.typed:
+            value = values[position]
+            if value is not None and value is not pg.UNCHANGED_TOAST:
+                image[name] = to_json(value)
+        return image
 
     def key(self, image: dict[str, Any]) -> bytes | None:
-        if not self.key_positions:
+        if not self.key_columns:
             return None
-        return orjson.dumps({self.columns[i]: image[self.columns[i]] for i in self.key_positions})
+        return orjson.dumps({column: image[column] for column in self.key_columns})
 
 
 @dataclass(slots=True)
@@ -202,12 +212,7 @@ class TransactionAssembler:
                 return []
             self._ignored.discard(message.relid)
             schema, name = named
-            self._tables[message.relid] = _Table(
-                _qualified(schema, name), schema, name,
-                tuple(c.name for c in message.columns),
-                tuple(_converter(c.type_oid) for c in message.columns),
-                tuple(i for i, c in enumerate(message.columns) if c.is_key),
-            )
+            self._tables[message.relid] = _Table.of(message, schema, name)
             return []
         if isinstance(message, pg.Truncate):
             return self._truncate(message)
@@ -300,8 +305,7 @@ class TransactionAssembler:
                     del after[column]
                 if before is not None:
                     before = {c: v for c, v in before.items() if v is not pg.UNCHANGED_TOAST}
-                for i in table.key_positions:  # an unchanged key the WAL left out: from the old row, if logged
-                    column = table.columns[i]
+                for column in table.key_columns:  # an unchanged key the WAL left out: from the old row, if logged
                     if column not in after:
                         if before is None or column not in before:
                             raise ProtocolError(

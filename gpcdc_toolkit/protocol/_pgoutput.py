@@ -12,6 +12,7 @@ values by :func:`convert` for the types JSON has.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -270,19 +271,25 @@ def parse(buf: bytes) -> PgoutputMessage:
     raise PgoutputError(f"unknown pgoutput message type {chr(kind)!r}")
 
 
-_BOOL_OIDS = {16}
-_INT_OIDS = {20, 21, 23, 26}
-_FLOAT_OIDS = {700, 701}
+def _float(text: str) -> float | str:
+    return text if text in ("NaN", "Infinity", "-Infinity") else float(text)  # JSON has no NaN or infinities
+
+
+_CONVERTERS: dict[int, Callable[[str], Any]] = {
+    16: lambda text: text == "t",  # bool
+    20: int, 21: int, 23: int, 26: int,  # int8, int2, int4, oid
+    700: _float, 701: _float,  # float4, float8
+}
+
+
+def converter(type_oid: int) -> Callable[[str], Any] | None:
+    """How a value of the type becomes JSON's (None: it stays PostgreSQL's text)."""
+    return _CONVERTERS.get(type_oid)
 
 
 def convert(type_oid: int, text: str | None) -> Any:
     """A JSON-friendly value: ints, floats and booleans as such, the rest as PostgreSQL's text."""
-    if text is None or text is UNCHANGED_TOAST:
+    to_json = _CONVERTERS.get(type_oid)
+    if text is None or text is UNCHANGED_TOAST or to_json is None:
         return text
-    if type_oid in _INT_OIDS:
-        return int(text)
-    if type_oid in _BOOL_OIDS:
-        return text == "t"
-    if type_oid in _FLOAT_OIDS and text not in ("NaN", "Infinity", "-Infinity"):
-        return float(text)  # JSON has no NaN or infinities: those stay text
-    return text
+    return to_json(text)
