@@ -1,6 +1,7 @@
 """great-expectations 1.x, as the audit and the validation run it: suites kept as JSON
-in ``expectations/`` (bodies as great-expectations reads them), validated on Spark
-DataFrames in an ephemeral context, each expectation's outcome in plain values.
+in ``expectations/`` (bodies as great-expectations reads them), validated in an
+ephemeral context on the audit's Spark DataFrames or by the target's own servers
+(validation), each expectation's outcome in plain values.
 
 A suite's ``meta.gpcdc.frame`` says what it validates: the audit's ``events`` or
 ``tables`` (see ``audit/_expectations``), or ``target``: a target table after
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,8 +69,35 @@ class Outcome:
     evidence: str  # how many values were unexpected, and a few of them; or what was observed
 
 
+@dataclass(frozen=True)
+class Measured:
+    """One expectation's result on one batch, in plain values (great-expectations'
+    ``BASIC`` result): what outcomes are made of, and what results of several batches
+    are combined from (``validate._stores``)."""
+
+    type: str
+    kwargs: dict[str, Any]
+    severity: str
+    success: bool
+    result: dict[str, Any]
+
+    @property
+    def subject(self) -> str:
+        return str(self.kwargs.get("column") or ", ".join(self.kwargs.get("column_list") or []))
+
+    def outcome(self, suite: str) -> Outcome:
+        r = self.result
+        if "unexpected_count" in r:
+            evidence = (f"{r.get('unexpected_count')} of {r.get('element_count')} values unexpected"
+                        + (f", e.g. {r.get('partial_unexpected_list', [])[:5]}" if r.get("unexpected_count") else ""))
+        else:
+            evidence = f"observed {r.get('observed_value')}"
+        return Outcome(suite, f"{self.type}({self.subject})", self.success, self.severity, evidence)
+
+
 class Expectations:
-    """An ephemeral great-expectations context with one Spark data source."""
+    """An ephemeral great-expectations context: suites validated on Spark DataFrames
+    (:meth:`evaluate`) or on queries of PostgreSQL servers (:meth:`store`, :meth:`measure_query`)."""
 
     def __init__(self) -> None:
         import great_expectations as gx
@@ -77,41 +107,83 @@ class Expectations:
         for name in [n for n in logging.root.manager.loggerDict if n.startswith("great_expectations")]:
             logging.getLogger(name).setLevel(logging.ERROR)
         self._gx = gx
-        context = gx.get_context(mode="ephemeral")
-        context.variables.progress_bars = ProgressBarsConfig(globally=False)
-        # Not persisted by great-expectations: it never releases what it persists, and
-        # the frames given to it are materialized by their owner.
-        self._source = context.data_sources.add_spark(name="gpcdc", persist=False)
+        self._context = gx.get_context(mode="ephemeral")
+        self._context.variables.progress_bars = ProgressBarsConfig(globally=False)
+        self._spark: Any = None
         self._assets = 0
 
-    def evaluate(self, name: str, body: dict[str, Any], frame: Any) -> list[Outcome]:
-        """Every expectation of the suite ``body`` on the DataFrame ``frame``. Raises
-        ConfigError when the suite does not load whole or an expectation cannot be
-        evaluated (a column it names is not there)."""
+    def suite(self, name: str, body: dict[str, Any]) -> Any:
+        """The suite ``body`` as great-expectations loads it. Raises ConfigError when it
+        does not load whole."""
         suite = self._gx.ExpectationSuite(**body)
         if len(suite.expectations) != len(body.get("expectations", [])):
             raise ConfigError(f"suite {name}: great-expectations kept {len(suite.expectations)} of its "
                               f"{len(body.get('expectations', []))} expectations",
                               fix="check the expectation types against great-expectations 1.x")
-        self._assets += 1  # asset names are unique within a context
-        batch = (self._source.add_dataframe_asset(name=f"{name}-{self._assets}")
+        return suite
+
+    def evaluate(self, name: str, body: dict[str, Any], frame: Any) -> list[Outcome]:
+        """Every expectation of the suite ``body`` on the DataFrame ``frame``. Raises
+        ConfigError when the suite does not load whole or an expectation cannot be
+        evaluated (a column it names is not there)."""
+        if self._spark is None:
+            # Not persisted by great-expectations: it never releases what it persists, and
+            # the frames given to it are materialized by their owner.
+            self._spark = self._context.data_sources.add_spark(name="gpcdc", persist=False)
+        batch = (self._spark.add_dataframe_asset(name=self._asset_name(name))
                  .add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": frame}))
+        return [m.outcome(name) for m in self._measure(name, body, batch)]
+
+    def store(self, name: str, connect: Callable[[], Any], *, on_begin: Sequence[str] = ()) -> Any:
+        """A SQL data source whose connections come from ``connect`` (a psycopg
+        connection), each transaction starting with the statements ``on_begin`` (say,
+        importing a snapshot). Release it with :meth:`release`."""
+        from sqlalchemy import event
+
+        with warnings.catch_warnings():
+            # It suggests its PostgreSQL source, which takes a URL: connections here come
+            # from a DSN, as everywhere in the toolkit (a password file, a service, TLS).
+            warnings.filterwarnings("ignore", message="You are using a generic SQLDatasource")
+            source = self._context.data_sources.add_sql(  # type: ignore[call-arg]  # the stub lacks kwargs
+                name=name, connection_string="postgresql+psycopg://", kwargs={"creator": connect})
+        if on_begin:
+            def begin(connection: Any) -> None:
+                for statement in on_begin:
+                    connection.exec_driver_sql(statement)
+
+            # The engine great-expectations runs queries on: its execution engine's own.
+            event.listen(source.get_execution_engine().engine, "begin", begin)
+        return source
+
+    @staticmethod
+    def release(source: Any) -> None:
+        source.get_execution_engine().engine.dispose()
+        source.get_engine().dispose()
+
+    def measure_query(self, name: str, body: dict[str, Any], source: Any, query: str) -> list[Measured]:
+        """Every expectation of the suite ``body`` on the rows of ``query``, computed by
+        the server of ``source`` (:meth:`store`)."""
+        batch = (source.add_query_asset(name=self._asset_name(name), query=query)
+                 .add_batch_definition_whole_table("all").get_batch())
+        return self._measure(name, body, batch)
+
+    def _asset_name(self, name: str) -> str:
+        self._assets += 1  # asset names are unique within a context
+        return f"{name}-{self._assets}"
+
+    def _measure(self, name: str, body: dict[str, Any], batch: Any) -> list[Measured]:
         out = []
-        for result in batch.validate(suite, result_format="SUMMARY").results:
+        for result in batch.validate(self.suite(name, body), result_format="BASIC").results:
             config = result.expectation_config
             assert config is not None  # a suite's results name their expectations
-            kwargs = config.kwargs
-            subject = kwargs.get("column") or ", ".join(kwargs.get("column_list") or [])
+            kwargs = {k: v for k, v in config.kwargs.items() if k != "batch_id"}  # the expectation's own
+            measured = Measured(config.type, kwargs,
+                                _SEVERITY.get(str(getattr(config, "severity", "critical")).split(".")[-1].lower(),
+                                              "error"),
+                                bool(result.success), dict(result.result))
             if (result.exception_info or {}).get("raised_exception"):
-                raise ConfigError(f"suite {name}: {config.type}({subject}) could not be evaluated: "
+                raise ConfigError(f"suite {name}: {config.type}({measured.subject}) could not be evaluated: "
                                   f"{result.exception_info.get('exception_message')}",
                                   fix="correct the expectation in its JSON file")
-            r = result.result
-            if "unexpected_count" in r:
-                evidence = (f"{r.get('unexpected_count')} of {r.get('element_count')} values unexpected"
-                            + (f", e.g. {r.get('partial_unexpected_list', [])[:5]}" if r.get("unexpected_count") else ""))
-            else:
-                evidence = f"observed {r.get('observed_value')}"
-            severity = _SEVERITY.get(str(getattr(config, "severity", "critical")).split(".")[-1].lower(), "error")
-            out.append(Outcome(name, f"{config.type}({subject})", bool(result.success), severity, evidence))
+            out.append(measured)
         return out

@@ -5,7 +5,7 @@ import sys
 
 PURE = ["gpcdc_toolkit.protocol", "gpcdc_toolkit.citus", "gpcdc_toolkit.replay._order", "gpcdc_toolkit.replay._compact",
         "gpcdc_toolkit.replay._source", "gpcdc_toolkit.replay._legacy", "gpcdc_toolkit.replay._ddl_policy",
-        "gpcdc_toolkit.validate._diff", "gpcdc_toolkit.config", "gpcdc_toolkit.audit._findings",
+        "gpcdc_toolkit.validate._diff", "gpcdc_toolkit.validate._stores", "gpcdc_toolkit.config", "gpcdc_toolkit.audit._findings",
         "gpcdc_toolkit.audit._faults", "gpcdc_toolkit.validate._chunks", "gpcdc_toolkit.report"]
 IO = ["psycopg", "psycopg2", "confluent_kafka", "pyspark", "sqlite3"]
 

@@ -10,12 +10,15 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from gpcdc_toolkit._expect import Suite
 from gpcdc_toolkit.bootstrap import bootstrap
 from gpcdc_toolkit.cluster import COORDINATOR, CitusCluster, Session
+from gpcdc_toolkit.errors import ConfigError
 from gpcdc_toolkit.replay import Replayer
 from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.validate import validate
 from gpcdc_toolkit.validate._checksum import compare_checksums
+from gpcdc_toolkit.validate._expectations import TargetSuites
 from gpcdc_toolkit.validate._snapshots import Snapshots
 
 from .test_cli import gpcdc
@@ -122,6 +125,53 @@ def test_a_table_without_a_key_compares_as_a_multiset_at_the_door(door, compare)
     assert (result.diff.missing, result.diff.extra, result.diff.expected) == (1, 2, 400), result.diff.examples
     apply(target, result)
     assert compare(source, target, KEYLESS).equal
+
+
+def test_target_suites_are_computed_by_each_store_inside_the_snapshot(door):
+    source, target = door
+    stores = len(target.segments)
+    info = target.table(TABLE)
+    with target.coordinator_connection() as conn:  # the door: every row, as the source has them
+        (outside,) = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE \"select\" NOT IN ('', 'x')").format(
+            sql.Identifier(*TABLE))).fetchone()
+    values = Suite("door values", "target", False, {"name": "door values", "expectations": [
+        {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "select", "value_set": ["", "x"]}},
+        {"type": "expect_column_values_to_match_regex", "kwargs": {"column": "amount", "regex": "^-?[0-9]+[.][0-9]{4}$"}}]},
+        info.name)
+    mostly = Suite("door mostly", "target", False, {"name": "door mostly", "expectations": [
+        {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "select", "value_set": ["", "x"],
+                                                                 "mostly": 0.5}}]}, info.name)
+    with Snapshots(target) as side:
+        side.pin()
+        at_the_door(target, "INSERT INTO {} (\"Id\", \"select\") SELECT g, 'late' FROM generate_series(3000000, 3000099) g")
+        try:
+            outcomes = TargetSuites(target, [info], [values, mostly], placement_checked=True).check(side, [(info, 2000)])
+        finally:
+            at_the_door(target, 'DELETE FROM {} WHERE "Id" >= 3000000')
+    by_name = {(o.suite, o.expectation): o for o in outcomes}
+    # Rows committed after the snapshot are not seen: the count is the snapshot's.
+    count = by_name[(f"target {info.name}", "expect_table_row_count_to_equal()")]
+    assert count.success and count.evidence == "observed 2000", count
+    assert by_name[(f"target {info.name}", "expect_column_values_to_be_unique(Id)")].success
+    in_set = by_name[("door values", "expect_column_values_to_be_in_set(select)")]
+    regex = by_name[("door values", "expect_column_values_to_match_regex(amount)")]
+    most = by_name[("door mostly", "expect_column_values_to_be_in_set(select)")]
+    assert not in_set.success and in_set.evidence.startswith(f"{outside} of 2000 values unexpected"), in_set
+    assert regex.success and regex.evidence.startswith("0 of 2000 values unexpected"), regex
+    # Among the values not missing, as great-expectations counts for "mostly".
+    with target.coordinator_connection() as conn:
+        (present,) = conn.execute(sql.SQL('SELECT count("select") FROM {}').format(sql.Identifier(*TABLE))).fetchone()
+    assert most.success == (present - outside >= 0.5 * present), (most, present, outside)
+
+    whole = Suite("door mean", "target", False, {"name": "door mean", "expectations": [
+        {"type": "expect_column_unique_value_count_to_be_between", "kwargs": {"column": "select", "min_value": 1}}]},
+        info.name)
+    if stores == 1:  # one store holds the whole table: any expectation runs there
+        with Snapshots(target) as side:
+            assert TargetSuites(target, [info], [whole], placement_checked=True).check(side, [(info, 2000)])[-1].success
+    else:  # refused before any snapshot is taken
+        with pytest.raises(ConfigError, match=r'needs all of public\."Door Items" in one place'):
+            TargetSuites(target, [info], [whole], placement_checked=True)
 
 
 @pytest.mark.parametrize("door", [pytest.param("citus", marks=pytest.mark.citus)], indirect=True)

@@ -156,6 +156,16 @@ def test_sync_points_while_writers_run_then_divergences_found_exactly_and_fixed(
         assert "great-expectations: 4 expectations on the target, 2 failed" in cli.stdout, cli.stdout
         assert "expect_table_row_count_to_equal(): observed 299" in cli.stdout
         assert "static select: expect_column_values_to_be_in_set(select): 101 of 299 values unexpected" in cli.stdout
+        # An expectation the target's two segments cannot compute apart: refused before any cut.
+        (suites / "mean.json").write_text(json.dumps({
+            "name": "static mean", "meta": {"gpcdc": {"frame": "target", "table": 'public."sp Static"'}},
+            "expectations": [{"type": "expect_column_mean_to_be_between", "kwargs": {"column": "x", "min_value": 0}}]}))
+        refused = gpcdc(work_dir, *_flags(config, target_box), "validate", "--tables", '"sp Static"',
+                        "--validate-expectations-dir", str(suites))
+        assert refused.returncode == 2 and not refused.stdout, refused
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        assert 'static mean: expect_column_mean_to_be_between(x) needs all of public."sp Static"' in refused.stderr
+        (suites / "mean.json").unlink()
         fix = next(line for line in cli.stdout.splitlines() if line.startswith("results in ")).split(" ", 2)[2]
         script = (work_dir / fix / "fix.sql").read_text()
         assert script.count("INSERT INTO") == 1 and script.count("UPDATE") == 2

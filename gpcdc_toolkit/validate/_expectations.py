@@ -1,21 +1,28 @@
-"""great-expectations suites run on the target's tables as validation read them.
+"""great-expectations suites run on the target's tables where the rows are.
 
 Every table gets a suite derived from the catalog and the comparison: its primary key
 unique and never null, and its row count equal to the source's at the sync point.
 Suites in ``expectations/`` whose ``meta.gpcdc.frame`` is ``target`` add what the
-workload guarantees of a table's values. Each table is read into Spark by the Spark
-mode's data source, at the target's snapshots, with its real column names; values are
-PostgreSQL's text of them (a domain is a regular expression or a set of strings).
+workload guarantees of a table's values. Each store of the target (``_stores``)
+computes them in its own server, inside the snapshot validation compared, on the
+table's real column names; values are PostgreSQL's text of them (a domain is a regular
+expression or a set of strings). No row leaves the servers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from typing import Any
 
+import psycopg
+from psycopg import sql
+
 from .._expect import Expectations, Outcome, Suite
-from ..cluster import Table
-from ._snapshots import Snapshots
+from ..cluster import Cluster, Node, Table
+from ..errors import ConfigError
+from ._snapshots import SESSION, Snapshots
+from ._stores import aligned, combine, identities, kind_of, refusal
 
 
 def derived_suite(info: Table, source_rows: int) -> dict[str, Any]:
@@ -32,23 +39,95 @@ def derived_suite(info: Table, source_rows: int) -> dict[str, Any]:
     return {"name": f"target {info.name}", "expectations": expectations}
 
 
-def check_target(spark: Any, target: Snapshots, tables: Sequence[tuple[Table, int]],
-                 suites: Sequence[Suite]) -> list[Outcome]:
-    """Every target table's derived suite and its suites from ``expectations/``, given
-    (the table, the source's row count)."""
-    from ._spark import read_side
+class TargetSuites:
+    """The suites of each target table, checked against the target's stores before
+    anything is read: :meth:`check` then computes them inside the validation's snapshots."""
 
-    expectations = Expectations()
-    out: list[Outcome] = []
-    for info, source_rows in tables:
-        # Read from the target once for every suite of the table, and released after.
-        frame = (read_side(spark, target, info).select(*(f"c{i}" for i in range(len(info.columns))))
-                 .toDF(*info.columns).persist())
-        try:
-            out += expectations.evaluate(f"target {info.name}", derived_suite(info, source_rows), frame)
-            for suite in suites:
-                if suite.frame == "target" and suite.table == info.name:
-                    out += expectations.evaluate(suite.name, suite.body, frame)
-        finally:
-            frame.unpersist()
-    return out
+    def __init__(self, target: Cluster, tables: Sequence[Table], suites: Sequence[Suite], *,
+                 placement_checked: bool) -> None:
+        """``tables`` as the source's catalog has them: the target's may not be there yet."""
+        self._expectations = Expectations()
+        self._stores = len(target.segments)
+        self._placement_checked = placement_checked
+        self._suites = {info.name: [(s.name, s.body) for s in suites if s.frame == "target" and s.table == info.name]
+                        for info in tables}
+        for info in tables:  # the derived suite's kinds do not depend on the row count
+            for name, body in [_derived(info, 0), *self._suites[info.name]]:
+                self._kinds(info, name, body)
+
+    def check(self, target: Snapshots, tables: Sequence[tuple[Table, int]]) -> list[Outcome]:
+        """Every table's derived suite and its suites from ``expectations/``, given (the
+        target's table, the source's row count), on ``target``'s pinned snapshots."""
+        out: list[Outcome] = []
+        with ExitStack() as stack:
+            stores = []
+            for node, conn in target.segments():
+                snapshot = sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(target.names[node.content]))
+                source = self._expectations.store(
+                    f"target store {node.content}", _connector(target.cluster.dsn(node)),
+                    on_begin=["SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY", snapshot.as_string(conn)])
+                stack.callback(self._expectations.release, source)
+                stores.append((source, _text_rows(target, node, conn)))
+            for info, rows in tables:
+                # One validation per store of all the table's suites together: its cost is
+                # per validation more than per expectation.
+                suites = [_derived(info, rows), *self._suites.get(info.name, [])]
+                kinds, owners = {}, []
+                for name, body in suites:
+                    kinds.update(self._kinds(info, name, body))
+                    owners += [(name, (e.expectation_type, dict(e.configuration.kwargs)))
+                               for e in self._expectations.suite(name, body).expectations]
+                suite_of = dict(zip(identities([e for _, e in owners]), (name for name, _ in owners)))
+                together = {"name": f"target {info.name}", "expectations": [
+                    e for _, body in suites for e in body["expectations"]]}
+                per_store = [self._expectations.measure_query(f"target {info.name}", together, source, query(info))
+                             for source, query in stores]
+                out += [combine(results, kinds[results[0].type]).outcome(suite_of[identity])
+                        for identity, results in aligned(per_store)]
+        return out
+
+    def _kinds(self, info: Table, name: str, body: dict[str, Any]) -> dict[str, str]:
+        """Each expectation type of the suite by kind (``_stores.kind_of``). Raises
+        ConfigError for one the stores cannot compute apart (``_stores.refusal``)."""
+        from great_expectations.expectations.expectation import (
+            ColumnMapExpectation,
+            ColumnPairMapExpectation,
+            MulticolumnMapExpectation,
+        )
+
+        maps = (ColumnMapExpectation, ColumnPairMapExpectation, MulticolumnMapExpectation)
+        kinds = {}
+        for e in self._expectations.suite(name, body).expectations:
+            kind = kinds[e.expectation_type] = kind_of(e.expectation_type, row_by_row=isinstance(e, maps))
+            kwargs = e.configuration.kwargs
+            columns = [kwargs["column"]] if "column" in kwargs else list(kwargs.get("column_list") or [])
+            if why := refusal(name, e.expectation_type, columns, kind, table=info.name,
+                              distribution_key=info.distribution_key, stores=self._stores,
+                              placement_checked=self._placement_checked):
+                raise ConfigError(why, fix="remove the expectation from its suite, or validate a target that "
+                                           "keeps each table in one place")
+        return kinds
+
+
+def _derived(info: Table, source_rows: int) -> tuple[str, dict[str, Any]]:
+    return f"target {info.name}", derived_suite(info, source_rows)
+
+
+def _connector(dsn: str) -> Any:
+    def connect() -> psycopg.Connection[Any]:
+        conn = psycopg.connect(dsn)
+        conn.execute(SESSION)  # values printed as the comparison prints them
+        conn.commit()
+        return conn
+
+    return connect
+
+
+def _text_rows(target: Snapshots, node: Node, conn: psycopg.Connection[Any]) -> Callable[[Table], str]:
+    """The query of a table's rows on one store, every value as PostgreSQL's text."""
+    def query(info: Table) -> str:
+        columns = sql.SQL(", ").join(sql.SQL("{}::text AS {}").format(sql.Identifier(c), sql.Identifier(c))
+                                     for c in info.columns)
+        return sql.SQL("SELECT {} FROM {} AS t").format(columns, target.relation(node, info)).as_string(conn)
+
+    return query

@@ -30,7 +30,7 @@ from ..errors import GpcdcError
 from ._causes import cause_of, events_of
 from ._checksum import ChecksumResult, ValidationError, compare_checksums
 from ._evidence import gather_evidence
-from ._expectations import check_target
+from ._expectations import TargetSuites
 from ._recorded import record_syncpoint
 from ._snapshots import Snapshots
 from ._syncpoint import SyncPoint, attach, held_file, take_syncpoint
@@ -138,10 +138,12 @@ def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpo
     if not infos:
         raise ValidationError("there is no table to validate: the source has no distributed table",
                               fix="create tables through the toolkit (DISTRIBUTED BY), or name them with --tables")
-    suites = load_suites(Path(settings.expectations_dir) if settings.expectations_dir else None) \
-        if settings.expectations else []
+    # An expectation the target cannot compute also fails here, before any cut.
+    suites = TargetSuites(target, infos,
+                          load_suites(Path(settings.expectations_dir) if settings.expectations_dir else None),
+                          placement_checked=settings.check_placement) if settings.expectations else None
     with ExitStack() as stack:
-        if (settings.mode == "spark" or settings.expectations) and spark is None:
+        if settings.mode == "spark" and spark is None:
             from ..ingest.spark import command_session
 
             spark = stack.enter_context(command_session(config, "gpcdc-validate"))
@@ -167,9 +169,9 @@ def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpo
             results = tuple(compare_checksums(sides[0], sides[1], info.parts, fetch_rows=settings.fetch_rows,
                                               placement=settings.check_placement) for info in infos)
         outcomes: list[Outcome] = []
-        if settings.expectations:
-            counted = [(target.table(info.parts), result.diff.expected) for info, result in zip(infos, results)]
-            outcomes = check_target(spark, sides[1], counted, suites)
+        if suites is not None:
+            outcomes = suites.check(sides[1], [(target.table(info.parts), result.diff.expected)
+                                               for info, result in zip(infos, results)])
         summary = point.summary() if point is not None else None
     run = Validation(results, summary, settings.mode, time.monotonic() - started, _run_dir(config), tuple(outcomes),
                      settings.fail_on, _causes(config, target, results))

@@ -1,0 +1,108 @@
+"""What great-expectations adds to a validation, against the same validation without it.
+
+A source (1+3 segments) and a target (1+2) hold the same --tables tables of --rows
+rows in all (id, text, numeric, float, jsonb; each row on the segment its key
+names). ``validate()`` compares them as they are (no sync point), by checksums, with
+``validate.expectations`` off and on, alternately, --rounds times. With it on, every
+table gets its derived suite (row count, key unique and not null) and a suite of
+three row-by-row expectations (a regular expression, a set, not null). Printed: the
+median seconds of each and their ratio, how many expectations were evaluated, and
+each run with them (the first in the process also imports great-expectations).
+
+The call is the public one, so the same script measures any commit of the toolkit.
+
+    .venv/bin/python bench/bench_validate_expectations.py [--rows 53000] [--tables 6] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from gpcdc_toolkit.cluster import Session, segment_for
+from gpcdc_toolkit.config import load_config
+from gpcdc_toolkit.sandbox import Sandbox
+from gpcdc_toolkit.validate import validate
+
+COLUMNS = "(id bigint PRIMARY KEY, name text, amount numeric(20,4), ratio float8, doc jsonb) DISTRIBUTED BY (id)"
+
+
+def load(sandbox: Sandbox, tables: int, rows: int) -> None:
+    """Each table's rows on their segments: ids routed here, rows built in SQL."""
+    cluster = sandbox.cluster()
+    with Session(cluster) as session:
+        for t in range(tables):
+            session.ddl(f"CREATE TABLE bench_{t} {COLUMNS}")
+    ids: dict[int, list[int]] = {s.content: [] for s in cluster.segments}
+    for i in range(1, rows // tables + 1):
+        ids[segment_for([i], cluster.segment_count)].append(i)
+    for node in cluster.segments:
+        with cluster.connect_node(node) as conn, conn.transaction():
+            conn.execute("CREATE TEMP TABLE ids (i bigint) ON COMMIT DROP")
+            with conn.cursor().copy("COPY ids FROM STDIN") as copy:
+                for i in ids[node.content]:
+                    copy.write_row((i,))
+            for t in range(tables):
+                conn.execute(f"INSERT INTO bench_{t} SELECT i, CASE i % 3 WHEN 0 THEN 'n' || i ELSE 'u' || i END, "
+                             "i * 1.5, i / 7.0, jsonb_build_object('a', i) FROM ids")
+
+
+def suites(directory: Path, tables: int) -> None:
+    directory.mkdir()
+    for t in range(tables):
+        (directory / f"bench_{t}.json").write_text(json.dumps({
+            "name": f"bench_{t} values", "meta": {"gpcdc": {"frame": "target", "table": f"public.bench_{t}"}},
+            "expectations": [
+                {"type": "expect_column_values_to_match_regex", "kwargs": {"column": "name", "regex": "^[nu][0-9]+$"}},
+                {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "doc", "value_set": ["x"],
+                                                                         "mostly": 0.0}},
+                {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "amount"}}]}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=53_000)
+    parser.add_argument("--tables", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="gpcdc-bench-"))
+    work.chmod(0o755)
+    source, target = Sandbox("source", work), Sandbox("target", work)
+    try:
+        source.up(segments=3)
+        target.up(segments=2)
+        for sandbox in (source, target):
+            load(sandbox, args.tables, args.rows)
+        suites(work / "suites", args.tables)
+        config = load_config({"work_dir": str(work), "validate.expectations_dir": str(work / "suites")}, environ={})
+        tables = [f"bench_{t}" for t in range(args.tables)]
+        timings: dict[bool, list[float]] = {False: [], True: []}
+        evaluated = 0
+        for _ in range(args.rounds):
+            for expectations in (False, True):
+                t0 = time.perf_counter()
+                run = validate(config.with_settings({"validate.expectations": expectations}), tables=tables,
+                               syncpoint=False)
+                timings[expectations].append(time.perf_counter() - t0)
+                assert run.verified, run.lines()
+                evaluated = max(evaluated, len(run.expectations))
+        off, on = statistics.median(timings[False]), statistics.median(timings[True])
+        print(f"validate {args.tables} tables, {args.rows:,} rows in all, {args.rounds} rounds (median):")
+        print(f"  without expectations : {off:7.2f} s")
+        print(f"  with expectations    : {on:7.2f} s ({evaluated} expectations, all met)")
+        print(f"  ratio                : {on / off:7.2f}")
+        print(f"  each run with them   : {', '.join(f'{t:.2f}' for t in timings[True])} s "
+              "(the first imports great-expectations)")
+    finally:
+        source.down(remove=True)
+        target.down(remove=True)
+        shutil.rmtree(work)
+
+
+if __name__ == "__main__":
+    main()
