@@ -1,9 +1,9 @@
 """The main job on the embedded default, end to end, each stage a notebook run into
 ``reports/``: a sandbox source (coordinator + 3 segments) and target (coordinator + 2),
-the broker, then bootstrap, capture, a workload checked against its ground truth,
-replay, the audit, validation at a sync point taken while the workload writes and a
-replayer follows, and the stream explored. ``gpcdc demo`` runs it; it returns 0 when
-every run passed, and prints where ``reports/index.html`` is."""
+the broker and a Spark Connect server, then bootstrap, capture, a workload checked
+against its ground truth, replay, the audit, validation at a sync point taken while the
+workload writes and a replayer follows, and the stream explored. ``gpcdc demo`` runs
+it; it returns 0 when every run passed, and prints where ``reports/index.html`` is."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from .capture import CaptureGroup, drop_pipeline
 from .config import Config
 from .connect import kafka_client_settings
 from .errors import ConfigError
+from .ingest import SparkServer
 from .replay import Replayer
 from .sandbox import Sandbox
 from .workload import WorkloadSpec, reset_tables, run_workload
@@ -32,7 +33,7 @@ _STOP_TIMEOUT = 120.0  # seconds the workload and the replayer beside a validati
 class DemoOptions:
     segments: int = 3
     method: str = "snapshot"  # bootstrap method
-    keep: bool = False  # leave the sandboxes, the broker and capture running
+    keep: bool = False  # leave the sandboxes, the broker, the Spark server and capture running
     workload: WorkloadSpec = dataclasses.field(default_factory=lambda: WorkloadSpec(hot_keys=10, duration=5.0))
 
 
@@ -47,6 +48,7 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
     sandbox = Sandbox(config.source.sandbox or "source", config.work_dir)
     target = Sandbox(config.target.sandbox or "target", config.work_dir)
     broker = EmbeddedBroker(config.work_dir)
+    spark = SparkServer(config.work_dir)
     group = CaptureGroup(config)
     truth = config.work_dir / "workload-ground-truth.jsonl"  # where the workload notebook appends and checks
     runs = []
@@ -69,6 +71,9 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
         kafka = kafka_client_settings(config)
         check_reachable(kafka)
         say(f"Kafka: {kafka['bootstrap.servers']}")
+        # One warm JVM for the notebooks' Spark work, instead of one started by each.
+        spark.up(config.spark.master)
+        say(f"Spark: {spark.url} ({config.spark.master})")
         cluster = sandbox.cluster()
         cluster.check_logical_decoding()
         # A fresh start, so that the checks compare like with like: transactions before
@@ -90,6 +95,7 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
     finally:
         if not options.keep:
             group.stop()
+            spark.down()
             broker.down()
             for cluster_sandbox in (sandbox, target):
                 if cluster_sandbox.exists:

@@ -15,6 +15,7 @@ from gpcdc_toolkit.audit import ADVICE, run_audit
 from gpcdc_toolkit.capture import ensure_topics
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.connect import kafka_client_settings
+from gpcdc_toolkit.ingest import SparkServer
 from gpcdc_toolkit.protocol import Topics
 
 from ._audit_stream import StreamBuilder
@@ -91,8 +92,21 @@ def gpcdc(config, *args):
                           env=ENV, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
 
 
-def test_the_command_exits_0_when_clean_1_on_findings_and_2_when_it_cannot_run(topics, tmp_path):
+@pytest.fixture
+def served(topics, tmp_path):
+    """``topics`` with a work directory of its own whose Spark Connect server runs: the
+    commands share its JVM (``tests/test_spark_server.py`` runs them without one too)."""
     config, kafka, b = topics
+    server = SparkServer(tmp_path / "served")
+    try:
+        server.up("local[2]")
+        yield dataclasses.replace(config, work_dir=tmp_path / "served"), kafka, b
+    finally:
+        server.down()
+
+
+def test_the_command_exits_0_when_clean_1_on_findings_and_2_when_it_cannot_run(served, tmp_path):
+    config, kafka, b = served
     b.record(1, [0, 1], 10, 1000).part(0, 1, 100, 1001).part(1, 1, 100, 1001)
     watermarks(b, 5000)
     b.produce(kafka)

@@ -27,6 +27,7 @@ from gpcdc_toolkit.capture import CaptureGroup, child_environment, ensure_topics
 from gpcdc_toolkit.cluster import Session
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.connect import kafka_client_settings
+from gpcdc_toolkit.ingest import SparkServer
 from gpcdc_toolkit.protocol import Topics
 from gpcdc_toolkit.replay import Replayer
 from gpcdc_toolkit.report import NOTEBOOKS, external_references, has_points, read_runs, run_notebook
@@ -105,6 +106,7 @@ def test_the_demo_runs_every_notebook_with_parameters_and_leaves_nothing_running
     for name in ("source", "target"):
         assert not list((root / "sandboxes" / name).glob("*/postmaster.pid")), f"the demo left {name} running"
     assert EmbeddedBroker(root).pid is None, "the demo left the broker running"
+    assert "\nSpark: sc://127.0.0.1:" in said and SparkServer(root).pid is None, "the demo left its Spark server running"
     assert CaptureGroup(load_config({"work_dir": str(root), "source.sandbox": "source"}, environ={})).pid(-1) is None
 
 

@@ -8,7 +8,19 @@ from ._command import Command
 from ._pipeline import BootstrapCreate, BootstrapDrop, BootstrapExtend, BootstrapRepair, CaptureRun, CaptureStart, CaptureStop, Status
 from ._replay import Replay
 from ._run import ReportsPrune, Run
-from ._servers import BrokerDown, BrokerStatus, BrokerUp, SandboxDown, SandboxExpand, SandboxFailover, SandboxStatus, SandboxUp
+from ._servers import (
+    BrokerDown,
+    BrokerStatus,
+    BrokerUp,
+    SandboxDown,
+    SandboxExpand,
+    SandboxFailover,
+    SandboxStatus,
+    SandboxUp,
+    SparkDown,
+    SparkStatus,
+    SparkUp,
+)
 from ._validate import SyncPointCommand, Validate
 from ._workload import Demo, Workload
 
@@ -16,6 +28,7 @@ GROUPS: dict[str, tuple[str, list[Command]]] = {
     "sandbox": ("sandbox clusters of PostgreSQL 15 servers",
                 [SandboxUp(), SandboxDown(), SandboxStatus(), SandboxFailover(), SandboxExpand()]),
     "broker": ("the embedded Apache Kafka broker", [BrokerUp(), BrokerDown(), BrokerStatus()]),
+    "spark": ("the Spark Connect server the commands and notebooks share", [SparkUp(), SparkDown(), SparkStatus()]),
     "bootstrap": ("replication slots at a distributed-transaction-consistent point",
                   [BootstrapCreate(), BootstrapDrop(), BootstrapRepair(), BootstrapExtend()]),
     "capture": ("capture workers: every node into Kafka", [CaptureRun(), CaptureStart(), CaptureStop()]),

@@ -1,4 +1,4 @@
-"""``gpcdc sandbox`` and ``gpcdc broker``: the servers the embedded default runs."""
+"""``gpcdc sandbox``, ``gpcdc broker`` and ``gpcdc spark``: the servers the embedded default runs."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 from ..broker import KAFKA_VERSION, EmbeddedBroker, check_reachable
 from ..cluster import COORDINATOR
 from ..config import Config
+from ..ingest import SparkServer
 from ..sandbox import FLAVOURS, Sandbox, list_sandboxes
 from ._command import Command, say
 
@@ -162,4 +163,46 @@ class BrokerStatus(Command):
         else:
             where = f" (it listened at {status.bootstrap_servers})" if status.bootstrap_servers else ""
             print(f"gpcdc: the embedded broker is not running{where}; start it with `gpcdc broker up`", file=sys.stderr)
+        return 3
+
+
+class SparkUp(Command):
+    name, help = "up", ("start the work directory's Spark Connect server: the commands and notebooks use it "
+                        "instead of starting a JVM each")
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--port", type=int, help="port (default: a free one)")
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        started = time.monotonic()
+        server = SparkServer(config.work_dir).up(config.spark.master, port=args.port)
+        say(f"Spark Connect server is up: {server.url} ({config.spark.master}, pid {server.pid}, "
+            f"{time.monotonic() - started:.1f} s); log in {server.log_file}")
+        return 0
+
+
+class SparkDown(Command):
+    name, help = "down", "stop the Spark Connect server (the commands start sessions of their own again)"
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        was_running = SparkServer(config.work_dir).down()
+        say("Spark Connect server is stopped" if was_running else "Spark Connect server was not running")
+        return 0
+
+
+class SparkStatus(Command):
+    name, help = "status", "whether the Spark Connect server runs and answers"
+
+    def run(self, args: argparse.Namespace, config: Config) -> int:
+        server = SparkServer(config.work_dir)
+        status = server.status()
+        if status.answers:
+            say(f"Spark Connect server answers at {status.url} (pid {status.pid})")
+            return 0
+        if status.running:
+            print(f"gpcdc: the Spark Connect server runs (pid {status.pid}) but does not answer at {status.url}; "
+                  f"see {server.log_file}", file=sys.stderr)
+        else:
+            print("gpcdc: the Spark Connect server is not running: commands start a Spark session of their own; "
+                  "start it with `gpcdc spark up`", file=sys.stderr)
         return 3

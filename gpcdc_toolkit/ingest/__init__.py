@@ -11,9 +11,10 @@ from ._consumer import (
     read_values,
 )
 from ._rows import COLUMNS, SCHEMA_DDL, to_row
+from ._server import SparkServer, SparkServerError, SparkServerStatus
 
 __all__ = ["EndTracker", "end_offsets", "first_message", "high_watermarks", "located", "partitions_of", "read_to_end",
-           "read_values", "COLUMNS", "SCHEMA_DDL", "to_row"]
+           "read_values", "COLUMNS", "SCHEMA_DDL", "to_row", "SparkServer", "SparkServerError", "SparkServerStatus"]
 
 # The Spark parts (gpcdc_toolkit.ingest.spark) import pyspark; they are kept apart so
 # that capture workers start without it.

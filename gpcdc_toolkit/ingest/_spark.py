@@ -21,6 +21,7 @@ from ..config import Config
 from ..connect import kafka_client_settings
 from ..errors import ConfigError
 from ..protocol import Topics
+from ._server import SparkServer
 from ._spark_kafka import connector_jars, kafka_options, parse_kafka_frame
 from ._spark_source import NAME, GpcdcDataSource, plan_start, plan_window
 
@@ -32,7 +33,13 @@ def spark_session(config: Config, app_name: str = "gpcdc", *, kafka_connector: b
     """A Spark session on ``spark.master``, with the gpcdc source registered and, unless
     ``kafka_connector`` is False, Spark's Kafka connector on its classpath (resolved from
     Maven Central the first time). With ``jvm_log``, the JVM writes its own output there
-    instead of this process's stderr (for commands whose terminal shows their lines alone)."""
+    instead of this process's stderr (for commands whose terminal shows their lines alone).
+
+    While the work directory's Spark Connect server runs (``gpcdc spark up``), a new
+    session of it instead: no JVM to start, and the connector is on its classpath."""
+    url = SparkServer(config.work_dir).url
+    if url is not None:
+        return _remote(url, app_name)
     if jvm_log is None:
         return _session(config, app_name, kafka_connector)
     jvm_log.parent.mkdir(parents=True, exist_ok=True)
@@ -65,6 +72,15 @@ def command_session(config: Config, name: str) -> Iterator[Any]:
         yield spark
     finally:
         spark.stop()
+
+
+def _remote(url: str, app_name: str) -> Any:
+    from pyspark.sql import SparkSession
+
+    # A session of its own (not one this process holds already): stopping it leaves others be.
+    spark = SparkSession.builder.remote(url).appName(app_name).create()
+    register(spark)
+    return spark
 
 
 def _session(config: Config, app_name: str, kafka_connector: bool) -> Any:

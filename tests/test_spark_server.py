@@ -1,0 +1,106 @@
+"""The work directory's Spark Connect server on a real JVM: `gpcdc spark up|down|status`,
+the commands running their Spark work on it while it runs and on a session of their own
+otherwise, and nothing of it left running."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gpcdc_toolkit._runtime import kill_pid
+from gpcdc_toolkit.archive import write_archive
+from gpcdc_toolkit.capture import ensure_topics
+from gpcdc_toolkit.config import load_config
+from gpcdc_toolkit.connect import kafka_client_settings
+from gpcdc_toolkit.ingest import SparkServer
+from gpcdc_toolkit.protocol import Topics
+
+from ._audit_stream import StreamBuilder
+from .test_cli import gpcdc
+
+
+def group_members(pgid: int) -> list[int]:
+    """Processes of the process group ``pgid`` (the server's JVM and its Python workers)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getpgid(int(entry.name)) == pgid:
+                    members.append(int(entry.name))
+            except ProcessLookupError:
+                pass
+    return members
+
+
+@pytest.fixture
+def archive(broker, tmp_path):
+    """A small stream (one distributed transaction with a part missing) as an archive."""
+    config = load_config({"work_dir": str(tmp_path / "writer"), "kafka.bootstrap_servers": broker.bootstrap_servers,
+                          "kafka.topic_prefix": f"s{os.getpid()}"}, environ={})
+    kafka = kafka_client_settings(config)
+    ensure_topics(kafka, Topics(config.kafka.topic_prefix), 3)
+    b = StreamBuilder(config.kafka.topic_prefix)
+    b.record(1, [0, 1], 10, 1000).part(0, 1, 100, 1001)  # segment 1's part never comes
+    for node in (-1, 0, 1, 2):
+        b.watermark(node, 50, 5000, prepared=(), prepared_ts=5000)
+    b.produce(kafka)
+    write_archive(config, tmp_path / "archive")
+    return tmp_path / "archive"
+
+
+def test_commands_run_on_the_server_while_it_runs_and_on_their_own_session_otherwise(archive, tmp_path):
+    work = tmp_path / "work"
+    server = SparkServer(work)
+    try:
+        before = gpcdc(work, "spark", "status")
+        assert before.returncode == 3 and "is not running" in before.stderr, before
+        assert len(before.stderr.strip().splitlines()) == 1
+
+        up = gpcdc(work, "spark", "up")
+        assert up.returncode == 0, up.stderr
+        status = server.status()
+        assert status.answers and status.url in up.stdout and f"pid {status.pid}" in up.stdout
+        again = gpcdc(work, "spark", "up")  # found running: the same server
+        assert again.returncode == 0 and server.pid == status.pid, again.stderr
+        shown = gpcdc(work, "spark", "status")
+        assert shown.returncode == 0 and status.url in shown.stdout
+
+        on_server = gpcdc(work, "audit", "--archive", str(archive), "--fail-on", "error")
+        assert on_server.returncode == 1, on_server.stderr
+        assert "missing_part" in on_server.stdout
+        # No JVM of its own: a local session writes its JVM's output to the command's log.
+        assert not (work / "logs" / "gpcdc-audit.log").exists()
+        assert server.pid == status.pid  # the same server, still running
+
+        down = gpcdc(work, "spark", "down")
+        assert down.returncode == 0 and "stopped" in down.stdout, down.stderr
+        assert server.pid is None and not group_members(status.pid), group_members(status.pid)
+        assert gpcdc(work, "spark", "down").stdout.strip() == "Spark Connect server was not running"
+
+        on_its_own = gpcdc(work, "audit", "--archive", str(archive), "--fail-on", "error")
+        assert on_its_own.returncode == 1 and "missing_part" in on_its_own.stdout, on_its_own.stderr
+        assert (work / "logs" / "gpcdc-audit.log").exists()
+        assert on_its_own.stdout.splitlines()[:-1] == on_server.stdout.splitlines()[:-1]  # the same findings
+    finally:
+        server.down()
+
+
+def test_a_taken_port_and_a_dead_server_are_told_apart(tmp_path):
+    import socket
+
+    work = tmp_path / "work"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        refused = gpcdc(work, "spark", "up", "--port", str(port))
+    assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [
+        f"gpcdc: error: port {port} is taken by another process: choose another --port, or omit it to use a free one"]
+    server = SparkServer(work)
+    try:
+        kill_pid(server.up("local[1]").pid)  # as a crash would
+        status = server.status()
+        assert not status.running and not status.answers and server.url is None
+        assert gpcdc(work, "spark", "status").returncode == 3
+    finally:
+        server.down()
