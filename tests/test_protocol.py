@@ -106,6 +106,30 @@ def test_a_segment_transaction_becomes_begin_rows_end():
     assert end["end_lsn"] == 1040 and a.completed_end_lsn == 1040
 
 
+# What a consumer written for Debezium's PostgreSQL envelope reads (bench/bench_debezium.py
+# compares the two on a real connector): field -> the JSON types it may hold.
+DEBEZIUM_READS = {"before": (dict, type(None)), "after": (dict, type(None)), "op": (str,), "ts_ms": (int,),
+                  "source": (dict,), "transaction": (dict,)}
+DEBEZIUM_SOURCE = {"db": (str,), "schema": (str,), "table": (str,), "ts_ms": (int,), "txId": (int,)}
+DEBEZIUM_TRANSACTION = {"id": (str,), "total_order": (int,), "data_collection_order": (int,)}
+
+
+def test_a_consumer_of_debeziums_envelope_finds_its_fields_in_every_row_event():
+    a = TransactionAssembler(2, source_name="gpcdc", database="db")
+    events = feed(a, w.relation(1, "public", "t", COLUMNS), *one_phase_txn(),
+                  w.begin(500, 9), w.message("gpcdc.gxid", "43"),
+                  w.update(1, ["5", "x", "f", "1", "1"], old=["4", None, None, None, None]),
+                  w.delete(1, ["6", None, None, None, None]), w.commit(500, 520))
+    rows = [e for k, _, e in events if k == "row"]
+    assert {r["op"] for r in rows} == {"c", "u", "d"}
+    for row in rows:
+        for fields, where in ((DEBEZIUM_READS, row), (DEBEZIUM_SOURCE, row["source"]),
+                              (DEBEZIUM_TRANSACTION, row["transaction"])):
+            for field, types in fields.items():
+                assert isinstance(where[field], types), (field, where)
+        assert (row["before"] is None) == (row["op"] == "c") and (row["after"] is None) == (row["op"] == "d")
+
+
 def test_two_phase_part_and_updates_and_deletes():
     a = TransactionAssembler(0, source_name="gpcdc", database="db")
     events = feed(a, w.relation(1, "public", "t", COLUMNS), w.begin(500, 9), w.message("gpcdc.gxid", "43"),
