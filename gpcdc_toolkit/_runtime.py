@@ -79,6 +79,16 @@ def runs(pid: int | None, command_part: str) -> bool:
     return command_part in command
 
 
+def running_pid(pid_file: Path, *command_parts: str) -> int | None:
+    """The pid ``pid_file`` names, while that process runs with every one of
+    ``command_parts`` in its command line (else None: gone, or the pid reused)."""
+    try:
+        pid = int(pid_file.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return pid if all(runs(pid, part) for part in command_parts) else None
+
+
 def kill_pid(pid: int) -> None:
     """SIGKILL a process, as a crash would, and return once it is gone."""
     os.kill(pid, signal.SIGKILL)

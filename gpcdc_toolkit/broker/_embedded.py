@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._maven import resolve
-from .._runtime import free_port, kill_pid, port_in_use, read_json, runs, stop_pid, write_atomic, write_json
+from .._runtime import free_port, kill_pid, port_in_use, read_json, running_pid, stop_pid, write_atomic, write_json
 from ..errors import BrokerError
 
 KAFKA_VERSION = "4.1.1"
@@ -149,11 +149,7 @@ class EmbeddedBroker:
 
     @property
     def pid(self) -> int | None:
-        try:
-            pid = int(self._pid_file.read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        return pid if runs(pid, MAIN) and runs(pid, str(self.path)) else None
+        return running_pid(self._pid_file, MAIN, str(self.path))
 
     @property
     def port(self) -> int | None:

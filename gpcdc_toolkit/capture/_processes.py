@@ -18,7 +18,7 @@ from typing import Any
 
 from psycopg import conninfo
 
-from .._runtime import kill_pid, pid_alive, read_json, runs, stop_pids, write_atomic
+from .._runtime import kill_pid, pid_alive, read_json, running_pid, stop_pids, write_atomic
 from ..bootstrap import Pipeline
 from ..config import ENV_PREFIX, SETTINGS, Config
 from ..connect import kafka_client_settings, open_cluster
@@ -61,11 +61,7 @@ class CaptureGroup:
         return self.pipeline.directory / f"node{content}.status.json"
 
     def pid(self, content: int) -> int | None:
-        try:
-            pid = int(self.pid_file(content).read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        return pid if runs(pid, "capture run") else None
+        return running_pid(self.pid_file(content), "capture run")
 
     def status(self, content: int) -> dict[str, Any] | None:
         try:

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._runtime import free_port, port_in_use, read_json, runs, stop_pid, write_atomic, write_json
+from .._runtime import free_port, port_in_use, read_json, running_pid, stop_pid, write_atomic, write_json
 from ..errors import GpcdcError
 
 MAIN = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -61,11 +61,7 @@ class SparkServer:
 
     @property
     def pid(self) -> int | None:
-        try:
-            pid = int(self._pid_file.read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        return pid if runs(pid, MAIN) and runs(pid, str(self.path)) else None
+        return running_pid(self._pid_file, MAIN, str(self.path))
 
     @property
     def port(self) -> int | None:
