@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, GpcdcError
 
 _SEVERITY = {"critical": "error", "warning": "warning", "info": "info"}
 FRAMES = ("events", "tables", "target")
@@ -58,6 +58,11 @@ def load_suites(directory: Path | None = None) -> list[Suite]:
                               fix='name it as PostgreSQL prints it, e.g. "public.wl_accounts"')
         suites.append(Suite(body.get("name", file.stem), frame, meta.get("when") == "marked", body, table))
     return suites
+
+
+def severity_of(expectation: Any) -> str:
+    """error, warning or info: an expectation's (or its configuration's) severity."""
+    return _SEVERITY.get(str(getattr(expectation, "severity", "critical")).split(".")[-1].lower(), "error")
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,7 @@ class Expectations:
         self._context.variables.progress_bars = ProgressBarsConfig(globally=False)
         self._spark: Any = None
         self._assets = 0
+        self._on_begin: dict[str, Callable[[Any], None]] = {}  # per SQL data source
 
     def suite(self, name: str, body: dict[str, Any]) -> Any:
         """The suite ``body`` as great-expectations loads it. Raises ConfigError when it
@@ -137,7 +143,8 @@ class Expectations:
     def store(self, name: str, connect: Callable[[], Any], *, on_begin: Sequence[str] = ()) -> Any:
         """A SQL data source whose connections come from ``connect`` (a psycopg
         connection), each transaction starting with the statements ``on_begin`` (say,
-        importing a snapshot). Release it with :meth:`release`."""
+        importing a snapshot). ``name`` is unique within this object. Release it with
+        :meth:`release`."""
         from sqlalchemy import event
 
         with warnings.catch_warnings():
@@ -146,13 +153,13 @@ class Expectations:
             warnings.filterwarnings("ignore", message="You are using a generic SQLDatasource")
             source = self._context.data_sources.add_sql(  # type: ignore[call-arg]  # the stub lacks kwargs
                 name=name, connection_string="postgresql+psycopg://", kwargs={"creator": connect})
-        if on_begin:
-            def begin(connection: Any) -> None:
-                for statement in on_begin:
-                    connection.exec_driver_sql(statement)
+        def begin(connection: Any) -> None:
+            for statement in on_begin:
+                connection.exec_driver_sql(statement)
 
-            # The engine great-expectations runs queries on: its execution engine's own.
-            event.listen(source.get_execution_engine().engine, "begin", begin)
+        # The engine great-expectations runs queries on: its execution engine's own.
+        event.listen(source.get_execution_engine().engine, "begin", begin)
+        self._on_begin[name] = begin
         return source
 
     @staticmethod
@@ -163,8 +170,16 @@ class Expectations:
     def measure_query(self, name: str, body: dict[str, Any], source: Any, query: str) -> list[Measured]:
         """Every expectation of the suite ``body`` on the rows of ``query``, computed by
         the server of ``source`` (:meth:`store`)."""
+        from sqlalchemy import event
+
         batch = (source.add_query_asset(name=self._asset_name(name), query=query)
                  .add_batch_definition_whole_table("all").get_batch())
+        # Should great-expectations run this on an engine of its own, the statements of
+        # every transaction (a snapshot imported) would silently not apply: refuse.
+        if not event.contains(source.get_execution_engine().engine, "begin", self._on_begin[source.name]):
+            raise GpcdcError(f"great-expectations would query {source.name} outside its transactions' set-up "
+                             "(an engine the toolkit did not prepare)",
+                             fix="install the great-expectations version pyproject.toml names")
         return self._measure(name, body, batch)
 
     def _asset_name(self, name: str) -> str:
@@ -177,13 +192,11 @@ class Expectations:
             config = result.expectation_config
             assert config is not None  # a suite's results name their expectations
             kwargs = {k: v for k, v in config.kwargs.items() if k != "batch_id"}  # the expectation's own
-            measured = Measured(config.type, kwargs,
-                                _SEVERITY.get(str(getattr(config, "severity", "critical")).split(".")[-1].lower(),
-                                              "error"),
-                                bool(result.success), dict(result.result))
+            measured = Measured(config.type, kwargs, severity_of(config), bool(result.success), dict(result.result))
             if (result.exception_info or {}).get("raised_exception"):
                 raise ConfigError(f"suite {name}: {config.type}({measured.subject}) could not be evaluated: "
                                   f"{result.exception_info.get('exception_message')}",
-                                  fix="correct the expectation in its JSON file")
+                                  fix="where it names a column or an argument, correct the expectation in its JSON "
+                                      "file; otherwise its data source failed, as the message says")
             out.append(measured)
         return out

@@ -163,8 +163,8 @@ class ValidateSettings:
                                     "many rows, which are then fetched and diffed", minimum=1)
     check_placement: bool = setting(True, "checksum mode: also read every target row's distribution key, to find "
                                           "rows on a segment their key does not name (a pass over the key columns)")
-    expectations: bool = setting(True, "also run great-expectations suites on the target tables (each read into "
-                                       "Spark): key unique and not null, row count as the source's, and the "
+    expectations: bool = setting(True, "also run great-expectations suites on the target tables (computed by its "
+                                       "servers): key unique and not null, row count as the source's, and the "
                                        "target suites of validate.expectations_dir")
     expectations_dir: str | None = setting(None, "directory of the expectation suites (default: the expectations/ "
                                                  "directory of the toolkit's checkout)")

@@ -3,6 +3,8 @@ the commands running their Spark work on it while it runs and on a session of th
 otherwise, and nothing of it left running."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -104,3 +106,23 @@ def test_a_taken_port_and_a_dead_server_are_told_apart(tmp_path):
         assert gpcdc(work, "spark", "status").returncode == 3
     finally:
         server.down()
+
+
+def test_a_process_that_connected_is_refused_a_local_session_once_the_server_is_gone(tmp_path):
+    # As PySpark leaves a process that made a Connect session: it cannot start a local JVM.
+    probe = ("import os\n"
+             "os.environ['SPARK_CONNECT_MODE_ENABLED'] = '1'\n"
+             "from gpcdc_toolkit.config import load_config\n"
+             "from gpcdc_toolkit.ingest import SparkServerError\n"
+             "from gpcdc_toolkit.ingest.spark import spark_session\n"
+             f"config = load_config({{'work_dir': {str(tmp_path)!r}}}, environ={{}})\n"
+             "try:\n"
+             "    spark_session(config)\n"
+             "except SparkServerError as e:\n"
+             "    print(e)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPCDC_", "SPARK_"))}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines() == [
+        f"this process connected to the Spark server of {tmp_path}, which no longer answers, and PySpark allows "
+        "it no local session now: start the server again (`gpcdc spark up`), or restart the process (the kernel)"]

@@ -83,16 +83,29 @@ def test_what_cannot_be_computed_store_by_store_is_refused_before_reading():
     assert "do not include public.\"T t\"'s distribution key (Id)" in why("unique", ["c"])
     assert why("unique", ["Id", "c"]) is None
     assert "placement is not checked" in why("unique", ["Id"], placement=False)
-    assert kind_of("expect_column_values_to_be_unique", row_by_row=True) == "unique"
-    assert kind_of("expect_table_row_count_to_be_between", row_by_row=False) == "count"
-    assert kind_of("expect_column_mean_to_be_between", row_by_row=False) == "whole"
-    assert kind_of(IN_SET, row_by_row=True) == "rows"
+    assert kind_of("expect_column_values_to_be_unique") == "unique"
+    assert kind_of("expect_table_row_count_to_be_between") == "count"
+    assert kind_of(IN_SET) == "rows"
+    # Map expectations that judge a row against its whole column are not row by row.
+    for whole in ("expect_column_mean_to_be_between", "expect_column_value_z_scores_to_be_less_than",
+                  "expect_column_values_to_be_increasing", "expect_column_values_to_be_of_type"):
+        assert kind_of(whole) == "whole", whole
 
 
-@given(st.permutations(range(4)))
+def test_results_without_counts_combine_as_every_stores_verdict():
+    failed = Measured(IN_SET, {"column": "c", "value_set": ["a"], "mostly": 0.5}, "error", False,
+                      {"observed_value": "text"})
+    passed = Measured(IN_SET, failed.kwargs, "error", True, {"observed_value": "text"})
+    assert combine([passed, failed], "rows").success is False
+    assert combine([passed, passed], "rows").success is True
+
+
+@given(st.permutations(range(5)))
 def test_results_are_matched_by_expectation_whatever_their_order(order):
+    warning = in_set(["c"])
+    warning = Measured(warning.type, warning.kwargs, "warning", warning.success, warning.result)
     first = [in_set(["a"]), in_set(["c"], 0.5), row_count([1], "expect_table_row_count_to_equal", {"value": 1}),
-             in_set(["d'"], 0.9)]
+             in_set(["d'"], 0.9), warning]
     second = [first[i] for i in order]
     assert [group for _, group in aligned([first, second])] == [[m, m] for m in first]
     with pytest.raises(ValueError, match="different expectations"):

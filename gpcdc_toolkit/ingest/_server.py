@@ -86,10 +86,11 @@ class SparkServer:
         self.path.mkdir(parents=True, exist_ok=True)
         with (self.path / "start.lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if self.pid is not None:
+            if (running := self.pid) is not None:
                 if port is not None and port != self.port:
                     raise SparkServerError(f"the Spark Connect server already runs on port {self.port}",
                                            fix="stop it first (`gpcdc spark down`) to move it to another port")
+                self._await(running, self.port or 0, timeout)  # it may still be starting
                 return self
             if port is not None and port_in_use(port):
                 raise SparkServerError(f"port {port} is taken by another process",
@@ -129,26 +130,35 @@ class SparkServer:
         write_atomic(self._pid_file, str(proc.pid))  # spark-submit execs the JVM: the same process
         return proc
 
-    def _await(self, proc: subprocess.Popen[bytes], port: int, timeout: float) -> None:
+    def _await(self, process: subprocess.Popen[bytes] | int, port: int, timeout: float) -> None:
+        """Return once the server (``process``, or the pid of one started before) answers
+        on ``port``; stop it and raise if it exits first or does not answer in time."""
         deadline = time.monotonic() + timeout
+        pid = process if isinstance(process, int) else process.pid
         while not _answers(port):
-            if proc.poll() is not None:
+            exited = (self.pid is None) if isinstance(process, int) else (process.poll() is not None)
+            if exited:
                 self._pid_file.unlink(missing_ok=True)
-                raise SparkServerError(f"the Spark Connect server exited with status {proc.returncode}: "
-                                       f"{self._last_words()}", fix=f"see {self.log_file}")
+                status = "" if isinstance(process, int) else f" with status {process.returncode}"
+                raise SparkServerError(f"the Spark Connect server exited{status}: {self._last_words()}",
+                                       fix=f"see {self.log_file}")
             if time.monotonic() > deadline:
-                stop_pid(proc.pid)
+                stop_pid(pid)
                 self._pid_file.unlink(missing_ok=True)
                 raise SparkServerError(f"the Spark Connect server did not answer within {timeout:g} s",
                                        fix=f"see {self.log_file}")
             time.sleep(0.1)  # polling the process's port; nothing to wait on instead
 
     def down(self, timeout: float = 60.0) -> bool:
-        """Stop the server; whether it was running."""
-        pid = self.pid
-        if pid is not None:
-            stop_pid(pid, timeout=timeout)
-        self._pid_file.unlink(missing_ok=True)
+        """Stop the server; whether it was running. Waits for a start under way."""
+        if not self.path.is_dir():
+            return False
+        with (self.path / "start.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            pid = self.pid
+            if pid is not None:
+                stop_pid(pid, timeout=timeout)
+            self._pid_file.unlink(missing_ok=True)
         return pid is not None
 
     def _last_words(self) -> str:

@@ -21,7 +21,7 @@ from ..config import Config
 from ..connect import kafka_client_settings
 from ..errors import ConfigError
 from ..protocol import Topics
-from ._server import SparkServer
+from ._server import SparkServer, SparkServerError
 from ._spark_kafka import connector_jars, kafka_options, parse_kafka_frame
 from ._spark_source import NAME, GpcdcDataSource, plan_start, plan_window
 
@@ -36,10 +36,19 @@ def spark_session(config: Config, app_name: str = "gpcdc", *, kafka_connector: b
     instead of this process's stderr (for commands whose terminal shows their lines alone).
 
     While the work directory's Spark Connect server runs (``gpcdc spark up``), a new
-    session of it instead: no JVM to start, and the connector is on its classpath."""
-    url = SparkServer(config.work_dir).url
+    session of it instead: no JVM to start, and the connector is on its classpath. A
+    process holds one kind or the other (PySpark's rule): one that runs a local session
+    keeps it, and one that connected before is refused a local one."""
+    from pyspark import SparkContext
+
+    server = SparkServer(config.work_dir)
+    url = None if SparkContext._active_spark_context is not None else server.url
     if url is not None:
         return _remote(url, app_name)
+    if os.environ.get("SPARK_CONNECT_MODE_ENABLED") and not os.environ.get("SPARK_REMOTE"):
+        raise SparkServerError(f"this process connected to the Spark server of {config.work_dir}, which no longer "
+                               "answers, and PySpark allows it no local session now",
+                               fix="start the server again (`gpcdc spark up`), or restart the process (the kernel)")
     if jvm_log is None:
         return _session(config, app_name, kafka_connector)
     jvm_log.parent.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from .._expect import Expectations, Outcome, Suite
+from .._expect import Expectations, Outcome, Suite, severity_of
 from ..cluster import Cluster, Node, Table
 from ..errors import ConfigError
 from ._snapshots import SESSION, Snapshots
@@ -75,7 +75,7 @@ class TargetSuites:
                 kinds, owners = {}, []
                 for name, body in suites:
                     kinds.update(self._kinds(info, name, body))
-                    owners += [(name, (e.expectation_type, dict(e.configuration.kwargs)))
+                    owners += [(name, (e.expectation_type, dict(e.configuration.kwargs), severity_of(e)))
                                for e in self._expectations.suite(name, body).expectations]
                 suite_of = dict(zip(identities([e for _, e in owners]), (name for name, _ in owners)))
                 together = {"name": f"target {info.name}", "expectations": [
@@ -89,16 +89,9 @@ class TargetSuites:
     def _kinds(self, info: Table, name: str, body: dict[str, Any]) -> dict[str, str]:
         """Each expectation type of the suite by kind (``_stores.kind_of``). Raises
         ConfigError for one the stores cannot compute apart (``_stores.refusal``)."""
-        from great_expectations.expectations.expectation import (
-            ColumnMapExpectation,
-            ColumnPairMapExpectation,
-            MulticolumnMapExpectation,
-        )
-
-        maps = (ColumnMapExpectation, ColumnPairMapExpectation, MulticolumnMapExpectation)
         kinds = {}
         for e in self._expectations.suite(name, body).expectations:
-            kind = kinds[e.expectation_type] = kind_of(e.expectation_type, row_by_row=isinstance(e, maps))
+            kind = kinds[e.expectation_type] = kind_of(e.expectation_type)
             kwargs = e.configuration.kwargs
             columns = [kwargs["column"]] if "column" in kwargs else list(kwargs.get("column_list") or [])
             if why := refusal(name, e.expectation_type, columns, kind, table=info.name,
@@ -115,9 +108,13 @@ def _derived(info: Table, source_rows: int) -> tuple[str, dict[str, Any]]:
 
 def _connector(dsn: str) -> Any:
     def connect() -> psycopg.Connection[Any]:
-        conn = psycopg.connect(dsn)
-        conn.execute(SESSION)  # values printed as the comparison prints them
-        conn.commit()
+        conn = psycopg.connect(dsn, connect_timeout=10)
+        try:
+            conn.execute(SESSION)  # values printed as the comparison prints them
+            conn.commit()
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     return connect
