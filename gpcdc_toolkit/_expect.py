@@ -193,10 +193,23 @@ class Expectations:
             assert config is not None  # a suite's results name their expectations
             kwargs = {k: v for k, v in config.kwargs.items() if k != "batch_id"}  # the expectation's own
             measured = Measured(config.type, kwargs, severity_of(config), bool(result.success), dict(result.result))
-            if (result.exception_info or {}).get("raised_exception"):
+            if (failure := _raised(result.exception_info)) is not None:
                 raise ConfigError(f"suite {name}: {config.type}({measured.subject}) could not be evaluated: "
-                                  f"{result.exception_info.get('exception_message')}",
+                                  f"{failure}",
                                   fix="where it names a column or an argument, correct the expectation in its JSON "
                                       "file; otherwise its data source failed, as the message says")
             out.append(measured)
         return out
+
+
+def _raised(info: Any) -> str | None:
+    """The first line of what an expectation's evaluation raised: great-expectations
+    reports it at the top (the expectation's own) or per metric (a failed query)."""
+    if not isinstance(info, dict):
+        return None
+    reports = [info] + [v for v in info.values() if isinstance(v, dict)]
+    for report in reports:
+        if report.get("raised_exception"):
+            message = str(report.get("exception_message") or "an exception").strip()
+            return message.splitlines()[0] if message else "an exception"
+    return None

@@ -174,6 +174,34 @@ def test_target_suites_are_computed_by_each_store_inside_the_snapshot(door):
             TargetSuites(target, [info], [whole], placement_checked=True)
 
 
+@pytest.mark.parametrize("door", ["postgres"], indirect=True)
+def test_target_suites_run_on_names_with_quotes_case_and_percent_signs(door):
+    _, target = door
+    with target.coordinator_connection() as conn:
+        conn.execute('CREATE TABLE "We""ird %s T" ("Id" bigint PRIMARY KEY, "co""l %s" text, "COL" text, col text)')
+        conn.execute('INSERT INTO "We""ird %%s T" VALUES (1, %s, %s, %s), (2, %s, NULL, %s)',
+                     ['{"type": "pipeline"}', "x", "%s", "%%", "'"])
+    try:
+        info = target.table('"We""ird %s T"')
+        suite = Suite("hostile", "target", False, {"name": "hostile", "expectations": [
+            {"type": "expect_column_values_to_be_in_set",
+             "kwargs": {"column": 'co"l %s', "value_set": ['{"type": "pipeline"}', "%%"]}},
+            {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "COL"}},
+            {"type": "expect_column_values_to_match_regex", "kwargs": {"column": "col", "regex": "^(%s|')$"}}]},
+            info.name)
+        with Snapshots(target) as side:
+            side.pin()
+            outcomes = TargetSuites(target, [info], [suite], placement_checked=True).check(side, [(info, 2)])
+    finally:
+        with target.coordinator_connection() as conn:
+            conn.execute('DROP TABLE "We""ird %s T"')
+    found = {o.expectation: (o.success, o.evidence) for o in outcomes}
+    assert found["expect_table_row_count_to_equal()"] == (True, "observed 2")
+    assert found['expect_column_values_to_be_in_set(co"l %s)'] == (True, "0 of 2 values unexpected")
+    assert found["expect_column_values_to_not_be_null(COL)"][0] is False  # "COL", not col: one is NULL
+    assert found["expect_column_values_to_match_regex(col)"] == (True, "0 of 2 values unexpected")
+
+
 @pytest.mark.parametrize("door", [pytest.param("citus", marks=pytest.mark.citus)], indirect=True)
 def test_a_row_in_a_shard_its_hash_does_not_name_is_found_by_the_worker_and_moved(door, compare):
     source, target = door

@@ -110,3 +110,14 @@ def test_results_are_matched_by_expectation_whatever_their_order(order):
     assert [group for _, group in aligned([first, second])] == [[m, m] for m in first]
     with pytest.raises(ValueError, match="different expectations"):
         aligned([first, second[:-1]])
+
+
+def test_a_failed_query_under_an_expectation_is_named_not_counted_as_unmet():
+    from gpcdc_toolkit._expect import _raised
+
+    assert _raised(None) is None and _raised({}) is None
+    assert _raised({"raised_exception": True, "exception_message": "column c9 not found\nmore"}) == "column c9 not found"
+    # great-expectations reports a failed metric query per metric, not at the top.
+    per_metric = {"MetricConfigurationID(table.row_count)": {"raised_exception": True,
+                                                             "exception_message": "UndefinedColumn: co\"l"}}
+    assert _raised(per_metric) == 'UndefinedColumn: co"l'

@@ -11,8 +11,10 @@ expression or a set of strings). No row leaves the servers.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -72,18 +74,22 @@ class TargetSuites:
                 # One validation per store of all the table's suites together: its cost is
                 # per validation more than per expectation.
                 suites = [_derived(info, rows), *self._suites.get(info.name, [])]
-                kinds, owners = {}, []
-                for name, body in suites:
-                    kinds.update(self._kinds(info, name, body))
-                    owners += [(name, (e.expectation_type, dict(e.configuration.kwargs), severity_of(e)))
-                               for e in self._expectations.suite(name, body).expectations]
+                kinds = {t: k for name, body in suites for t, k in self._kinds(info, name, body).items()}
+                # Columns go to great-expectations as c0, c1, ...: it tells names apart by
+                # case alone loosely (COL and col), and runs its SQL as text (a % in a name).
+                aliases = {column: f"c{i}" for i, column in enumerate(info.columns)}
+                names = {alias: column for column, alias in aliases.items()}
+                suites = [(name, _renamed(body, aliases)) for name, body in suites]
+                owners = [(name, (e.expectation_type, dict(e.configuration.kwargs), severity_of(e)))
+                          for name, body in suites for e in self._expectations.suite(name, body).expectations]
                 suite_of = dict(zip(identities([e for _, e in owners]), (name for name, _ in owners)))
                 together = {"name": f"target {info.name}", "expectations": [
                     e for _, body in suites for e in body["expectations"]]}
                 per_store = [self._expectations.measure_query(f"target {info.name}", together, source, query(info))
                              for source, query in stores]
-                out += [combine(results, kinds[results[0].type]).outcome(suite_of[identity])
-                        for identity, results in aligned(per_store)]
+                for identity, results in aligned(per_store):
+                    combined = combine(results, kinds[results[0].type])
+                    out.append(replace(combined, kwargs=_renamed_args(combined.kwargs, names)).outcome(suite_of[identity]))
         return out
 
     def _kinds(self, info: Table, name: str, body: dict[str, Any]) -> dict[str, str]:
@@ -100,6 +106,26 @@ class TargetSuites:
                 raise ConfigError(why, fix="remove the expectation from its suite, or validate a target that "
                                            "keeps each table in one place")
         return kinds
+
+
+_COLUMN_ARGUMENTS = ("column", "column_A", "column_B")
+
+
+def _renamed_args(kwargs: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """An expectation's arguments with the columns they name renamed by ``names`` (a
+    name it does not hold is kept: great-expectations then says it is not there)."""
+    out = dict(kwargs)
+    for argument in _COLUMN_ARGUMENTS:
+        if isinstance(out.get(argument), str):
+            out[argument] = names.get(out[argument], out[argument])
+    if isinstance(out.get("column_list"), list):
+        out["column_list"] = [names.get(c, c) for c in out["column_list"]]
+    return out
+
+
+def _renamed(body: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    return {**body, "expectations": [{**e, "kwargs": _renamed_args(e.get("kwargs", {}), names)}
+                                     for e in body["expectations"]]}
 
 
 def _derived(info: Table, source_rows: int) -> tuple[str, dict[str, Any]]:
@@ -120,11 +146,20 @@ def _connector(dsn: str) -> Any:
     return connect
 
 
+_QUOTED = re.compile(r'"((?:[^"]|"")*)"')  # a quoted identifier (the query holds no string literal)
+
+
 def _text_rows(target: Snapshots, node: Node, conn: psycopg.Connection[Any]) -> Callable[[Table], str]:
-    """The query of a table's rows on one store, every value as PostgreSQL's text."""
+    """The query of a table's rows on one store, every value as PostgreSQL's text, the
+    columns named c0, c1, ... in the table's order."""
     def query(info: Table) -> str:
-        columns = sql.SQL(", ").join(sql.SQL("{}::text AS {}").format(sql.Identifier(c), sql.Identifier(c))
-                                     for c in info.columns)
-        return sql.SQL("SELECT {} FROM {} AS t").format(columns, target.relation(node, info)).as_string(conn)
+        columns = sql.SQL(", ").join(sql.SQL("{}::text AS {}").format(sql.Identifier(c), sql.Identifier(f"c{i}"))
+                                     for i, c in enumerate(info.columns))
+        query = sql.SQL("SELECT {} FROM {} AS t").format(columns, target.relation(node, info)).as_string(conn)
+        # great-expectations runs it as SQLAlchemy text, whose % the driver reads as a
+        # placeholder or not depending on the outer query: names holding one are written
+        # with PostgreSQL's Unicode escapes instead, so that the text holds no %.
+        return _QUOTED.sub(lambda m: 'U&"' + m.group(1).replace("\\", "\\\\").replace("%", "\\0025") + '"'
+                           if "%" in m.group(1) else m.group(0), query)
 
     return query
