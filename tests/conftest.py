@@ -20,6 +20,7 @@ from hypothesis import settings
 
 from gpcdc_toolkit.broker import EmbeddedBroker
 from gpcdc_toolkit.cluster import Cluster
+from gpcdc_toolkit.ingest import SparkServer
 from gpcdc_toolkit.sandbox import Sandbox, list_sandboxes
 
 # No per-example deadline: these tests run beside servers, Spark and other suites on a
@@ -45,6 +46,9 @@ def _stop_everything(work_dir: Path) -> None:
         except Exception as e:  # keep stopping the rest
             print(f"could not stop sandbox {sandbox.name}: {e}")
     EmbeddedBroker(work_dir).down()
+    # A Spark server of the work directory, or of one a test made inside it (the demo's).
+    for directory in [work_dir, *(p for p in work_dir.iterdir() if p.is_dir())]:
+        SparkServer(directory).down()
 
 
 @pytest.fixture(scope="session")
