@@ -28,6 +28,7 @@ import pwd
 import re
 import shutil
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from importlib import resources
@@ -513,6 +514,13 @@ class Sandbox:
         with psycopg.connect(primary.dsn, autocommit=True) as conn:
             conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
             conn.execute("SELECT pg_reload_conf()")
+            # The reload reaches the walsender a moment later: until then commits do not wait.
+            deadline = time.monotonic() + 60
+            while conn.execute("SELECT sync_state FROM pg_stat_replication").fetchall() != [("sync",)]:
+                if time.monotonic() > deadline:
+                    raise SandboxError(f"the mirror of {primary.name} did not become synchronous within 60 s",
+                                       fix=f"see {self.path / 'logs'}")
+                time.sleep(0.05)  # polling the primary's own view of its standby
         return mirror
 
     @staticmethod
