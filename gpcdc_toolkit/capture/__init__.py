@@ -1,5 +1,6 @@
 """Capture workers: each node's logical decoding stream into Kafka, with no loss."""
 
+from ._hosts import holder, parse_nodes
 from ._processes import CaptureGroup, child_environment, config_environment, run_worker
 from ._repair import extend_pipeline, repair_segment
 from ._reset import DroppedPipeline, drop_pipeline
@@ -15,7 +16,7 @@ from ._worker import (
 )
 
 __all__ = [
-    "NodeStatus", "capture_status", "wait_until_acknowledged",
+    "NodeStatus", "capture_status", "holder", "parse_nodes", "wait_until_acknowledged",
     "CaptureGroup", "child_environment", "config_environment", "run_worker", "DroppedPipeline", "drop_pipeline",
     "extend_pipeline", "repair_segment",
     "CaptureWorker", "WorkerSettings", "WorkerStats", "delete_topics", "ensure_topics", "producer_config",

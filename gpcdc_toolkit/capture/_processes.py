@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,8 @@ from .._runtime import kill_pid, pid_alive, read_json, running_pid, stop_pids, w
 from ..bootstrap import Pipeline
 from ..config import ENV_PREFIX, SETTINGS, Config
 from ..connect import kafka_client_settings, open_cluster
-from ..errors import GpcdcError
+from ..errors import GpcdcError, UnreachableError
+from ._hosts import check_nodes, holder, worker_application
 from ._worker import CaptureWorker, WorkerSettings, quiet_collector
 
 
@@ -73,16 +76,25 @@ class CaptureGroup:
         """The worker's command line: its settings come in its environment."""
         return [sys.executable, "-m", "gpcdc_toolkit", "capture", "run", "--node", str(content)]
 
-    def start(self, timeout: float = 60.0) -> dict[int, int]:
-        """Start a background worker for every node that has none, and return their pids
-        once each streams; a worker that exits instead is reported with its last words."""
+    def start(self, timeout: float = 60.0, nodes: Collection[int] | None = None) -> dict[int, int]:
+        """Start a background worker for every node (of ``nodes``, default all) that has
+        none, here or on another host, and return their pids once each streams; a
+        worker that exits instead is reported with its last words."""
         start = self.pipeline.start_point()  # fails clearly before anything starts
+        captured = [node.content for node in start.captured_nodes]
+        if nodes is not None:
+            check_nodes(nodes, captured)
+        wanted = [c for c in captured if (nodes is None or c in nodes) and not self.pid(c)]
+        holders = self.held_elsewhere(wanted)
+        foreign = {c: h for c, h in holders.items() if holder(h) is None}
+        if foreign:
+            content, name = min(foreign.items())
+            raise GpcdcError(f"the pipeline's slot on node {content} is held by another client ({name!r})",
+                             fix="stop that client (pg_stat_replication shows it on the node), then start capture")
         started: dict[int, int] = {}
-        for node in start.captured_nodes:
-            if self.pid(node.content):
-                continue
-            self.status_file(node.content).unlink(missing_ok=True)
-            started[node.content] = self.start_node(node.content, self.log_file(node.content))
+        for content in (c for c in wanted if c not in holders):
+            self.status_file(content).unlink(missing_ok=True)
+            started[content] = self.start_node(content, self.log_file(content))
         deadline = time.monotonic() + timeout
         waiting = set(started)
         while waiting:
@@ -90,7 +102,7 @@ class CaptureGroup:
                 if (self.status(content) or {}).get("state") == "streaming":
                     waiting.discard(content)
                 elif not pid_alive(started[content]):
-                    self.stop()
+                    self.stop(nodes=list(started))
                     lines = self.log_file(content).read_text().strip().splitlines() or ["(no output)"]
                     raise GpcdcError(f"the capture worker of node {content} exited: {lines[-1]}",
                                      fix=f"see {self.log_file(content)}")
@@ -99,6 +111,33 @@ class CaptureGroup:
                                  fix=f"see their logs in {self.pipeline.directory}")
             time.sleep(0.05)  # polling the workers' status files
         return started
+
+    def held_elsewhere(self, contents: Collection[int]) -> dict[int, str]:
+        """The nodes among ``contents`` without a worker on this host whose slot a client
+        holds (a capture worker of another host, or anything else), with its
+        ``application_name``. Empty while the source does not answer: the workers
+        started then wait for it themselves."""
+        contents = [c for c in contents if not self.pid(c)]
+        if not contents:
+            return {}
+        try:
+            cluster = open_cluster(self.config, "source")
+            held = {}
+            for node in (n for n in cluster.nodes if n.content in contents):
+                with cluster.connect_node(node) as conn:
+                    row = conn.execute(
+                        "SELECT coalesce(r.application_name, '') FROM pg_replication_slots s LEFT JOIN "
+                        "pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = %s AND s.active",
+                        (self.pipeline.slot,)).fetchone()
+                if row is None:
+                    continue
+                name, worker = str(row[0]), holder(row[0])
+                if worker and name == worker_application(socket.gethostname(), worker[1]) and not pid_alive(worker[1]):
+                    continue  # this host's worker, killed: its walsender is on its way out
+                held[node.content] = name
+            return held
+        except UnreachableError:
+            return {}
 
     def log_file(self, content: int) -> Path:
         return self.pipeline.directory / f"node{content}.log"
@@ -111,11 +150,13 @@ class CaptureGroup:
         write_atomic(self.pid_file(content), str(proc.pid))
         return proc.pid
 
-    def stop(self, timeout: float = 30.0) -> list[int]:
-        running = self.running()
+    def stop(self, timeout: float = 30.0, nodes: Collection[int] | None = None) -> list[int]:
+        """Stop this host's workers (of ``nodes``, default all); returns their nodes."""
+        running = {c: pid for c, pid in self.running().items() if nodes is None or c in nodes}
         stop_pids(list(running.values()), timeout=timeout)
         for content in self._contents():
-            self.pid_file(content).unlink(missing_ok=True)
+            if nodes is None or content in nodes:
+                self.pid_file(content).unlink(missing_ok=True)
         return sorted(running)
 
     def kill(self, content: int) -> int:

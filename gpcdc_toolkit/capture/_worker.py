@@ -22,6 +22,7 @@ import gc
 import logging
 import os
 import select
+import socket
 import threading
 import time
 from collections import deque
@@ -57,6 +58,7 @@ from ..protocol import (
     pipeline_marker,
 )
 from ._changes import REBOOTSTRAP, added_nodes, node_change
+from ._hosts import worker_application
 
 log = logging.getLogger(__name__)
 
@@ -196,8 +198,9 @@ class CaptureWorker:
         probe = self.cluster.connect_node(self.node)
         conn = None
         try:
-            conn = psycopg2.connect(self.cluster.dsn(self.node),
-                                    connection_factory=psycopg2.extras.LogicalReplicationConnection,
+            # Named, so that any host sees which worker holds the slot (``_hosts``).
+            named = self.cluster.dsn(self.node, application_name=worker_application(socket.gethostname(), os.getpid()))
+            conn = psycopg2.connect(named, connection_factory=psycopg2.extras.LogicalReplicationConnection,
                                     connect_timeout=10)
             cur = conn.cursor()
             try:

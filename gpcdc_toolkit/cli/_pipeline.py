@@ -13,12 +13,14 @@ from ..capture import (
     capture_status,
     drop_pipeline,
     extend_pipeline,
+    holder,
+    parse_nodes,
     repair_segment,
     run_worker,
 )
 from ..config import Config
 from ..connect import kafka_client_settings, open_cluster
-from ..errors import ClusterChangedError, GpcdcError
+from ..errors import ClusterChangedError, ConfigError, GpcdcError
 from ..protocol import StartPoint, format_lsn
 from ._command import Command, say
 
@@ -143,23 +145,47 @@ class CaptureRun(Command):
         return max(codes, default=0)
 
 
+def _add_nodes(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--nodes", type=_node_list, metavar="LIST",
+                        help=f"{what} only these nodes: content ids and ranges, e.g. 0-31 or coordinator,0-7 "
+                             "(default: all)")
+
+
+def _node_list(text: str) -> frozenset[int]:
+    try:
+        return parse_nodes(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(e.message) from None
+
+
 class CaptureStart(Command):
-    name, help = "start", "start capture workers in the background"
+    name, help = "start", "start capture workers in the background (on this host, for the nodes no host captures)"
     sections = ("capture",)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        _add_nodes(parser, "start workers for")
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
         check_reachable(kafka_client_settings(config))
         group = CaptureGroup(config)
-        started = group.start()
+        captured = [n.content for n in group.pipeline.start_point().captured_nodes]
+        elsewhere = group.held_elsewhere([c for c in captured if args.nodes is None or c in args.nodes])
+        started = group.start(nodes=args.nodes)
         say(f"started {len(started)} capture workers" + (f": pids {sorted(started.values())}" if started else ""))
+        by_worker = {c: holder(name) for c, name in elsewhere.items()}
+        for content, (host, pid) in sorted((c, w) for c, w in by_worker.items() if w is not None):
+            say(f"node {content}: captured already by pid {pid} on {host}")
         return 0
 
 
 class CaptureStop(Command):
-    name, help = "stop", "stop the background capture workers"
+    name, help = "stop", "stop this host's background capture workers"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        _add_nodes(parser, "stop the workers of")
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
-        stopped = CaptureGroup(config).stop()
+        stopped = CaptureGroup(config).stop(nodes=args.nodes)
         say(f"stopped {len(stopped)} capture workers")
         return 0
 
@@ -168,13 +194,25 @@ class Status(Command):
     name, help = "status", "per node: slot position against the WAL, acknowledged commits, events, worker"
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
-        rows = capture_status(open_cluster(config, "source"), CaptureGroup(config))
-        say(f"{'node':>4} {'worker':<14} {'behind':>12} {'seconds':>8} {'events':>10} {'MB':>8} "
-               f"{'acked LSN':>12} {'last acked commit':<24}")
+        source = open_cluster(config, "source")  # the source unreachable: nothing to show
+        kafka: dict[str, str] | None = kafka_client_settings(config)
+        try:
+            check_reachable(kafka_client_settings(config))
+        except GpcdcError as e:
+            print(f"gpcdc: Kafka does not answer, so nothing is said of what it holds: {e.message}", file=sys.stderr)
+            kafka = None
+        rows = capture_status(source, CaptureGroup(config), kafka)
+        width = max([14, *(len(r.worker) for r in rows)])
+        say(f"{'node':>4} {'worker':<{width}} {'behind':>12} {'seconds':>8} {'events':>10} {'MB':>8} "
+            f"{'acked LSN':>12} {'last acked commit':<24} {'resolved in Kafka':<24}")
         for r in rows:
-            say(f"{r.node:>4} {r.worker:<14} {r.bytes_behind:>12} {r.seconds_behind:>8} {r.events:>10} "
-                   f"{r.megabytes:>8.1f} {r.acked_lsn:>12} {r.last_commit:<24}")
+            say(f"{r.node:>4} {r.worker:<{width}} {r.bytes_behind:>12} {r.seconds_behind:>8} {r.events:>10} "
+                f"{r.megabytes:>8.1f} {r.acked_lsn:>12} {r.last_commit:<24} {r.resolved_in_kafka:<24}")
         say(f"target: {_target(config)}")
+        for r in rows:
+            if r.held_by:
+                print(f"gpcdc: node {r.node}'s slot is held by another client ({r.held_by!r}), not a capture worker",
+                      file=sys.stderr)
         changed = [r for r in rows if r.changed]
         for r in changed:  # what a worker would stop on, whether one runs or not
             print(f"gpcdc: node {r.node} changed under the pipeline: {r.changed}", file=sys.stderr)
@@ -188,12 +226,12 @@ class Status(Command):
             else:
                 print(f"gpcdc: node {r.node}'s capture worker is {r.state.split(':')[0]}"
                       + (f": {r.last_error}" if r.last_error else ""), file=sys.stderr)
-        down = [str(r.node) for r in rows if not r.alive and not r.state.startswith("failed")]
+        down = [str(r.node) for r in rows if not r.alive and not r.state.startswith("failed") and not r.held_by]
         if down:
             print(f"gpcdc: capture workers are not running for nodes {', '.join(down)} "
                   f"(start them with `gpcdc capture start`)", file=sys.stderr)
             return 3
-        return 3 if troubled else 0
+        return 3 if troubled or any(r.held_by for r in rows) else 0
 
 
 def _target(config: Config) -> str:
