@@ -126,3 +126,62 @@ def test_a_process_that_connected_is_refused_a_local_session_once_the_server_is_
     assert done.stdout.strip().splitlines() == [
         f"this process connected to the Spark server of {tmp_path}, which no longer answers, and PySpark allows "
         "it no local session now: start the server again (`gpcdc spark up`), or restart the process (the kernel)"]
+
+
+def test_checkpoints_of_results_dropped_are_released_by_a_thread_of_their_own(archive, tmp_path):
+    # PySpark's finalizer would release them with a gRPC call from wherever the collector
+    # runs, which hangs when that is inside another gRPC call: an audit's second run in
+    # one session did. Here the dropped results sit in reference cycles, so that the
+    # collector (not the reference count) frees them, and audits run while it does.
+    work = tmp_path / "work"
+    server = SparkServer(work)
+    probe = (
+        "import gc, sys, threading, time\nfrom pathlib import Path\n"
+        "from pyspark.errors import PySparkException\n"
+        "from pyspark.sql.connect.dataframe import DataFrame\n"
+        "from pyspark.sql.connect.plan import CachedRemoteRelation\n"
+        "from gpcdc_toolkit.audit import run_audit\n"
+        "from gpcdc_toolkit.config import load_config\n"
+        "from gpcdc_toolkit.ingest.spark import spark_session\n"
+        "from gpcdc_toolkit.ingest._release import pending_releases\n"
+        "config = load_config({'work_dir': sys.argv[1]}, environ={})\n"
+        "spark = spark_session(config)\n"
+        "ids = []\n"
+        "for run in range(2):\n"
+        "    result = run_audit(spark, config, archive=Path(sys.argv[2]), write=False)\n"
+        "    assert result.fails('error'), result.summary\n"
+        "    ids.append(result.findings._plan._relation_id)\n"
+        "    cycle = [result]\n"
+        "    cycle.append(cycle)\n"
+        "    del result, cycle\n"
+        "inline = []\n"
+        "prepare = spark.client._execute_plan_request_with_metadata\n"
+        "def watched(*args, **kwargs):\n"
+        "    if collecting:\n"
+        "        inline.append(threading.current_thread().name)\n"
+        "    return prepare(*args, **kwargs)\n"
+        "spark.client._execute_plan_request_with_metadata = watched\n"
+        "collecting = True\n"
+        "gc.collect()\n"
+        "collecting = False\n"
+        "assert 'MainThread' not in inline, inline  # no release sent by the collector itself\n"
+        "deadline = time.monotonic() + 60\n"
+        "while pending_releases() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "for relation_id in ids:\n"
+        "    gone = CachedRemoteRelation(relation_id, spark)\n"
+        "    try:\n"
+        "        DataFrame(gone, spark).count()\n"
+        "        raise SystemExit(f'relation {relation_id} was not released')\n"
+        "    except PySparkException:\n"
+        "        pass\n"
+        "    finally:\n"
+        "        gone._relation_id = None\n"
+        "print('released', len(ids))\n")
+    try:
+        assert gpcdc(work, "spark", "up").returncode == 0
+        done = subprocess.run([sys.executable, "-c", probe, str(work), str(archive)], capture_output=True, text=True,
+                              timeout=300, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0 and done.stdout.strip() == "released 2", done.stderr[-2000:]
+    finally:
+        server.down()

@@ -21,6 +21,7 @@ from ..config import Config
 from ..connect import kafka_client_settings
 from ..errors import ConfigError
 from ..protocol import Topics
+from ._release import release_outside_the_collector
 from ._server import SparkServer, SparkServerError
 from ._spark_kafka import connector_jars, kafka_options, parse_kafka_frame
 from ._spark_source import NAME, GpcdcDataSource, plan_start, plan_window
@@ -86,6 +87,7 @@ def command_session(config: Config, name: str) -> Iterator[Any]:
 def _remote(url: str, app_name: str) -> Any:
     from pyspark.sql import SparkSession
 
+    release_outside_the_collector()
     # A session of its own (not one this process holds already): stopping it leaves others be.
     spark = SparkSession.builder.remote(url).appName(app_name).create()
     register(spark)

@@ -1,0 +1,60 @@
+"""Releasing DataFrames checkpointed on a Spark Connect server outside the garbage
+collector.
+
+PySpark 4's ``CachedRemoteRelation.__del__`` (the plan of a DataFrame checkpointed on
+the server) tells the server to drop its copy with a blocking gRPC call. The cyclic
+collector runs finalizers wherever an allocation sets it off, including in the thread
+gRPC starts for another call while that call holds the channel: the release then waits
+for a lock its own caller holds, and the process hangs for good (an audit's second run
+in one session did, its first run's checkpoints collected meanwhile). The release is
+the library's own; here the finalizer only queues it, and one thread sends the queued
+releases as any other caller of the channel would.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+_queued: queue.SimpleQueue[tuple[Callable[[Any], None], Any]] = queue.SimpleQueue()  # safe to put from a finalizer
+_installed = threading.Lock()
+_done = False
+
+
+def release_outside_the_collector() -> None:
+    """Queue the server-cached relations' releases for a thread of their own (once per
+    process)."""
+    global _done
+    from pyspark.sql.connect.plan import CachedRemoteRelation
+
+    with _installed:
+        if _done:
+            return
+        release = CachedRemoteRelation.__del__
+
+        def queue_release(relation: Any) -> None:
+            if getattr(relation, "_relation_id", None) is not None:
+                _queued.put((release, relation))  # the relation lives on until the thread has released it
+
+        CachedRemoteRelation.__del__ = queue_release  # type: ignore[method-assign]
+        threading.Thread(target=_send_releases, name="spark-connect-releases", daemon=True).start()
+        _done = True
+
+
+def _send_releases() -> None:
+    while True:
+        release, relation = _queued.get()
+        try:
+            release(relation)  # the library's, which logs its own failures
+        except Exception as e:  # noqa: BLE001 (this thread must go on releasing the others)
+            log.warning("releasing a DataFrame checkpointed on the Spark server failed: %s", e)
+        relation._relation_id = None  # released: a finalizer run again finds nothing to do
+
+
+def pending_releases() -> int:
+    """How many releases wait to be sent (for tests)."""
+    return _queued.qsize()
