@@ -33,6 +33,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,7 @@ from ..protocol import DistributedSnapshot, NodeStart, Repair, StartPoint, forma
 from ._snapshot import distributed_tables, export_tables, write_manifest
 
 log = logging.getLogger(__name__)
+_PARALLEL_SLOTS = 16  # slots created at once: the waits overlap, the nodes are not all asked at the same moment
 
 METHODS = ("peaceful", "snapshot")
 PLUGIN = "pgoutput"
@@ -325,11 +327,19 @@ def _reuse(cluster: Cluster, pipeline: Pipeline, existing: dict[int, int],
     return start
 
 
-def _create_all(cluster: Cluster, pipeline: Pipeline, slots: list[_Slot], export: bool, timeout: float) -> None:
+def _open_slots(cluster: Cluster, pipeline: Pipeline, slots: list[_Slot]) -> None:
+    """A replication connection per node, each listed for the clean-up as it opens."""
     for node in cluster.nodes:
-        slot = _Slot(cluster, node, pipeline.slot)
-        slots.append(slot)
-        slot.create(export=export, timeout=timeout)
+        slots.append(_Slot(cluster, node, pipeline.slot))
+
+
+def _create_all(slots: list[_Slot], export: bool, timeout: float) -> None:
+    """Create every slot at once: each waits for the transactions holding an xid on its
+    node, and one after the other the waits (and the peaceful method's window, in which
+    no transaction may begin) would add up with the segments."""
+    with ThreadPoolExecutor(max_workers=min(_PARALLEL_SLOTS, len(slots))) as pool:
+        for done in [pool.submit(s.create, export, timeout) for s in slots]:
+            done.result()  # the first failure, once all have ended
 
 
 def _export_initial_snapshot(cluster: Cluster, pipeline: Pipeline, snapshots: dict[int, str],
@@ -359,6 +369,7 @@ def _peaceful(cluster: Cluster, pipeline: Pipeline, slots: list[_Slot], timeout:
     with Session(cluster) as session, cluster.coordinator_connection() as controller:
         snapshotting = session.transaction()  # it runs through the lock window; it writes nothing
         try:
+            _open_slots(cluster, pipeline, slots)  # before the window: writers need not wait for it
             _set_lock_timeout(controller, timeout)
             locked_at = time.monotonic()
             controller.execute("SELECT gp_acquire_transaction_start_lock()")
@@ -367,7 +378,7 @@ def _peaceful(cluster: Cluster, pipeline: Pipeline, slots: list[_Slot], timeout:
             except psycopg.errors.RaiseException as e:
                 raise BootstrapError(f"peaceful bootstrap: {e.diag.message_primary}",
                                      fix="wait for those transactions to end, raise --timeout, or use --method snapshot") from None
-            _create_all(cluster, pipeline, slots, export=True, timeout=timeout)
+            _create_all(slots, export=True, timeout=timeout)
             # Nothing ran or started since the wait: every gxid below xmax is wholly
             # before the slots, every later one wholly after.
             xmax = controller.execute("SELECT gp_dist.next_gxid()").fetchone()[0]  # type: ignore[index]
@@ -389,7 +400,8 @@ def _peaceful(cluster: Cluster, pipeline: Pipeline, slots: list[_Slot], timeout:
 
 def _snapshot_filter(cluster: Cluster, pipeline: Pipeline, slots: list[_Slot], timeout: float,
                      slots_created: Callable[[], None] | None) -> StartPoint:
-    _create_all(cluster, pipeline, slots, export=False, timeout=timeout)
+    _open_slots(cluster, pipeline, slots)
+    _create_all(slots, export=False, timeout=timeout)
     for s in slots:
         s.close()
     if slots_created:
