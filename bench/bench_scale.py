@@ -80,6 +80,8 @@ def bootstrap_under_writers(config: Config, cluster: Any, method: str) -> tuple[
     finally:
         stop.set()
         writer.join()
+    if "w" not in outcome:
+        raise SystemExit(f"the writers stopped during the {method} bootstrap (see the traceback above)")
     stall = start.lock_window_ms if method == "peaceful" else float(start.extra["cut_ms"])
     return seconds, float(stall or 0.0), max(outcome["w"].latencies) * 1000
 
@@ -108,7 +110,7 @@ def one_size(segments: int, root: Path, broker: EmbeddedBroker) -> dict[str, flo
             if method == "peaceful":
                 drop_slots(cluster, pipeline.slot, publication=pipeline.publication)
                 shutil.rmtree(pipeline.directory)
-        pids = timed(results, "capture start", group.start)
+        pids = timed(results, "capture start", lambda: group.start(timeout=300))
         sizes = [memory_kb(pid) for pid in pids.values()]
         results["capture RSS MB"] = sum(r for r, _ in sizes) / 1024
         results["capture PSS MB"] = sum(p for _, p in sizes) / 1024

@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 
 from gpcdc_toolkit import ConfigError, GpcdcError
 from gpcdc_toolkit.bootstrap import Pipeline, bootstrap, drop_slots
-from gpcdc_toolkit.capture import CaptureGroup, capture_status, holder, parse_nodes, wait_until_acknowledged
+from gpcdc_toolkit.capture import CaptureGroup, capture_status, holder, kafka_watermarks, parse_nodes, wait_until_acknowledged
 from gpcdc_toolkit.capture._hosts import _listed, check_nodes, latest_watermarks, worker_application
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.connect import kafka_client_settings, open_cluster
+from gpcdc_toolkit.protocol import Topics
 from gpcdc_toolkit.validate import check_against_truth, read_captured
 from gpcdc_toolkit.workload import WorkloadSpec, read_ground_truth, reset_tables, run_workload
 
@@ -42,7 +43,9 @@ def test_node_lists(text, wanted):
 @pytest.mark.parametrize(("text", "said"), [
     ("31-0", "ends before it starts"), ("0-", "neither a content id"), ("", "neither a content id"),
     ("a-b", "neither a content id"), ("1,,2", "neither a content id"), ("-2", "neither a content id"),
-    ("0-3; DROP TABLE t", "neither a content id"),
+    ("0-3; DROP TABLE t", "neither a content id"), ("0-999999999999", "neither a content id"),
+    ("0-65536", "beyond content id 65535"), ("\u0663", "neither a content id"),
+    ("1" * 5000, "neither a content id"),
 ])
 def test_bad_node_lists_are_refused_in_a_line(text, said):
     with pytest.raises(ConfigError, match=said) as caught:
@@ -129,7 +132,7 @@ def test_two_hosts_share_the_nodes_and_either_sees_the_whole_pipeline(source, ho
     # Kafka has every node, from its watermarks there.
     deadline = time.monotonic() + 60
     while True:  # each worker sends a watermark every heartbeat
-        rows = {r.node: r for r in capture_status(source, here, kafka_client_settings(a))}
+        rows = {r.node: r for r in capture_status(source, here, watermarks_of(a))}
         if all(r.resolved_in_kafka != "-" for r in rows.values()) or time.monotonic() > deadline:
             break
         time.sleep(0.2)  # polling the status itself
@@ -144,8 +147,12 @@ def test_two_hosts_share_the_nodes_and_either_sees_the_whole_pipeline(source, ho
 
     # Host B's workers stopped: host A says which nodes nobody captures now.
     assert there.stop(nodes=parse_nodes("2")) == [2]
-    shown = gpcdc(a.work_dir, "--kafka-bootstrap-servers", a.kafka.bootstrap_servers, "--kafka-topic-prefix",
-                  a.kafka.topic_prefix, "--source-dsn", source.coordinator_dsn, "status")
+    deadline = time.monotonic() + 60
+    while True:  # until the node has seen the worker's connection go
+        shown = gpcdc(a.work_dir, "--kafka-bootstrap-servers", a.kafka.bootstrap_servers, "--kafka-topic-prefix",
+                      a.kafka.topic_prefix, "--source-dsn", source.coordinator_dsn, "status")
+        if shown.returncode != 0 or time.monotonic() > deadline:
+            break
     assert shown.returncode == 3 and "capture workers are not running for nodes 2 " in shown.stderr, shown.stderr
     assert there.running() == {1: on_b[1]}
 
@@ -180,3 +187,7 @@ def test_a_slot_held_by_another_client_is_said_and_not_fought_over(source, hosts
         assert all(r.held_by is None for n, r in rows.items() if n != 1)
     finally:
         other.close()
+
+
+def watermarks_of(config):
+    return kafka_watermarks(kafka_client_settings(config), Topics(config.kafka.topic_prefix))

@@ -10,9 +10,10 @@ import pytest
 
 from gpcdc_toolkit.audit import run_audit
 from gpcdc_toolkit.bootstrap import Pipeline, bootstrap, drop_slots
-from gpcdc_toolkit.capture import CaptureGroup, capture_status, parse_nodes, wait_until_acknowledged
+from gpcdc_toolkit.capture import CaptureGroup, capture_status, kafka_watermarks, parse_nodes, wait_until_acknowledged
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.connect import kafka_client_settings
+from gpcdc_toolkit.protocol import Topics
 from gpcdc_toolkit.replay import Replayer
 from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.validate import check_against_truth, read_captured, validate
@@ -67,7 +68,7 @@ def test_the_pipeline_at_64_segments_with_workers_on_two_hosts(clusters, broker,
         on_a = CaptureGroup(a).start(nodes=parse_nodes("coordinator,0-31"), timeout=180)
         on_b = CaptureGroup(b).start(nodes=parse_nodes("32-63"), timeout=180)
         assert len(on_a) + len(on_b) == SEGMENTS + 1
-        rows = {r.node: r for r in capture_status(source, CaptureGroup(a), kafka_client_settings(a))}
+        rows = {r.node: r for r in capture_status(source, CaptureGroup(a), watermarks_of(a))}
         assert all(r.alive for r in rows.values())
         assert {rows[c].worker.split(" on ")[0] for c in range(32, SEGMENTS)} == {f"pid {p}" for p in on_b.values()}
 
@@ -90,3 +91,7 @@ def test_the_pipeline_at_64_segments_with_workers_on_two_hosts(clusters, broker,
         for config in hosts:
             CaptureGroup(config).stop()
         drop_slots(source, pipeline.slot, publication=pipeline.publication)
+
+
+def watermarks_of(config):
+    return kafka_watermarks(kafka_client_settings(config), Topics(config.kafka.topic_prefix))

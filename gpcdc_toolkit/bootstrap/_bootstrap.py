@@ -33,7 +33,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -338,8 +338,17 @@ def _create_all(slots: list[_Slot], export: bool, timeout: float) -> None:
     node, and one after the other the waits (and the peaceful method's window, in which
     no transaction may begin) would add up with the segments."""
     with ThreadPoolExecutor(max_workers=min(_PARALLEL_SLOTS, len(slots))) as pool:
-        for done in [pool.submit(s.create, export, timeout) for s in slots]:
-            done.result()  # the first failure, once all have ended
+        creating = {pool.submit(s.create, export, timeout): s for s in slots}
+        try:
+            for done in as_completed(creating):
+                done.result()
+        except BaseException:
+            # The first failure stops the others (the clean-up drops what was made):
+            # those not begun are not, those waiting are cancelled on their servers.
+            for future, slot in creating.items():
+                if not future.cancel() and not future.done():
+                    slot.conn.cancel()
+            raise
 
 
 def _export_initial_snapshot(cluster: Cluster, pipeline: Pipeline, snapshots: dict[int, str],

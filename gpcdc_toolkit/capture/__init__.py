@@ -4,7 +4,7 @@ from ._hosts import holder, parse_nodes
 from ._processes import CaptureGroup, child_environment, config_environment, run_worker
 from ._repair import extend_pipeline, repair_segment
 from ._reset import DroppedPipeline, drop_pipeline
-from ._status import NodeStatus, capture_status, wait_until_acknowledged
+from ._status import NodeStatus, capture_status, kafka_watermarks, wait_until_acknowledged
 from ._worker import (
     CaptureWorker,
     WorkerSettings,
@@ -16,7 +16,7 @@ from ._worker import (
 )
 
 __all__ = [
-    "NodeStatus", "capture_status", "holder", "parse_nodes", "wait_until_acknowledged",
+    "NodeStatus", "capture_status", "kafka_watermarks", "holder", "parse_nodes", "wait_until_acknowledged",
     "CaptureGroup", "child_environment", "config_environment", "run_worker", "DroppedPipeline", "drop_pipeline",
     "extend_pipeline", "repair_segment",
     "CaptureWorker", "WorkerSettings", "WorkerStats", "delete_topics", "ensure_topics", "producer_config",

@@ -19,22 +19,26 @@ from ..errors import ConfigError
 
 WORKER_APPLICATION = "gpcdc capture"
 _NAMEDATALEN = 63  # PostgreSQL keeps this many bytes of an application_name
-_RANGE = re.compile(r"^(-1|\d+)(?:-(\d+))?$")
-_HOLDER = re.compile(rf"^{WORKER_APPLICATION} (.+) pid (\d+)$")
+_RANGE = re.compile(r"^(-1|[0-9]{1,5})(?:-([0-9]{1,5}))?$")
+_MOST = 65535  # content ids above are no cluster's; and a range up to them would fill memory
+_HOLDER = re.compile(rf"^{WORKER_APPLICATION} (.+) pid ([0-9]{{1,10}})$")
 
 
 def parse_nodes(text: str) -> frozenset[int]:
-    """The content ids a ``--nodes`` list names: ``0-31``, ``coordinator,0-7``, ``-1,3,5``."""
+    """The content ids a ``--nodes`` list names: ``0-31``, ``coordinator,0-7``, ``-1,3,5``
+    (on a command line, ``--nodes=-1,3,5``: a value starting with '-' reads as a flag)."""
     chosen: set[int] = set()
     for item in (part.strip() for part in text.split(",")):
         if item == "coordinator":
             chosen.add(COORDINATOR)
             continue
-        match = _RANGE.match(item)
+        match = _RANGE.fullmatch(item)
         if match is None:
             raise ConfigError(f"--nodes: {item!r} is neither a content id, a range such as 0-31, nor 'coordinator'",
                               fix="give content ids and ranges separated by commas, e.g. --nodes coordinator,0-31")
         first, last = int(match[1]), int(match[2] if match[2] is not None else match[1])
+        if last > _MOST:
+            raise ConfigError(f"--nodes: {item!r} goes beyond content id {_MOST}", fix="name the cluster's nodes")
         if last < first:
             raise ConfigError(f"--nodes: the range {item!r} ends before it starts", fix=f"write it as {last}-{first}")
         chosen.update(range(first, last + 1))
@@ -75,7 +79,7 @@ def worker_application(host: str, pid: int) -> str:
 def holder(application_name: str | None) -> tuple[str, int] | None:
     """(host, pid) of the capture worker that ``application_name`` names; None for any
     other client."""
-    match = _HOLDER.match(application_name or "")
+    match = _HOLDER.fullmatch(application_name or "")
     return (match[1], int(match[2])) if match else None
 
 

@@ -115,29 +115,28 @@ class CaptureGroup:
     def held_elsewhere(self, contents: Collection[int]) -> dict[int, str]:
         """The nodes among ``contents`` without a worker on this host whose slot a client
         holds (a capture worker of another host, or anything else), with its
-        ``application_name``. Empty while the source does not answer: the workers
-        started then wait for it themselves."""
+        ``application_name``. A node that does not answer is not among them: a worker
+        started for it waits for it, and for its slot, itself."""
         contents = [c for c in contents if not self.pid(c)]
         if not contents:
             return {}
         try:
             cluster = open_cluster(self.config, "source")
-            held = {}
-            for node in (n for n in cluster.nodes if n.content in contents):
+        except UnreachableError:
+            return {}
+        held = {}
+        for node in (n for n in cluster.nodes if n.content in contents):
+            try:
                 with cluster.connect_node(node) as conn:
                     row = conn.execute(
                         "SELECT coalesce(r.application_name, '') FROM pg_replication_slots s LEFT JOIN "
                         "pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = %s AND s.active",
                         (self.pipeline.slot,)).fetchone()
-                if row is None:
-                    continue
-                name, worker = str(row[0]), holder(row[0])
-                if worker and name == worker_application(socket.gethostname(), worker[1]) and not pid_alive(worker[1]):
-                    continue  # this host's worker, killed: its walsender is on its way out
-                held[node.content] = name
-            return held
-        except UnreachableError:
-            return {}
+            except UnreachableError:
+                continue
+            if row is not None and (holder(row[0]) is None or other_worker(row[0]) is not None):
+                held[node.content] = str(row[0])
+        return held
 
     def log_file(self, content: int) -> Path:
         return self.pipeline.directory / f"node{content}.log"
@@ -175,6 +174,15 @@ class CaptureGroup:
 
     def _contents(self) -> list[int]:
         return sorted(int(p.name[4:-4]) for p in self.pipeline.directory.glob("node*.pid"))
+
+
+def other_worker(application_name: str | None) -> tuple[str, int] | None:
+    """(host, pid) of the capture worker ``application_name`` names, unless it is one of
+    this host's that has died (its walsender not gone yet)."""
+    worker = holder(application_name)
+    if worker and application_name == worker_application(socket.gethostname(), worker[1]) and not pid_alive(worker[1]):
+        return None
+    return worker
 
 
 def run_worker(config: Config, content: int) -> None:

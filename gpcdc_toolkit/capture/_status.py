@@ -11,11 +11,11 @@ from dataclasses import dataclass
 import orjson
 
 from ..cluster import Cluster
-from ..errors import GpcdcError
+from ..errors import BrokerError, GpcdcError
 from ..protocol import Topics, format_lsn, parse_lsn
 from ._changes import added_nodes, node_change
 from ._hosts import holder, latest_watermarks
-from ._processes import CaptureGroup
+from ._processes import CaptureGroup, other_worker
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,10 @@ _NODE_QUERY = (
     "LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid")
 
 
-def capture_status(cluster: Cluster, group: CaptureGroup, kafka: Mapping[str, str] | None = None) -> list[NodeStatus]:
+def capture_status(cluster: Cluster, group: CaptureGroup,
+                   watermarks: Mapping[int, tuple[int, int | None]] | None = None) -> list[NodeStatus]:
     """Each node's capture, as any host sees it: the slot's position and holder from
-    the node, how far Kafka has the node from its watermarks there (with ``kafka``),
+    the node, how far Kafka has the node from ``watermarks`` (:func:`kafka_watermarks`),
     and this host's own workers from their pid and status files."""
     rows = []
     slot = group.pipeline.slot
@@ -55,7 +56,7 @@ def capture_status(cluster: Cluster, group: CaptureGroup, kafka: Mapping[str, st
     start = group.pipeline.start_point() if group.pipeline.start_point_file.is_file() else None
     started = {n.content: n for n in start.captured_nodes} if start else {}  # repaired: the new slot
     added = added_nodes((n.content for n in cluster.nodes), start.captured_nodes) if start else None
-    in_kafka = kafka_watermarks(kafka, Topics(group.pipeline.prefix)) if kafka is not None and start else {}
+    in_kafka = watermarks or {}
     for node in cluster.nodes:
         with cluster.connect_node(node) as conn:
             current, confirmed, wal_status, found, system_identifier, walfile, active, application = conn.execute(
@@ -65,10 +66,12 @@ def capture_status(cluster: Cluster, group: CaptureGroup, kafka: Mapping[str, st
             slot_found=found, wal_status=wal_status)
         behind = parse_lsn(current) - parse_lsn(confirmed) if confirmed else 0
         pid = group.pid(node.content)
-        remote = holder(application) if active and not pid else None
+        named = holder(application) if active and not pid else None
+        remote = other_worker(application) if named else None
         status = (group.status(node.content) or {}) if remote is None else {}  # this host's worker's own word
         last_ms = status.get("last_commit_ts_ms")
-        _lsn, resolved_ms = in_kafka.get(node.content, (0, status.get("resolved_ts_ms")))
+        _lsn, resolved_ms = in_kafka.get(node.content, (0, None))
+        resolved_ms = resolved_ms if resolved_ms is not None else status.get("resolved_ts_ms")
         seconds = round(max(0.0, time.time() - resolved_ms / 1000), 1) if behind and resolved_ms else 0.0
         rows.append(NodeStatus(
             node=node.content,
@@ -84,7 +87,7 @@ def capture_status(cluster: Cluster, group: CaptureGroup, kafka: Mapping[str, st
             last_error=status.get("last_error"),
             changed=str(change) if change else None,
             resolved_in_kafka=_time(resolved_ms) if node.content in in_kafka and resolved_ms else "-",
-            held_by=(application or "an unnamed client") if active and not pid and remote is None else None,
+            held_by=(application or "an unnamed client") if active and not pid and named is None else None,
         ))
     return rows
 
@@ -96,13 +99,21 @@ def _time(ms: int) -> str:
 def kafka_watermarks(kafka: Mapping[str, str], topics: Topics, depth: int = 512) -> dict[int, tuple[int, int | None]]:
     """Per node, its furthest watermark among the last ``depth`` messages of each
     partition of the pipeline's topics (a worker sends one every heartbeat, so a
-    running one's is near the end). A topic not made yet holds none."""
+    running one's is near the end). A topic not made yet holds none. A broker that does
+    not answer raises BrokerError."""
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
+    from ..broker import check_reachable
     from ..ingest._consumer import end_offsets, read_to_end
 
+    check_reachable(kafka)
     values = []
-    made = AdminClient(dict(kafka)).list_topics(timeout=10).topics
+    try:
+        made = AdminClient(dict(kafka)).list_topics(timeout=10).topics
+    except KafkaException as e:
+        raise BrokerError(f"cannot list Kafka's topics: {e.args[0].str()}",
+                          fix="check the broker and kafka.bootstrap_servers") from None
     for topic in (t for t in (topics.dtx, topics.changes) if t in made):
         ends = end_offsets(kafka, topic)
         for message in read_to_end(kafka, topic, start={p: max(0, end - depth) for p, end in ends.items()}):

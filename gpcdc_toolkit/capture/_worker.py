@@ -199,9 +199,10 @@ class CaptureWorker:
         conn = None
         try:
             # Named, so that any host sees which worker holds the slot (``_hosts``).
-            named = self.cluster.dsn(self.node, application_name=worker_application(socket.gethostname(), os.getpid()))
-            conn = psycopg2.connect(named, connection_factory=psycopg2.extras.LogicalReplicationConnection,
-                                    connect_timeout=10)
+            conn = psycopg2.connect(self.cluster.dsn(self.node),
+                                    connection_factory=psycopg2.extras.LogicalReplicationConnection,
+                                    connect_timeout=10,
+                                    application_name=worker_application(socket.gethostname(), os.getpid()))
             cur = conn.cursor()
             try:
                 acked = self._slot_position(cur, probe)

@@ -14,6 +14,7 @@ from ..capture import (
     drop_pipeline,
     extend_pipeline,
     holder,
+    kafka_watermarks,
     parse_nodes,
     repair_segment,
     run_worker,
@@ -21,7 +22,7 @@ from ..capture import (
 from ..config import Config
 from ..connect import kafka_client_settings, open_cluster
 from ..errors import ClusterChangedError, ConfigError, GpcdcError
-from ..protocol import StartPoint, format_lsn
+from ..protocol import StartPoint, Topics, format_lsn
 from ._command import Command, say
 
 
@@ -195,13 +196,13 @@ class Status(Command):
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
         source = open_cluster(config, "source")  # the source unreachable: nothing to show
-        kafka: dict[str, str] | None = kafka_client_settings(config)
+        group = CaptureGroup(config)
+        watermarks = None
         try:
-            check_reachable(kafka_client_settings(config))
+            watermarks = kafka_watermarks(kafka_client_settings(config), Topics(config.kafka.topic_prefix))
         except GpcdcError as e:
-            print(f"gpcdc: Kafka does not answer, so nothing is said of what it holds: {e.message}", file=sys.stderr)
-            kafka = None
-        rows = capture_status(source, CaptureGroup(config), kafka)
+            print(f"gpcdc: nothing is said of what Kafka holds: {e.message}", file=sys.stderr)
+        rows = capture_status(source, group, watermarks)
         width = max([14, *(len(r.worker) for r in rows)])
         say(f"{'node':>4} {'worker':<{width}} {'behind':>12} {'seconds':>8} {'events':>10} {'MB':>8} "
             f"{'acked LSN':>12} {'last acked commit':<24} {'resolved in Kafka':<24}")

@@ -14,47 +14,56 @@ releases as any other caller of the channel would.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
-_queued: queue.SimpleQueue[tuple[Callable[[Any], None], Any]] = queue.SimpleQueue()  # safe to put from a finalizer
+_queued: queue.SimpleQueue[tuple[Callable[[Any], None], Any] | threading.Event] = queue.SimpleQueue()  # put: finalizer-safe
 _installed = threading.Lock()
-_done = False
+_installed_in: int | None = None  # the process whose thread sends (a forked child starts its own)
 
 
 def release_outside_the_collector() -> None:
     """Queue the server-cached relations' releases for a thread of their own (once per
     process)."""
-    global _done
+    global _installed_in
     from pyspark.sql.connect.plan import CachedRemoteRelation
 
     with _installed:
-        if _done:
+        if _installed_in == os.getpid():
             return
-        release = CachedRemoteRelation.__del__
+        if _installed_in is None:
+            release = CachedRemoteRelation.__del__
 
-        def queue_release(relation: Any) -> None:
-            if getattr(relation, "_relation_id", None) is not None:
-                _queued.put((release, relation))  # the relation lives on until the thread has released it
+            def queue_release(relation: Any) -> None:
+                if getattr(relation, "_relation_id", None) is not None:
+                    _queued.put((release, relation))  # the relation lives on until the thread has released it
 
-        CachedRemoteRelation.__del__ = queue_release  # type: ignore[method-assign]
+            CachedRemoteRelation.__del__ = queue_release  # type: ignore[method-assign]
         threading.Thread(target=_send_releases, name="spark-connect-releases", daemon=True).start()
-        _done = True
+        _installed_in = os.getpid()
 
 
 def _send_releases() -> None:
     while True:
-        release, relation = _queued.get()
+        item = _queued.get()
+        if isinstance(item, threading.Event):
+            item.set()  # everything queued before it is sent
+            continue
+        release, relation = item
         try:
             release(relation)  # the library's, which logs its own failures
         except Exception as e:  # noqa: BLE001 (this thread must go on releasing the others)
             log.warning("releasing a DataFrame checkpointed on the Spark server failed: %s", e)
         relation._relation_id = None  # released: a finalizer run again finds nothing to do
+        del item, release, relation  # not kept alive (nor its session) until the next one
 
 
-def pending_releases() -> int:
-    """How many releases wait to be sent (for tests)."""
-    return _queued.qsize()
+def releases_sent(timeout: float) -> bool:
+    """Wait until every release queued so far is sent; whether it was within ``timeout``."""
+    sent = threading.Event()
+    _queued.put(sent)
+    return sent.wait(timeout)
