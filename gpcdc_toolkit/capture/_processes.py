@@ -90,7 +90,7 @@ class CaptureGroup:
         if foreign:
             content, name = min(foreign.items())
             raise GpcdcError(f"the pipeline's slot on node {content} is held by another client ({name!r})",
-                             fix="stop that client (pg_stat_replication shows it on the node), then start capture")
+                             fix="stop that client (pg_stat_activity shows it on the node, by the slot's active_pid), then start capture")
         started: dict[int, int] = {}
         for content in (c for c in wanted if c not in holders):
             self.status_file(content).unlink(missing_ok=True)
@@ -130,7 +130,7 @@ class CaptureGroup:
                 with cluster.connect_node(node) as conn:
                     row = conn.execute(
                         "SELECT coalesce(r.application_name, '') FROM pg_replication_slots s LEFT JOIN "
-                        "pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = %s AND s.active",
+                        "pg_stat_activity r ON r.pid = s.active_pid WHERE s.slot_name = %s AND s.active",
                         (self.pipeline.slot,)).fetchone()
             except UnreachableError:
                 continue

@@ -42,7 +42,7 @@ _NODE_QUERY = (
     "SELECT pg_current_wal_lsn()::text, s.confirmed_flush_lsn::text, s.wal_status, s.slot_name IS NOT NULL, "
     "c.system_identifier::text, pg_walfile_name(pg_current_wal_lsn()), s.active, r.application_name "
     "FROM pg_control_system() c LEFT JOIN pg_replication_slots s ON s.slot_name = %s "
-    "LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid")
+    "LEFT JOIN pg_stat_activity r ON r.pid = s.active_pid")  # a walsender, or a backend reading the slot by SQL
 
 
 def capture_status(cluster: Cluster, group: CaptureGroup,
