@@ -81,6 +81,12 @@ class SourceRef(ClusterRef):
 
 
 TARGET_KINDS = ("auto", "sandbox", "postgres")
+# librdkafka settings (with their aliases) that capture's producer fixes: acknowledged by
+# every replica, written once, never timed out locally, never past a gap.
+GUARDED_CLIENT_SETTINGS = frozenset({
+    "acks", "request.required.acks", "enable.idempotence", "message.timeout.ms", "delivery.timeout.ms",
+    "enable.gapless.guarantee",
+})
 
 
 @dataclass(frozen=True)
@@ -367,6 +373,12 @@ def _read_file(path: Path, where: str) -> dict[str, Any]:
     client = values.get("kafka.client", {})
     if not isinstance(client, Mapping):
         raise ConfigError(f"{path}: kafka.client must be a table of librdkafka settings")
+    if guarded := sorted(GUARDED_CLIENT_SETTINGS.intersection(client)):
+        raise ConfigError(
+            f"{path}: [kafka.client] sets {', '.join(guarded)}, on which the order of each partition "
+            "and the slots' acknowledgements rest (capture sets them itself)",
+            fix=f"remove {', '.join(guarded)} from [kafka.client]",
+        )
     return values
 
 

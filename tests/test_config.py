@@ -7,8 +7,9 @@ from hypothesis import strategies as st
 
 from gpcdc_toolkit import ConfigError, load_config
 from gpcdc_toolkit.capture._processes import CaptureGroup, config_environment
+from gpcdc_toolkit.capture._worker import WorkerSettings
 from gpcdc_toolkit.cli import build_parser
-from gpcdc_toolkit.config import SETTINGS, CaptureSettings
+from gpcdc_toolkit.config import GUARDED_CLIENT_SETTINGS, SETTINGS, CaptureSettings
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -45,6 +46,31 @@ def test_client_settings_table_passes_through(tmp_path):
     path = write(tmp_path, '[kafka.client]\n"security.protocol" = "SASL_SSL"\n"linger.ms" = 5\n')
     config = load_config({}, config_file=path, environ={})
     assert config.kafka.client == {"security.protocol": "SASL_SSL", "linger.ms": "5"}
+
+
+@given(st.sets(st.sampled_from(sorted(GUARDED_CLIENT_SETTINGS)), min_size=1),
+       st.dictionaries(st.sampled_from(["linger.ms", "security.protocol", "client.id"]), st.text(
+           st.characters(codec="ascii", exclude_categories=("Cc",)).filter(lambda c: c not in '"\\'), max_size=8)))
+@settings(max_examples=30, deadline=None)
+def test_client_settings_that_capture_fixes_are_refused_by_name(tmp_path_factory, guarded, others):
+    table = {**others, **{name: "0" for name in guarded}}
+    path = write(tmp_path_factory.mktemp("guarded"), "[kafka.client]\n" + "".join(
+        f'"{k}" = "{v}"\n' for k, v in table.items()))
+    with pytest.raises(ConfigError) as raised:
+        load_config({}, config_file=path, environ={})
+    message = str(raised.value)
+    assert "\n" not in message and f"remove {', '.join(sorted(guarded))} from [kafka.client]" in message
+    assert not any(f" {name}" in message.split("sets ", 1)[1] for name in others)
+
+
+def test_the_producer_waits_for_kafka_rather_than_leave_a_gap():
+    from gpcdc_toolkit.capture._worker import DELIVERY_GUARANTEES, producer_config
+
+    assert set(DELIVERY_GUARANTEES) <= GUARDED_CLIENT_SETTINGS
+    config = producer_config(WorkerSettings(kafka={"linger.ms": "1"}, capture=CaptureSettings(), prefix="p",
+                                            replicas=0), on_error=None)
+    assert config["message.timeout.ms"] == 0 and config["enable.gapless.guarantee"] is True
+    assert config["acks"] == "all" and config["enable.idempotence"] is True
 
 
 def test_dsn_replaces_the_default_sandbox():

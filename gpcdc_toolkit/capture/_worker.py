@@ -67,7 +67,13 @@ _CLOCK_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
 
 class DeliveryFailed(RuntimeError):
-    """Kafka refused or timed out a message: the session restarts from the slot."""
+    """Kafka refused a message, or the producer stopped at an error that could have left
+    a gap: the session restarts from the slot."""
+
+
+class StopRequested(Exception):
+    """A stop asked for while the worker waited for Kafka: the session ends, and what
+    was not acknowledged comes again from the slot."""
 
 
 class HistoryLost(StreamError):
@@ -106,16 +112,27 @@ class WorkerStats:
     updated_ms: int = 0
 
 
+# The settings each partition's order rests on; ``[kafka.client]`` may not change them.
+DELIVERY_GUARANTEES: dict[str, Any] = {
+    "enable.idempotence": True,
+    "acks": "all",
+    # A message that timed out locally leaves a gap: later ones of its partition may
+    # already be written, and the slot sends it again after them. So none times out:
+    # while Kafka does not answer, the worker waits for it, and a failure that could
+    # still leave a gap stops the producer (a fatal error) instead.
+    "message.timeout.ms": 0,
+    "enable.gapless.guarantee": True,
+}
+
+
 def producer_config(settings: WorkerSettings, on_error: Any) -> dict[str, Any]:
     return {
         **settings.kafka,
-        "enable.idempotence": True,
-        "acks": "all",
+        **DELIVERY_GUARANTEES,
         "linger.ms": 5,
         "batch.num.messages": 10000,
         "queue.buffering.max.kbytes": settings.capture.producer_queue_kbytes,
         "queue.buffering.max.messages": 200000,
-        "message.timeout.ms": 60000,
         "partitioner": "murmur2_random",
         # Only failures call back into Python: success is learnt from flush().
         "delivery.report.only.error": True,
@@ -155,6 +172,8 @@ class CaptureWorker:
                 self._session(stop)
                 self._set_state("stopped")
                 return
+            except StopRequested:
+                break
             except (ProtocolError, HistoryLost, ClusterChangedError) as e:
                 self.stats.last_error = str(e)
                 self._set_state(f"failed: {e}")
@@ -355,7 +374,7 @@ class CaptureWorker:
         clock_probes: deque[tuple[int, int, int, list[int]]] = deque(maxlen=64)
         next_ack = next_beat = time.monotonic()
         self._set_state("streaming")
-        produce = self._producer(producer)
+        produce = self._producer(producer, stop)
         while not stop.is_set():
             message = cur.read_message()
             caught_up = message is None
@@ -413,7 +432,7 @@ class CaptureWorker:
         lsn, server_ms = probe.execute(f"SELECT pg_current_wal_flush_lsn()::text, {_CLOCK_MS}").fetchone()  # type: ignore[misc]
         return parse_lsn(lsn), int(server_ms), int(prepared_ms), gxids
 
-    def _producer(self, producer: Producer) -> Callable[[list[Outbound]], None]:
+    def _producer(self, producer: Producer, stop: threading.Event) -> Callable[[list[Outbound]], None]:
         content = self.node.content
         stats = self.stats
         fixed: list[int] | None  # every event's partition, when the dispatcher fixes one for all
@@ -432,13 +451,25 @@ class CaptureWorker:
                         try:
                             send(topic, out.value, out.key, partition=partition)
                             break
-                        except BufferError:
-                            producer.poll(0.05)  # the bounded queue is full: let deliveries drain it
+                        except BufferError:  # the bounded queue is full: let deliveries drain it
+                            self._wait_for_room(producer, stop)
                     stats.events += 1
                     stats.bytes += len(out.value)
                     kinds[out.kind] = kinds.get(out.kind, 0) + 1
 
         return produce
+
+    def _wait_for_room(self, producer: Producer, stop: threading.Event) -> None:
+        """While Kafka does not take the queue's events, none of them times out (see
+        ``DELIVERY_GUARANTEES``): the wait ends when room is made, a delivery fails or a
+        stop is asked for."""
+        if self._delivery_error is not None:
+            raise DeliveryFailed(f"Kafka did not take an event: {self._delivery_error.str()}")
+        if stop.is_set():
+            raise StopRequested()
+        if not self.stats.state.startswith("waiting for Kafka"):
+            self._set_state(f"waiting for Kafka ({len(producer)} events unacknowledged, the queue full)")
+        producer.poll(0.05)
 
     def _acknowledge(self, producer: Producer, cur: Any, acked: int, target: int) -> int:
         """Move the slot to ``target`` once Kafka has every event produced so far."""

@@ -8,7 +8,9 @@ matrix, every fault repeated in several runs, is `./dev faults` (marker `faults`
 
 import collections
 import contextlib
+import datetime
 import json
+import os
 import random
 import re
 import signal
@@ -48,6 +50,7 @@ class Pipeline_:
     replayer: subprocess.Popen | None = None
     recoveries: dict = field(default_factory=dict)  # fault -> seconds to recover, each time
     extra: int = 0  # transactions written outside the workload (negative account ids)
+    frozen: list = field(default_factory=list)  # when the broker was frozen, then thawed (epoch seconds)
 
     def start_replayer(self, work_dir):
         self.replayer = subprocess.Popen(replay_command(work_dir, self.target, self.config), env=ENV,
@@ -146,6 +149,25 @@ def kill_broker(env, source, work_dir):
     return time.monotonic() - began
 
 
+FROZEN_FOR = 75.0  # seconds: past librdkafka's request timeout (30 s) and what was capture's message timeout (60 s)
+
+
+def freeze_broker(env, source, work_dir):
+    """The broker stops answering (SIGSTOP: its connections stay open) for longer than
+    any of the producer's timeouts. Requests time out in flight and are sent again; no
+    message may time out while later ones of its partition get through (a gap)."""
+    env.frozen = [time.time()]
+    os.kill(env.broker.pid, signal.SIGSTOP)
+    try:
+        threading.Event().wait(FROZEN_FOR)  # the outage itself
+    finally:
+        os.kill(env.broker.pid, signal.SIGCONT)
+        env.frozen.append(time.time())
+    began = time.monotonic()
+    wait_until_acknowledged(source, env.pipeline.slot, timeout=120)
+    return time.monotonic() - began
+
+
 def restarting(node, mode):
     """A node of the source stopped (fast, or immediate: as a crash) and started again;
     then what Greenplum's coordinator does on recovery: in-doubt parts finished."""
@@ -191,6 +213,7 @@ def most_leading(config):
 
 
 FAULTS = {"capture worker SIGKILL": kill_capture, "replayer SIGKILL": kill_replayer, "broker SIGKILL": kill_broker}
+FREEZES = {f"broker frozen for {FROZEN_FOR:g} s": freeze_broker}
 # Faults of a Kafka cluster (three nodes); on a pipeline whose Kafka is one.
 KAFKA_CLUSTER_FAULTS = {"Kafka leader, then a second broker, SIGKILL": kill_leader_then_a_second_broker}
 # Faults whose writers see errors (the workload reconnects; a transaction cut at its
@@ -212,7 +235,7 @@ def run_scenario(env, source, work_dir, faults, *, seconds=6.0, seed=0):
     try:
         for fault in faults:
             threading.Event().wait(rng.uniform(0.2, seconds / (len(faults) + 1)))  # a random moment
-            recovery = {**FAULTS, **RESTARTS, **KAFKA_CLUSTER_FAULTS}[fault](env, source, work_dir)
+            recovery = {**FAULTS, **RESTARTS, **KAFKA_CLUSTER_FAULTS, **FREEZES}[fault](env, source, work_dir)
             env.recoveries.setdefault(fault, []).append(round(recovery, 2))
     finally:
         load.join()
@@ -245,16 +268,17 @@ def applied_once_each(env, figures):
     return applied_count(env.target.cluster()) >= figures["transactions"]
 
 
-def audit_is_clean(spark, env):
+def audit_findings(spark, env):
+    """The audit's warnings and errors: (rule, severity, evidence); none on a clean stream."""
     result = run_audit(spark, env.config, write=False)
-    return [(rule, severity, n) for rule, severity, n in result.summary if severity != "info"] == []
+    return [(r.rule, r.severity, r.evidence) for r in result.findings.where("severity != 'info'").collect()]
 
 
 def test_each_fault_once_while_writing_loses_nothing(spark, source, work_dir, running):
     figures = run_scenario(running, source, work_dir, list(FAULTS), seconds=8.0, seed=11)
     assert figures["lost"] == 0 and figures["transactions"] > 100
     assert applied_once_each(running, figures)
-    assert audit_is_clean(spark, running)
+    assert audit_findings(spark, running) == []
     running.replayer.terminate()
     assert running.replayer.wait(60) == 0, running.said()
 
@@ -286,10 +310,35 @@ def test_a_kafka_cluster_losing_the_leader_then_a_second_broker_loses_nothing(sp
                                seed=31)
         assert figures["lost"] == 0 and figures["transactions"] > 100
         assert applied_once_each(env, figures)
-        assert audit_is_clean(spark, env)
+        assert audit_findings(spark, env) == []
         env.replayer.terminate()
         assert env.replayer.wait(60) == 0, env.said()
         print("KAFKA-CLUSTER", json.dumps({**figures, "recovery_s": env.recoveries}))
+
+
+@pytest.mark.changes
+def test_a_broker_frozen_past_every_client_timeout_loses_nothing_and_no_worker_starts_over(
+        spark, source_sandbox, work_dir):
+    """Capture waits for a broker that does not answer, however long: a worker that gave
+    up on a message and started over from its slot would write that message's
+    transaction after later ones, which the replayer refuses."""
+    with pipeline_of(source_sandbox, work_dir) as env:
+        source = source_sandbox.cluster()
+        figures = run_scenario(env, source, work_dir, list(FREEZES), seconds=6.0, seed=41)
+        assert figures["lost"] == 0 and figures["transactions"] > 50
+        restarts = {node.content: env.group.status(node.content)["restarts"] for node in source.nodes}
+        assert set(restarts.values()) == {0}, restarts
+        assert applied_once_each(env, figures)
+        # The nodes' watermarks may show them silent, but only across the freeze.
+        findings = audit_findings(spark, env)
+        assert {rule for rule, _, _ in findings} <= {"watermark_gap"}, findings
+        for _, _, evidence in findings:
+            since, until = (datetime.datetime.fromisoformat(t).timestamp()
+                            for t in re.search(r"\(from (.+) to (.+)\)", evidence).groups())
+            assert since <= env.frozen[1] and until >= env.frozen[0], (evidence, env.frozen)
+        env.replayer.terminate()
+        assert env.replayer.wait(60) == 0, env.said()
+        print("FROZEN-BROKER", json.dumps({**figures, "recovery_s": env.recoveries, "silences": len(findings)}))
 
 
 @pytest.mark.changes
@@ -544,7 +593,7 @@ def check_fault(spark, source, work_dir, running, fault, run):
     figures = run_scenario(running, source, work_dir, [fault] * 3, seconds=8.0, seed=100 + run)
     assert figures["lost"] == 0
     assert applied_once_each(running, figures)
-    assert audit_is_clean(spark, running)
+    assert audit_findings(spark, running) == []
     running.replayer.terminate()
     assert running.replayer.wait(60) == 0, running.said()
     print("FAULT-MATRIX", json.dumps({**figures, "run": run, "recovery_s": running.recoveries}))
