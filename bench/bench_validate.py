@@ -5,7 +5,8 @@ stall at sync points, all measured in the same run.
    text, numeric, float, int[], jsonb), each row on the segment its key names. Per N:
    - baseline: count(*) on every segment of both clusters, all at once;
    - checksum validation of the equal tables, without and with the placement check
-     (which reads every target row's key); ratio to the baseline;
+     (each target segment asked for its rows that its routing sends elsewhere); ratio
+     to the baseline; each the median of three runs;
    - the same with 100 rows changed on the target (bisection and row diff);
    - pulling every row of both sides and comparing them in Python (the demo's way);
      ratio of checksum validation to it; and the Spark mode (local[2], session already
@@ -68,7 +69,7 @@ def load(cluster: Cluster, rows: int) -> None:
 
 
 def count_all(source: Cluster, target: Cluster, name: str) -> float:
-    """count(*) on every segment of both clusters at once; seconds."""
+    """count(*) on every segment of both clusters at once; the median of three runs' seconds."""
     nodes = [(c, n) for c in (source, target) for n in c.segments]
 
     def count(pair: tuple[Cluster, object]) -> int:
@@ -76,10 +77,13 @@ def count_all(source: Cluster, target: Cluster, name: str) -> float:
         with cluster.connect_node(node) as conn:  # type: ignore[arg-type]
             return int(conn.execute(f"SELECT count(*) FROM {name}").fetchone()[0])  # type: ignore[index]
 
-    started = time.perf_counter()
-    with ThreadPoolExecutor(len(nodes)) as pool:
-        list(pool.map(count, nodes))
-    return time.perf_counter() - started
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        with ThreadPoolExecutor(len(nodes)) as pool:
+            list(pool.map(count, nodes))
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 def pull_and_compare(source: Cluster, target: Cluster, name: str) -> float:
@@ -98,9 +102,13 @@ def pull_and_compare(source: Cluster, target: Cluster, name: str) -> float:
 
 
 def timed_checksum(source: Cluster, target: Cluster, name: str, placement: bool) -> tuple[float, object]:
-    started = time.perf_counter()
-    result = compare_checksums(source, target, name, placement=placement)
-    return time.perf_counter() - started, result
+    """The median of three validations' seconds, and the last one's result."""
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        result = compare_checksums(source, target, name, placement=placement)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), result
 
 
 def change_rows(target: Cluster, name: str, rows: int, n: int, undo: bool = False) -> None:

@@ -2,7 +2,10 @@ import datetime as dt
 import decimal
 from collections import Counter
 
+import psycopg
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpcdc_toolkit.cluster import jump_consistent_hash, key_hash, segment_for
 
@@ -43,3 +46,79 @@ def test_bad_input():
     with pytest.raises(TypeError, match="unsupported distribution-key type float"):
         segment_for([1.5], 3)
 
+
+
+# The servers' routing (gp_dist.segment_of, in C) against segment_for, on the same keys:
+# any text PostgreSQL holds (quotes, separators, the unit separator itself, non-ASCII),
+# NULLs, composite keys, and every cluster size a sandbox has.
+_value = st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1), st.text(st.characters(exclude_characters="\x00")),
+                   st.sampled_from(["", "\x1f", "a\x1fb", "'", '"', "\\", "NULL", " "]))
+
+
+@given(keys=st.lists(st.lists(_value, min_size=1, max_size=3), min_size=1, max_size=30),
+       segments=st.integers(1, 256))
+@settings(max_examples=60, deadline=None)
+def test_the_servers_route_every_key_as_segment_for_does(source, keys, segments):
+    texts = [[None if v is None else str(v) for v in key] for key in keys]
+    with source.connect_node(source.segments[0]) as conn:
+        routed = [conn.execute("SELECT gp_dist.segment_of(%s, VARIADIC %s::text[])", (segments, key)).fetchone()[0]
+                  for key in texts]
+    assert routed == [segment_for(key, segments) for key in keys]
+
+
+def test_the_servers_refuse_a_cluster_without_segments(source):
+    with source.connect_node(source.segments[0]) as conn, pytest.raises(psycopg.errors.InvalidParameterValue,
+                                                                        match="at least 1 segment, got 0"):
+        conn.execute("SELECT gp_dist.segment_of(0, 'a')")
+
+
+def test_a_sandbox_without_the_servers_routing_is_named_with_the_fix(source):
+    """A sandbox made before the servers had the routing: its placement check stops
+    in one line instead of failing on an unknown function."""
+    from psycopg import sql
+
+    from gpcdc_toolkit.cluster import Session
+    from gpcdc_toolkit.errors import ClusterError
+
+    with Session(source) as session:
+        session.ddl("DROP TABLE IF EXISTS routed")
+        session.ddl("CREATE TABLE routed (id int PRIMARY KEY) DISTRIBUTED BY (id)")
+    info = source.table("routed")
+    node = source.segments[0]
+    with source.connect_node(node, autocommit=False) as conn:
+        conn.execute("DROP FUNCTION gp_dist.segment_of(int, text[])")  # rolled back when the connection closes
+        with pytest.raises(ClusterError) as raised:
+            source.misplaced_rows(node, conn, info, sql.SQL("t.ctid"))
+    message = str(raised.value)
+    assert "\n" not in message and "has no gp_dist.segment_of" in message and "gpcdc sandbox down --remove" in message
+
+
+@given(rows=st.lists(st.tuples(st.integers(-(2**31), 2**31 - 1), st.text(st.characters(exclude_characters="\x00"),
+                                                                        max_size=8), st.integers(0, 2)),
+                     max_size=25, unique_by=lambda r: (r[0], r[1])))
+@settings(max_examples=15, deadline=None)
+def test_each_segment_names_exactly_its_rows_that_belong_elsewhere(source, rows):
+    """Rows written straight to segments, some where their composite key belongs and
+    some not: each segment's own query finds exactly the others."""
+    from psycopg import sql
+
+    from gpcdc_toolkit.cluster import Session
+
+    with Session(source) as session:
+        session.ddl("DROP TABLE IF EXISTS placed")
+        session.ddl('CREATE TABLE placed (id int, "Name ""x""" text, PRIMARY KEY (id, "Name ""x""")) '
+                    'DISTRIBUTED BY (id, "Name ""x""")')
+    info = source.table("placed")
+    for node in source.segments:
+        with source.connect_node(node) as conn:
+            for key, name, on in rows:
+                if on % source.segment_count == node.content:
+                    conn.execute('INSERT INTO placed VALUES (%s, %s)', (key, name))
+    found = set()
+    for node in source.segments:
+        with source.connect_node(node) as conn:
+            found |= {(node.content, r[0], r[1]) for _relation, r in
+                      source.misplaced_rows(node, conn, info, sql.SQL('t.id, t."Name ""x"""'))}
+    expected = {(on % source.segment_count, key, name) for key, name, on in rows
+                if segment_for([key, name], source.segment_count) != on % source.segment_count}
+    assert found == expected

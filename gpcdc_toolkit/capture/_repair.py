@@ -113,7 +113,7 @@ def _refuse_unfinished_expansion(cluster: Cluster) -> None:
 
 
 def _refuse_own_placement(cluster: Cluster) -> None:
-    if not cluster.routes_in_python:
+    if not cluster.toolkit_routing:
         raise BootstrapError(f"a {cluster.kind} source places rows by its own shards, which capture of one node from "
                              "a cut cannot name on the target",
                              fix="bootstrap the pipeline again and replay into a fresh target")

@@ -88,9 +88,9 @@ class Cluster:
     a front door (plain PostgreSQL, Citus) is a subclass (``_frontdoor``)."""
 
     kind = "sandbox"
-    # Rows are placed by the toolkit's own hash, which has no SQL form: a placement
-    # check routes each row's key in Python (or in Spark).
-    routes_in_python = True
+    # Rows are placed by the toolkit's routing: segment_for, and its SQL form on every
+    # node (gp_dist.segment_of), which a placement check asks.
+    toolkit_routing = True
 
     def __init__(self, coordinator_dsn: str, nodes: Sequence[Node]) -> None:
         self.coordinator_dsn = coordinator_dsn
@@ -360,18 +360,18 @@ class Cluster:
     def misplaced_rows(self, node: Node, conn: psycopg.Connection[Any], info: Table,
                        select: sql.Composable) -> list[tuple[sql.Composable, tuple[Any, ...]]]:
         """The rows on ``node`` that the distribution key routes elsewhere, each with the
-        relation that holds it there and ``select`` over it (as ``t``). The routing hash
-        has no SQL form, so every row's key is read (streamed: the table may not fit in
-        memory), and whole rows only where misplaced."""
-        key = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.distribution_key)
-        with conn.cursor(name="gpcdc_placement") as keys:
-            keys.itersize = 20_000
-            keys.execute(sql.SQL("SELECT ctid::text, {} FROM {}").format(key, info.identifier))
-            wrong = [ctid for ctid, *values in keys if segment_for(values, self.segment_count) != node.content]
-        if not wrong:
-            return []
-        rows = conn.execute(sql.SQL("SELECT {} FROM {} t WHERE ctid::text = ANY(%s)").format(select, info.identifier),
-                            [wrong]).fetchall()
+        relation that holds it there and ``select`` over it (as ``t``), found by the node
+        itself: its ``gp_dist.segment_of`` routes as :func:`segment_for` does."""
+        if not info.distribution_key:
+            return []  # randomly distributed: any segment is the right one
+        key = sql.SQL(", ").join(sql.SQL("t.{}::text").format(sql.Identifier(c)) for c in info.distribution_key)
+        try:
+            rows = conn.execute(sql.SQL("SELECT {} FROM {} t WHERE gp_dist.segment_of(%s, VARIADIC ARRAY[{}]) <> %s")
+                                .format(select, info.identifier, key), (self.segment_count, node.content)).fetchall()
+        except psycopg.errors.UndefinedFunction:
+            raise ClusterError(f"{node} has no gp_dist.segment_of, the routing function every sandbox node has since "
+                               "placement is checked in SQL: the sandbox was made by an older version",
+                               fix="make the sandbox again (`gpcdc sandbox down --remove`, then `gpcdc sandbox up`)") from None
         return [(info.identifier, row) for row in rows]
 
     def fetch_all(self, query: str | sql.SQL | sql.Composed, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:

@@ -38,7 +38,7 @@ class FrontDoor(Cluster):
     listed as segment 0, the same server, so that validation reads it as any store."""
 
     kind = "postgres"
-    routes_in_python = False
+    toolkit_routing = False
 
     @classmethod
     def connect(cls, dsn: str) -> FrontDoor:

@@ -5,14 +5,18 @@ value given in Python (``42``) and the same value decoded from the WAL (``"42"``
 land on the same segment. The hash is mapped to a segment with jump consistent
 hashing (as Greenplum 6+ does), so that a cluster with a different number of
 segments re-routes rows deterministically.
+
+The sandbox's servers compute the same routing in SQL (``gp_dist.segment_of``, a C
+function from ``sandbox/routing.c``), so that a placement check runs where the rows
+are: the two forms must agree on every key.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import decimal
-import hashlib
 import uuid
+import zlib
 from collections.abc import Sequence
 
 _UNIT_SEPARATOR = "\x1f"
@@ -35,9 +39,10 @@ def key_text(value: object) -> str:
 
 
 def key_hash(values: Sequence[object]) -> int:
-    """A stable unsigned 64-bit hash of a distribution key (its values in key order)."""
+    """A stable unsigned 32-bit hash of a distribution key (its values in key order)."""
     text = _UNIT_SEPARATOR.join(key_text(v) for v in values)
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+    # CRC-32: it spreads keys evenly, and is cheap here and in the servers' C function.
+    return zlib.crc32(text.encode())
 
 
 def jump_consistent_hash(key: int, buckets: int) -> int:

@@ -2,7 +2,8 @@
 
 One coordinator and N segments, each its own server with its own data directory
 under ``<work_dir>/sandboxes/<name>/``. The coordinator carries the catalog and the
-controller functions (``controller.sql``); segments carry the data. The state file
+controller functions (``controller.sql``); segments carry the data. Every node has the
+routing as an SQL function (``gp_dist.segment_of``, see ``_routing``). The state file
 ``sandbox.json`` names the nodes; servers are stopped through their own
 ``postmaster.pid``, never by process name.
 
@@ -41,6 +42,7 @@ from .._runtime import free_port, pid_alive, port_in_use, read_json, write_json
 from ..cluster import COORDINATOR, CitusCluster, Cluster, FrontDoor
 from ..errors import SandboxError, UnreachableError
 from ._expand import Expansion, expand_cluster
+from ._routing import install_routing, routing_library
 
 PG_MAJOR = 15
 SUPERUSER = "gpcdc"
@@ -251,13 +253,16 @@ class Sandbox:
             if user:
                 os.chown(self.path / "logs", user.pw_uid, user.pw_gid)
             write_json(self.path / "sandbox.json.creating", state)
+            library = routing_library(pg_bin, self.path) if flavour == "greenplum" else None
             with ThreadPoolExecutor(max_workers=4) as pool:
                 list(pool.map(lambda n: self._initdb(n, pg_bin, user, flavour), nodes))
             for node in nodes:
                 self._pg_ctl(node, "start", pg_bin=pg_bin, user=user)
                 started.append(node)
-            if flavour == "greenplum":
+            if library is not None:
                 self._install_controller(nodes)
+                for node in nodes:
+                    install_routing(node.dsn, library)
             elif flavour == "citus":
                 _join_citus(nodes)
             if mirrors:

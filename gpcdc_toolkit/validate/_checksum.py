@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..cluster import COORDINATOR, Cluster, TableRef
+from ..cluster import COORDINATOR, Cluster, Node, TableRef
 from ..cluster._cluster import Table
 from ..errors import GpcdcError
 from ._chunks import EMPTY, MOD, WHOLE, Chunk, Digest, Reply, bisect, differing, summed
@@ -326,8 +326,15 @@ def _misplaced(target: Snapshots, info: Table) -> list[tuple[int, sql.Composable
     target's own (``Cluster.misplaced_rows``)."""
     columns = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.columns)
     select = sql.SQL("{}, {}").format(columns, _row(info))
-    return [(node.content, relation, tuple(r[:-1]), r[-1]) for node, conn in target.segments()
-            for relation, r in target.cluster.misplaced_rows(node, conn, info, select)]
+
+    def on(pair: tuple[Node, psycopg.Connection[Any]]) -> list[tuple[int, sql.Composable, tuple[str | None, ...], str]]:
+        node, conn = pair
+        return [(node.content, relation, tuple(r[:-1]), r[-1])
+                for relation, r in target.cluster.misplaced_rows(node, conn, info, select)]
+
+    nodes = list(target.segments())
+    with ThreadPoolExecutor(len(nodes)) as pool:  # every node at once, each on its own connection
+        return [row for rows in pool.map(on, nodes) for row in rows]
 
 
 def _moves(target: Snapshots, info: Table, misplaced: list[Any]) -> dict[int, list[str]]:

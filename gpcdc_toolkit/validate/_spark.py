@@ -27,9 +27,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from ..cluster import Table
-from ..cluster._routing import segment_for
-from ._checksum import ChecksumResult, _as_multiset, _by_key, _check_shapes, _row, finish
-from ._checksum import _misplaced as checksum_misplaced
+from ._checksum import ChecksumResult, _as_multiset, _by_key, _check_shapes, _misplaced, _row, finish
 from ._snapshots import SESSION, Snapshots
 
 NAME = "gpcdc_table"
@@ -171,8 +169,7 @@ def compare_spark(spark: Any, source: Snapshots, target: Snapshots, info: Table,
             diff, fix = _by_key(info, target, src, tgt)
         else:
             diff, fix = _multiset_from(diff_df, info, target, src, tgt)
-        misplaced = (_misplaced(tgt_df, target_info, target) if target.cluster.routes_in_python
-                     else checksum_misplaced(target, target_info)) if placement else []
+        misplaced = _misplaced(target, target_info) if placement else []  # by the nodes themselves
         fetched = len(src) + len(tgt)
     finally:
         src_df.unpersist()
@@ -190,18 +187,3 @@ def _multiset_from(diff_df: DataFrame, info: Table, target: Snapshots, src: list
         src += [(-1, row, r["t_row"])] * r["source_copies"]
         tgt += [(r["t_segment"], row, r["t_row"])] * r["target_copies"]
     return _as_multiset(info, target, src, tgt)
-
-
-def _misplaced(tgt_df: DataFrame, info: Table, target: Snapshots) -> list[tuple[int, Any, tuple[str | None, ...], str]]:
-    """Target rows on a segment their distribution key does not name (routed in Spark)."""
-    names = _names(info)
-    key = [names[info.columns.index(c)] for c in info.distribution_key]
-    segments = target.cluster.segment_count
-
-    def misplaced(batches: Iterator[Any]) -> Iterator[Any]:
-        for rows in batches:
-            routed = [segment_for(values, segments) for values in zip(*(rows[c] for c in key))]
-            yield rows[rows[SEGMENT].to_numpy() != routed]
-
-    wrong = tgt_df.mapInPandas(misplaced, schema=tgt_df.schema).collect()
-    return [(r[SEGMENT], info.identifier, tuple(r[c] for c in names), r[ROW_TEXT]) for r in wrong]

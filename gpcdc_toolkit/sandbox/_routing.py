@@ -1,0 +1,73 @@
+"""The sandbox's routing as a function of its servers (``routing.c``): built once per
+source and PostgreSQL version with the C compiler and the server's headers, kept in
+``~/.cache/gpcdc/routing``, and copied into each sandbox, whose servers load it by its path."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from ..errors import SandboxError
+
+_NEEDS = "install a C compiler and PostgreSQL 15's server headers (Debian: gcc postgresql-server-dev-15; `./dev setup` does)"
+
+
+def routing_library(pg_bin: Path, into: Path) -> Path:
+    """``routing.so`` in directory ``into``, built unless the cache has it."""
+    source = resources.files(__package__).joinpath("routing.c").read_bytes()
+    include = Path(_pg_config(pg_bin, "--includedir-server"))
+    if not (include / "postgres.h").is_file():
+        raise SandboxError(f"the sandbox's routing function cannot be built: no PostgreSQL server headers in {include}",
+                           fix=_NEEDS)
+    version = _pg_config(pg_bin, "--version")
+    key = hashlib.sha256(source + version.encode()).hexdigest()[:16]
+    cache = Path.home() / ".cache" / "gpcdc" / "routing"
+    built = cache / f"routing-{key}.so"
+    if not built.is_file():
+        _build(source, include, _pg_config(pg_bin, "--cc").split()[0], cache, built)
+    library = into / "routing.so"
+    shutil.copyfile(built, library)
+    library.chmod(0o755)  # the servers may run as another OS user
+    return library
+
+
+def _pg_config(pg_bin: Path, flag: str) -> str:
+    try:
+        done = subprocess.run([str(pg_bin / "pg_config"), flag], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise SandboxError(f"the sandbox's routing function cannot be built: {pg_bin / 'pg_config'} {flag} failed "
+                           f"({e})", fix=_NEEDS) from None
+    return done.stdout.strip()
+
+
+def _build(source: bytes, include: Path, compiler: str, cache: Path, built: Path) -> None:
+    if shutil.which(compiler) is None:
+        raise SandboxError(f"the sandbox's routing function cannot be built: no C compiler {compiler!r}", fix=_NEEDS)
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as scratch:
+        (Path(scratch) / "routing.c").write_bytes(source)
+        output = Path(scratch) / "routing.so"
+        done = subprocess.run([compiler, "-O2", "-fPIC", "-shared", "-Wall", "-Werror", f"-I{include}",
+                               "-o", str(output), str(Path(scratch) / "routing.c")], capture_output=True, text=True)
+        if done.returncode != 0:
+            detail = (done.stderr or done.stdout).strip().splitlines()
+            raise SandboxError(f"building the sandbox's routing function failed: {detail[-1] if detail else done.returncode}",
+                               fix=_NEEDS)
+        os.replace(output, built)  # whole or not at all, for a sandbox built beside this one
+
+
+def install_routing(dsn: str, library: Path) -> None:
+    """``gp_dist.segment_of(segments, VARIADIC key text[])`` on one server."""
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
+        conn.execute("CREATE SCHEMA IF NOT EXISTS gp_dist")
+        conn.execute(sql.SQL("CREATE FUNCTION gp_dist.segment_of(segments int, VARIADIC key text[]) RETURNS int "
+                             "AS {}, 'gpcdc_segment_of' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE")
+                     .format(sql.Literal(str(library))))
