@@ -117,9 +117,12 @@ def test_two_hosts_share_the_nodes_and_either_sees_the_whole_pipeline(source, ho
     here, there = CaptureGroup(a), CaptureGroup(b)
     on_a = here.start(nodes=parse_nodes("coordinator,0"))
     on_b = there.start(nodes=parse_nodes("1-2"))
-    assert set(on_a) == {-1, 0} and set(on_b) == {1, 2}
-    # Neither host starts a worker for a node the other captures.
-    assert here.start() == {} and there.start() == {}
+    assert set(on_a.pids) == {-1, 0} and set(on_b.pids) == {1, 2}
+    # Neither host starts a worker for a node the other captures, and each says which.
+    again_here, again_there = here.start(), there.start()
+    assert again_here.pids == {} and again_there.pids == {}
+    assert again_here.elsewhere == {1: worker_application_of(b, 1), 2: worker_application_of(b, 2)}
+    assert again_there.elsewhere == {-1: worker_application_of(a, -1), 0: worker_application_of(a, 0)}
     assert here.held_elsewhere([-1, 0, 1, 2]) == {1: worker_application_of(b, 1), 2: worker_application_of(b, 2)}
 
     truth = tmp_path / "truth.jsonl"
@@ -137,13 +140,20 @@ def test_two_hosts_share_the_nodes_and_either_sees_the_whole_pipeline(source, ho
             break
         time.sleep(0.2)  # polling the status itself
     assert {n: r.worker for n, r in rows.items()} == {
-        -1: f"pid {on_a[-1]}", 0: f"pid {on_a[0]}",
-        1: f"pid {on_b[1]} on {holder(worker_application_of(b, 1))[0]}",
-        2: f"pid {on_b[2]} on {holder(worker_application_of(b, 2))[0]}"}
+        -1: f"pid {on_a.pids[-1]}", 0: f"pid {on_a.pids[0]}",
+        1: f"pid {on_b.pids[1]} on {holder(worker_application_of(b, 1))[0]}",
+        2: f"pid {on_b.pids[2]} on {holder(worker_application_of(b, 2))[0]}"}
     assert all(r.alive and r.resolved_in_kafka != "-" and r.held_by is None for r in rows.values())
     shown = gpcdc(a.work_dir, "--kafka-bootstrap-servers", a.kafka.bootstrap_servers, "--kafka-topic-prefix",
                   a.kafka.topic_prefix, "--source-dsn", source.coordinator_dsn, "status")
     assert shown.returncode == 0, shown.stderr
+    # Host A's `capture start` starts nothing, and says who captures the other nodes.
+    started = gpcdc(a.work_dir, "--kafka-bootstrap-servers", a.kafka.bootstrap_servers, "--kafka-topic-prefix",
+                    a.kafka.topic_prefix, "--source-dsn", source.coordinator_dsn, "capture", "start")
+    assert started.returncode == 0 and "started 0 capture workers" in started.stdout, started.stderr
+    for content in (1, 2):
+        by = f"pid {on_b.pids[content]} on {holder(worker_application_of(b, content))[0]}"
+        assert f"node {content}: captured already by {by}" in started.stdout, started.stdout
 
     # Host B's workers stopped: host A says which nodes nobody captures now.
     assert there.stop(nodes=parse_nodes("2")) == [2]
@@ -154,7 +164,7 @@ def test_two_hosts_share_the_nodes_and_either_sees_the_whole_pipeline(source, ho
         if shown.returncode != 0 or time.monotonic() > deadline:
             break
     assert shown.returncode == 3 and "capture workers are not running for nodes 2 " in shown.stderr, shown.stderr
-    assert there.running() == {1: on_b[1]}
+    assert there.running() == {1: on_b.pids[1]}
 
 
 def worker_application_of(config, content):

@@ -129,7 +129,11 @@ def test_every_differing_row_is_written_with_its_cause_and_none_is_unexplained(s
     changed = next(r for r in rows if json.loads(r["key"]) == {"id": "1"})
     assert changed["changed_columns"] == ["v"] and json.loads(changed["source"]) == {"id": "1", "v": "streamed"}
     assert json.loads(changed["target"]) == {"id": "1", "v": "by hand"} and changed["key_text"] == "id=1"
-    assert changed["source_segment"] == changed["target_segment"] is not None
+    from gpcdc_toolkit.cluster import segment_for
+
+    # Where each side holds the row: its own routing over its own segments.
+    assert changed["source_segment"] == segment_for([1], source.segment_count)
+    assert changed["target_segment"] == segment_for([1], target.cluster().segment_count)
     summary = json.loads((run.output / "summary.json").read_text())
     assert summary["causes"] == {"not_replayed": 3, "outside_pipeline": 3}
     # The source events of each key, as data: key 3 updated after the replay stopped, key 1 before.

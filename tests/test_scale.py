@@ -67,10 +67,10 @@ def test_the_pipeline_at_64_segments_with_workers_on_two_hosts(clusters, broker,
         shutil.copytree(pipeline.directory, Pipeline(b.work_dir, prefix).directory)
         on_a = CaptureGroup(a).start(nodes=parse_nodes("coordinator,0-31"), timeout=180)
         on_b = CaptureGroup(b).start(nodes=parse_nodes("32-63"), timeout=180)
-        assert len(on_a) + len(on_b) == SEGMENTS + 1
+        assert len(on_a.pids) + len(on_b.pids) == SEGMENTS + 1
         rows = {r.node: r for r in capture_status(source, CaptureGroup(a), watermarks_of(a))}
         assert all(r.alive for r in rows.values())
-        assert {rows[c].worker.split(" on ")[0] for c in range(32, SEGMENTS)} == {f"pid {p}" for p in on_b.values()}
+        assert {rows[c].worker.split(" on ")[0] for c in range(32, SEGMENTS)} == {f"pid {p}" for p in on_b.pids.values()}
 
         done = run_workload(source, WorkloadSpec(threads=4, duration=None, transactions=600, hot_keys=8,
                                                     multi_segment_share=0.5),

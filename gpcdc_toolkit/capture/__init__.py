@@ -1,7 +1,7 @@
 """Capture workers: each node's logical decoding stream into Kafka, with no loss."""
 
 from ._hosts import holder, parse_nodes
-from ._processes import CaptureGroup, child_environment, config_environment, run_worker
+from ._processes import CaptureGroup, Started, child_environment, config_environment, run_worker
 from ._repair import extend_pipeline, repair_segment
 from ._reset import DroppedPipeline, drop_pipeline
 from ._status import NodeStatus, capture_status, kafka_watermarks, wait_until_acknowledged
@@ -17,7 +17,7 @@ from ._worker import (
 
 __all__ = [
     "NodeStatus", "capture_status", "kafka_watermarks", "holder", "parse_nodes", "wait_until_acknowledged",
-    "CaptureGroup", "child_environment", "config_environment", "run_worker", "DroppedPipeline", "drop_pipeline",
+    "CaptureGroup", "Started", "child_environment", "config_environment", "run_worker", "DroppedPipeline", "drop_pipeline",
     "extend_pipeline", "repair_segment",
     "CaptureWorker", "WorkerSettings", "WorkerStats", "delete_topics", "ensure_topics", "producer_config",
     "quiet_collector",

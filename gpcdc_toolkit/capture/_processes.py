@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,15 @@ def child_environment(config: Config) -> dict[str, str]:
     return {**inherited, **config_environment(config)}
 
 
+@dataclass(frozen=True)
+class Started:
+    """What :meth:`CaptureGroup.start` did: the workers it started (node: pid), and the
+    nodes it left to another host's worker (node: that worker's ``application_name``)."""
+
+    pids: dict[int, int]
+    elsewhere: dict[int, str]
+
+
 class CaptureGroup:
     """The capture workers of one pipeline (topic prefix) over the source cluster."""
 
@@ -76,10 +86,11 @@ class CaptureGroup:
         """The worker's command line: its settings come in its environment."""
         return [sys.executable, "-m", "gpcdc_toolkit", "capture", "run", "--node", str(content)]
 
-    def start(self, timeout: float = 60.0, nodes: Collection[int] | None = None) -> dict[int, int]:
+    def start(self, timeout: float = 60.0, nodes: Collection[int] | None = None) -> Started:
         """Start a background worker for every node (of ``nodes``, default all) that has
-        none, here or on another host, and return their pids once each streams; a
-        worker that exits instead is reported with its last words."""
+        none, here or on another host, and return their pids once each streams, with the
+        nodes another host's workers capture; a worker that exits instead is reported
+        with its last words."""
         start = self.pipeline.start_point()  # fails clearly before anything starts
         captured = [node.content for node in start.captured_nodes]
         if nodes is not None:
@@ -110,7 +121,7 @@ class CaptureGroup:
                 raise GpcdcError(f"capture workers of nodes {sorted(waiting)} did not start streaming within {timeout:g} s",
                                  fix=f"see their logs in {self.pipeline.directory}")
             time.sleep(0.05)  # polling the workers' status files
-        return started
+        return Started(started, holders)
 
     def held_elsewhere(self, contents: Collection[int]) -> dict[int, str]:
         """The nodes among ``contents`` without a worker on this host whose slot a client

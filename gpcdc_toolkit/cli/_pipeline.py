@@ -168,12 +168,10 @@ class CaptureStart(Command):
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
         check_reachable(kafka_client_settings(config))
-        group = CaptureGroup(config)
-        captured = [n.content for n in group.pipeline.start_point().captured_nodes]
-        elsewhere = group.held_elsewhere([c for c in captured if args.nodes is None or c in args.nodes])
-        started = group.start(nodes=args.nodes)
-        say(f"started {len(started)} capture workers" + (f": pids {sorted(started.values())}" if started else ""))
-        by_worker = {c: holder(name) for c, name in elsewhere.items()}
+        started = CaptureGroup(config).start(nodes=args.nodes)
+        pids = sorted(started.pids.values())
+        say(f"started {len(pids)} capture workers" + (f": pids {pids}" if pids else ""))
+        by_worker = {c: holder(name) for c, name in started.elsewhere.items()}
         for content, (host, pid) in sorted((c, w) for c, w in by_worker.items() if w is not None):
             say(f"node {content}: captured already by pid {pid} on {host}")
         return 0
