@@ -10,7 +10,7 @@ import uuid
 import orjson
 import pytest
 
-from gpcdc_toolkit import BrokerError
+from gpcdc_toolkit import BrokerError, GpcdcError
 from gpcdc_toolkit.bootstrap import BootstrapError, InitialSnapshot, Pipeline, bootstrap, create_slots_naively, drop_slots
 from gpcdc_toolkit.capture import CaptureGroup, capture_status, wait_until_acknowledged
 from gpcdc_toolkit.cluster import Session, segment_for
@@ -410,6 +410,32 @@ def test_nothing_is_acknowledged_while_kafka_is_away(source, work_dir, source_sa
     finally:
         if broker.pid is not None:
             os.kill(broker.pid, signal.SIGCONT)
+        group.stop()
+        broker.down()
+        drop_slots(source, pipeline.slot, publication=pipeline.publication)
+
+
+def test_workers_that_do_not_stream_in_time_are_stopped_by_the_start_that_began_them(source, work_dir):
+    from gpcdc_toolkit.broker import EmbeddedBroker
+
+    broker = EmbeddedBroker(work_dir / f"frozen-{uuid.uuid4().hex[:6]}").up()
+    config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
+                          "kafka.topic_prefix": f"z{uuid.uuid4().hex[:8]}", "source.sandbox": "source"}, environ={})
+    pipeline = pipeline_of(config)
+    group = CaptureGroup(config)
+    try:
+        reset_tables(source)
+        run_workload(source, WorkloadSpec(threads=1, transactions=1))
+        bootstrap(source, pipeline, "snapshot")
+        os.kill(broker.pid, signal.SIGSTOP)  # the workers cannot reach Kafka: none streams
+        with pytest.raises(GpcdcError) as raised:
+            group.start(timeout=3)
+        message = str(raised.value)
+        assert "\n" not in message and "did not start streaming within 3 s" in message, message
+        assert f"the {len(source.nodes)} workers this start began are stopped" in message, message
+        assert group.running() == {}
+    finally:
+        os.kill(broker.pid, signal.SIGCONT)
         group.stop()
         broker.down()
         drop_slots(source, pipeline.slot, publication=pipeline.publication)

@@ -90,7 +90,7 @@ class CaptureGroup:
         """Start a background worker for every node (of ``nodes``, default all) that has
         none, here or on another host, and return their pids once each streams, with the
         nodes another host's workers capture; a worker that exits instead is reported
-        with its last words."""
+        with its last words. On failure, the workers this call started are stopped."""
         start = self.pipeline.start_point()  # fails clearly before anything starts
         captured = [node.content for node in start.captured_nodes]
         if nodes is not None:
@@ -118,8 +118,10 @@ class CaptureGroup:
                     raise GpcdcError(f"the capture worker of node {content} exited: {lines[-1]}",
                                      fix=f"see {self.log_file(content)}")
             if waiting and time.monotonic() > deadline:
-                raise GpcdcError(f"capture workers of nodes {sorted(waiting)} did not start streaming within {timeout:g} s",
-                                 fix=f"see their logs in {self.pipeline.directory}")
+                self.stop(nodes=list(started))
+                raise GpcdcError(f"capture workers of nodes {sorted(waiting)} did not start streaming within {timeout:g} s; "
+                                 f"the {len(started)} workers this start began are stopped",
+                                 fix=f"see their logs in {self.pipeline.directory}, then start capture again")
             time.sleep(0.05)  # polling the workers' status files
         return Started(started, holders)
 
