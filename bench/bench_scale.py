@@ -110,7 +110,7 @@ def one_size(segments: int, root: Path, broker: EmbeddedBroker) -> dict[str, flo
             if method == "peaceful":
                 drop_slots(cluster, pipeline.slot, publication=pipeline.publication)
                 shutil.rmtree(pipeline.directory)
-        pids = timed(results, "capture start", lambda: group.start(timeout=300))
+        pids = timed(results, "capture start", lambda: group.start(timeout=300)).pids
         sizes = [memory_kb(pid) for pid in pids.values()]
         results["capture RSS MB"] = sum(r for r, _ in sizes) / 1024
         results["capture PSS MB"] = sum(p for _, p in sizes) / 1024

@@ -122,3 +122,23 @@ def test_each_segment_names_exactly_its_rows_that_belong_elsewhere(source, rows)
     expected = {(on % source.segment_count, key, name) for key, name, on in rows
                 if segment_for([key, name], source.segment_count) != on % source.segment_count}
     assert found == expected
+
+
+def test_a_sandbox_routed_by_an_older_hash_is_refused_before_any_row_is_routed(work_dir):
+    """Rows placed by another hash would be updated, deleted and checked where they are
+    not: such a sandbox is refused when it is opened, in one line naming the fix."""
+    from gpcdc_toolkit.cluster import Cluster
+    from gpcdc_toolkit.errors import ClusterError
+    from gpcdc_toolkit.sandbox import Sandbox
+
+    sandbox = Sandbox("older", work_dir).up(segments=1)
+    try:
+        dsn = sandbox.cluster().coordinator_dsn
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("DROP FUNCTION gp_dist.segment_of(int, text[])")
+        with pytest.raises(ClusterError) as raised:
+            Cluster.connect(dsn)
+        message = str(raised.value)
+        assert "\n" not in message and "no gp_dist.segment_of" in message and "gpcdc sandbox down --remove" in message
+    finally:
+        sandbox.down(remove=True)

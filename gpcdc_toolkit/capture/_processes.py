@@ -103,9 +103,17 @@ class CaptureGroup:
             raise GpcdcError(f"the pipeline's slot on node {content} is held by another client ({name!r})",
                              fix="stop that client (pg_stat_activity shows it on the node, by the slot's active_pid), then start capture")
         started: dict[int, int] = {}
-        for content in (c for c in wanted if c not in holders):
-            self.status_file(content).unlink(missing_ok=True)
-            started[content] = self.start_node(content, self.log_file(content))
+        try:
+            for content in (c for c in wanted if c not in holders):
+                self.status_file(content).unlink(missing_ok=True)
+                started[content] = self.start_node(content, self.log_file(content))
+            self._wait_streaming(started, timeout)
+        except BaseException:  # a failure, a timeout, an interrupt: nothing of this start keeps running
+            self.stop(nodes=list(started))
+            raise
+        return Started(started, holders)
+
+    def _wait_streaming(self, started: dict[int, int], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         waiting = set(started)
         while waiting:
@@ -113,17 +121,14 @@ class CaptureGroup:
                 if (self.status(content) or {}).get("state") == "streaming":
                     waiting.discard(content)
                 elif not pid_alive(started[content]):
-                    self.stop(nodes=list(started))
                     lines = self.log_file(content).read_text().strip().splitlines() or ["(no output)"]
                     raise GpcdcError(f"the capture worker of node {content} exited: {lines[-1]}",
                                      fix=f"see {self.log_file(content)}")
             if waiting and time.monotonic() > deadline:
-                self.stop(nodes=list(started))
                 raise GpcdcError(f"capture workers of nodes {sorted(waiting)} did not start streaming within {timeout:g} s; "
                                  f"the {len(started)} workers this start began are stopped",
                                  fix=f"see their logs in {self.pipeline.directory}, then start capture again")
             time.sleep(0.05)  # polling the workers' status files
-        return Started(started, holders)
 
     def held_elsewhere(self, contents: Collection[int]) -> dict[int, str]:
         """The nodes among ``contents`` without a worker on this host whose slot a client

@@ -161,6 +161,7 @@ class CaptureWorker:
         self.status_file = status_file
         self.stats = WorkerStats(node=node.content, slot=self.slot)
         self._delivery_error: KafkaError | None = None
+        self._last_keepalive = 0.0  # when the worker last told the server it is there, waiting for Kafka
 
     # -- the outer loop: reconnect with backoff -------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -374,7 +375,7 @@ class CaptureWorker:
         clock_probes: deque[tuple[int, int, int, list[int]]] = deque(maxlen=64)
         next_ack = next_beat = time.monotonic()
         self._set_state("streaming")
-        produce = self._producer(producer, stop)
+        produce = self._producer(producer, stop, cur)
         while not stop.is_set():
             message = cur.read_message()
             caught_up = message is None
@@ -432,7 +433,7 @@ class CaptureWorker:
         lsn, server_ms = probe.execute(f"SELECT pg_current_wal_flush_lsn()::text, {_CLOCK_MS}").fetchone()  # type: ignore[misc]
         return parse_lsn(lsn), int(server_ms), int(prepared_ms), gxids
 
-    def _producer(self, producer: Producer, stop: threading.Event) -> Callable[[list[Outbound]], None]:
+    def _producer(self, producer: Producer, stop: threading.Event, cur: Any) -> Callable[[list[Outbound]], None]:
         content = self.node.content
         stats = self.stats
         fixed: list[int] | None  # every event's partition, when the dispatcher fixes one for all
@@ -452,14 +453,14 @@ class CaptureWorker:
                             send(topic, out.value, out.key, partition=partition)
                             break
                         except BufferError:  # the bounded queue is full: let deliveries drain it
-                            self._wait_for_room(producer, stop)
+                            self._wait_for_room(producer, stop, cur)
                     stats.events += 1
                     stats.bytes += len(out.value)
                     kinds[out.kind] = kinds.get(out.kind, 0) + 1
 
         return produce
 
-    def _wait_for_room(self, producer: Producer, stop: threading.Event) -> None:
+    def _wait_for_room(self, producer: Producer, stop: threading.Event, cur: Any) -> None:
         """While Kafka does not take the queue's events, none of them times out (see
         ``DELIVERY_GUARANTEES``): the wait ends when room is made, a delivery fails or a
         stop is asked for."""
@@ -469,6 +470,11 @@ class CaptureWorker:
             raise StopRequested()
         if not self.stats.state.startswith("waiting for Kafka"):
             self._set_state(f"waiting for Kafka ({len(producer)} events unacknowledged, the queue full)")
+        # The slot is not read meanwhile: a status message, at the positions already
+        # sent, keeps the server from ending the connection at wal_sender_timeout.
+        if time.monotonic() - self._last_keepalive > 5:
+            cur.send_feedback(force=True)
+            self._last_keepalive = time.monotonic()
         producer.poll(0.05)
 
     def _acknowledge(self, producer: Producer, cur: Any, acked: int, target: int) -> int:

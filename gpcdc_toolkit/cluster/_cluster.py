@@ -120,6 +120,12 @@ class Cluster:
                     f"{_where(dsn)} has no gp_segment_configuration, so it is not a Greenplum-style coordinator",
                     fix="point the DSN at a coordinator, or create a sandbox with `gpcdc sandbox up`",
                 ) from None
+            # Rows are routed by segment_for, whose SQL form every node has since the
+            # routing hash changed: a sandbox without it placed its rows by another hash.
+            if not conn.execute("SELECT to_regprocedure('gp_dist.segment_of(integer, text[])') IS NOT NULL").fetchone()[0]:  # type: ignore[index]
+                raise ClusterError(f"the sandbox at {_where(dsn)} has no gp_dist.segment_of: it was made by an older "
+                                   "version, which placed rows by another hash",
+                                   fix="make the sandbox again (`gpcdc sandbox down --remove`, then `gpcdc sandbox up`)")
         if not rows:
             raise ClusterError(f"gp_segment_configuration on {_where(dsn)} lists no primaries")
         return cls(dsn, [Node(int(c), str(h), int(p), str(d)) for c, h, p, d in rows])

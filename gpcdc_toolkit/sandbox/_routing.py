@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -27,12 +29,15 @@ def routing_library(pg_bin: Path, into: Path) -> Path:
     if not (include / "postgres.h").is_file():
         raise SandboxError(f"the sandbox's routing function cannot be built: no PostgreSQL server headers in {include}",
                            fix=_NEEDS)
-    version = _pg_config(pg_bin, "--version")
-    key = hashlib.sha256(source + version.encode()).hexdigest()[:16]
+    # Compiled as the server was (its flags keep floating point as the Python form's).
+    compiler = [*shlex.split(_pg_config(pg_bin, "--cc")), *shlex.split(_pg_config(pg_bin, "--cflags")),
+                *shlex.split(_pg_config(pg_bin, "--cflags_sl"))]
+    build = "\0".join([_pg_config(pg_bin, "--version"), platform.machine(), str(include), *compiler])
+    key = hashlib.sha256(source + build.encode()).hexdigest()[:16]
     cache = Path.home() / ".cache" / "gpcdc" / "routing"
     built = cache / f"routing-{key}.so"
     if not built.is_file():
-        _build(source, include, _pg_config(pg_bin, "--cc").split()[0], cache, built)
+        _build(source, include, compiler, cache, built)
     library = into / "routing.so"
     shutil.copyfile(built, library)
     library.chmod(0o755)  # the servers may run as another OS user
@@ -48,15 +53,20 @@ def _pg_config(pg_bin: Path, flag: str) -> str:
     return done.stdout.strip()
 
 
-def _build(source: bytes, include: Path, compiler: str, cache: Path, built: Path) -> None:
-    if shutil.which(compiler) is None:
-        raise SandboxError(f"the sandbox's routing function cannot be built: no C compiler {compiler!r}", fix=_NEEDS)
-    cache.mkdir(parents=True, exist_ok=True)
+def _build(source: bytes, include: Path, compiler: list[str], cache: Path, built: Path) -> None:
+    if not compiler or shutil.which(compiler[0]) is None:
+        raise SandboxError(f"the sandbox's routing function cannot be built: no C compiler {' '.join(compiler[:1])!r}",
+                           fix=_NEEDS)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SandboxError(f"the sandbox's routing function cannot be built: {e}",
+                           fix=f"make {cache} writable, or set HOME to a directory that is") from None
     with tempfile.TemporaryDirectory(dir=cache) as scratch:
         (Path(scratch) / "routing.c").write_bytes(source)
         output = Path(scratch) / "routing.so"
-        done = subprocess.run([compiler, "-O2", "-fPIC", "-shared", "-Wall", "-Werror", f"-I{include}",
-                               "-o", str(output), str(Path(scratch) / "routing.c")], capture_output=True, text=True)
+        done = subprocess.run([*compiler, "-shared", f"-I{include}", "-o", str(output), str(Path(scratch) / "routing.c")],
+                              capture_output=True, text=True)
         if done.returncode != 0:
             detail = (done.stderr or done.stdout).strip().splitlines()
             raise SandboxError(f"building the sandbox's routing function failed: {detail[-1] if detail else done.returncode}",

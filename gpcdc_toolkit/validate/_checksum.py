@@ -333,7 +333,7 @@ def _misplaced(target: Snapshots, info: Table) -> list[tuple[int, sql.Composable
                 for relation, r in target.cluster.misplaced_rows(node, conn, info, select)]
 
     nodes = list(target.segments())
-    with ThreadPoolExecutor(len(nodes)) as pool:  # every node at once, each on its own connection
+    with ThreadPoolExecutor(max(1, len(nodes))) as pool:  # every node at once, each on its own connection
         return [row for rows in pool.map(on, nodes) for row in rows]
 
 

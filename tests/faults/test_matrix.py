@@ -333,7 +333,7 @@ def test_a_broker_frozen_past_every_client_timeout_loses_nothing_and_no_worker_s
         findings = audit_findings(spark, env)
         assert {rule for rule, _, _ in findings} <= {"watermark_gap"}, findings
         for _, _, evidence in findings:
-            since, until = (datetime.datetime.fromisoformat(t).timestamp()
+            since, until = (datetime.datetime.fromisoformat(t).replace(tzinfo=datetime.UTC).timestamp()
                             for t in re.search(r"\(from (.+) to (.+)\)", evidence).groups())
             assert since <= env.frozen[1] and until >= env.frozen[0], (evidence, env.frozen)
         env.replayer.terminate()
