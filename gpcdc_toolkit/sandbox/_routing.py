@@ -4,6 +4,7 @@ source and PostgreSQL version with the C compiler and the server's headers, kept
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -44,6 +45,7 @@ def routing_library(pg_bin: Path, into: Path) -> Path:
     return library
 
 
+@functools.cache  # asked five times for each sandbox made; the answers do not change
 def _pg_config(pg_bin: Path, flag: str) -> str:
     try:
         done = subprocess.run([str(pg_bin / "pg_config"), flag], capture_output=True, text=True, check=True)
