@@ -7,6 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpcdc_toolkit.audit import FINDING_COLUMNS, RULES, Thresholds, audit_events, events_frame, prepare
+from gpcdc_toolkit.audit import _rules as rules
+from gpcdc_toolkit.audit._faults import Message
 from gpcdc_toolkit.replay._order import Part, Reassembler, Record
 from gpcdc_toolkit.replay._source import Framer, Watermark
 
@@ -193,3 +195,65 @@ def test_a_lost_node_is_not_also_called_silent_but_a_silent_one_still_is(spark):
     assert silent == set()
     b.watermark(0, 300, 200_000)  # now the coordinator is behind too, and not lost
     assert {f["segments"][0] for f in findings_of(spark, b) if f["rule"] == "silent_node"} == {-1}
+
+
+@st.composite
+def redelivered_streams(draw):
+    """A clean stream, then copies of some of its messages put at the end of any
+    partition of their topic (as a capture restarted, or a repartitioned topic, would),
+    some row events with other content. Returns the messages, and for each copied
+    message the positions of its copies and which of them differ."""
+    b = StreamBuilder()
+    for gxid in range(1, draw(st.integers(1, 5)) + 1):
+        segments = sorted(draw(st.sets(st.integers(0, 2), min_size=1, max_size=3)))
+        for segment in segments:
+            b.part(segment, gxid, 100 * gxid, 1000 + gxid, rows=[("t", gxid), ("t", -gxid)])
+        b.record(gxid, segments, 100 * gxid - 10, 1000 + gxid)
+    messages = b.messages()
+    with_identity = [m for m in messages if b"pipeline" not in m.value]
+    copied = draw(st.lists(st.tuples(st.sampled_from(with_identity), st.integers(0, 2), st.booleans()), max_size=12))
+    ends = {}
+    for m in messages:
+        ends[(m.topic, m.partition)] = max(ends.get((m.topic, m.partition), 0), m.offset + 1)
+    copies = []
+    for original, partition, alter in copied:
+        partition = partition if original.topic == b.changes else 0
+        value = original.value
+        if alter and b'"after"' in value:
+            value = value.replace(b'"v":', b'"v":1', 1)  # the same identity, another content
+        offset = ends.get((original.topic, partition), 0)
+        ends[(original.topic, partition)] = offset + 1
+        copies.append((original, Message(original.topic, partition, offset, original.timestamp_ms, original.key, value)))
+    return messages, copies
+
+
+def _position(m):
+    return (m.topic, m.partition, m.offset)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(redelivered_streams(), st.booleans())
+def test_of_the_copies_of_a_message_the_first_in_position_order_stays_and_the_rest_are_duplicates(
+        spark, monkeypatch, delivered, broadcast):
+    messages, copies = delivered
+    # Both ways of joining the events to the repeated identities: by broadcast, by shuffle.
+    monkeypatch.setattr(rules, "BROADCAST_REPEATS", 1_000 if broadcast else 0)
+    groups = {}
+    for original, copy in copies:
+        groups.setdefault(_position(original), [original]).append(copy)
+    expected_copies, expected_conflicts = set(), set()
+    for group in groups.values():
+        first = min(group, key=_position)
+        for m in group:
+            if m is not first:
+                expected_copies.add(_position(m))
+                if m.value != first.value:
+                    expected_conflicts.add((_position(m), first.offset))
+    stream = prepare(events_frame(spark, messages + [copy for _original, copy in copies]))
+    duplicates = stream.duplicates.select("topic", "partition", "offset", "_first_offset", "_hash",
+                                          "_first_hash").collect()
+    assert {(d.topic, d.partition, d.offset) for d in duplicates} == expected_copies
+    assert {((d.topic, d.partition, d.offset), d._first_offset) for d in duplicates
+            if d._hash != d._first_hash} == expected_conflicts
+    kept = {(e.topic, e.partition, e.offset) for e in stream.events.select("topic", "partition", "offset").collect()}
+    assert kept == {_position(m) for m in messages + [c for _o, c in copies]} - expected_copies

@@ -37,16 +37,10 @@ class Stream:
     records: DataFrame  # coordinator commit records, with their position (offset) in coordinator order
     ddl: DataFrame  # coordinator DDL records
     watermarks: DataFrame  # every node's resolved watermarks
+    marks: DataFrame  # the nodes' other marks, whole: pipeline markers, lost and repaired marks
     # Per partition read: whether the window holds its beginning (the pipeline marker),
     # its first offset, and the earliest source time in it (commit or resolved).
     starts: DataFrame
-
-    def materialized(self) -> Stream:
-        """The same tables computed once (each rule reads them again): checkpointed
-        where Spark keeps its blocks, memory then disk."""
-        return Stream(*(frame.localCheckpoint() for frame in (self.events, self.duplicates, self.parts,
-                                                              self.records, self.ddl, self.watermarks,
-                                                              self.starts)))
 
 
 def finding(rule: str, severity: str | Column, evidence: Column, **columns: Column | None) -> list[Column]:
@@ -83,6 +77,22 @@ def _identity_seq() -> Column:
 
 
 _IDENTITY = ["segment", "commit_lsn", "_id_seq", "_id_text"]
+
+
+def _position() -> Column:
+    """Where a message is: Kafka never puts two there."""
+    return F.struct("topic", "partition", "offset")
+
+
+def _join_identity(frame: DataFrame, other: DataFrame, broadcast: bool) -> DataFrame:
+    """``frame`` left-joined to ``other`` on the identity, null equal to null (a field a
+    damaged message lacks still groups it with its copies)."""
+    renamed = other.select(*[col(c).alias(f"_other{c}") if c in _IDENTITY else col(c) for c in other.columns])
+    on = [frame[c].eqNullSafe(renamed[f"_other{c}"]) for c in _IDENTITY]
+    joined = frame.join(F.broadcast(renamed) if broadcast else renamed, on, "left")
+    return joined.drop(*[f"_other{c}" for c in _IDENTITY])
+
+
 _PAYLOAD = ["kind", "gxid", "xid", "commit_ts", "op", "table_schema", "table_name", "seq", "one_phase", "key",
             "before", "after", "event_count", "end_lsn", "segments", "statement", "unchanged", "ddl_count"]
 
@@ -92,36 +102,65 @@ def _payload_hash() -> Column:
     return F.xxhash64(*values)
 
 
+# Above this many identities met more than once, the events are joined to them by a
+# shuffle; below, each task holds them all (a broadcast) and the events stay where they are.
+BROADCAST_REPEATS = 200_000
+
+
 def prepare(events: DataFrame, seen: DataFrame | None = None) -> Stream:
-    """The rules' tables from events of both topics (the ingest schema). ``seen``:
-    (segment, commit_lsn) of transactions read before these events (by an earlier
-    scheduled run): met again, they are duplicates."""
+    """The rules' tables from events of both topics (the ingest schema), each computed
+    once, since the rules read them again and again: checkpointed where Spark keeps its
+    blocks, memory then disk. ``seen``: (segment, commit_lsn) of transactions read
+    before these events (by an earlier scheduled run): met again, they are duplicates."""
     identified = (events.withColumn("_id_seq", _identity_seq())
-                  .withColumn("_id_text", F.coalesce(col("statement"), lit("")))
-                  .withColumn("_hash", _payload_hash()))
-    first = Window.partitionBy(*_IDENTITY).orderBy("topic", "partition", "offset")
-    ranked = (identified.withColumn("_copy", F.when(col("_id_seq").isNotNull(), F.row_number().over(first)))
-              .withColumn("_first_offset", F.first("offset").over(first))
-              .withColumn("_first_hash", F.first("_hash").over(first)))
-    again = col("_copy") > 1
+                  .withColumn("_id_text", F.coalesce(col("statement"), lit(""))).localCheckpoint())
+    unique, duplicates = _set_apart(identified, seen)
+    starts = identified.groupBy("topic", "partition").agg(
+        # A window that continues a scheduled run's (``seen``) has what came before it
+        # accounted for, as if read from the start.
+        F.max(((col("kind") == "pipeline") | lit(seen is not None)).cast("int")).alias("from_start"),
+        F.min("offset").alias("first_offset"),
+        F.min(F.coalesce("commit_ts", "resolved_ts")).alias("first_ts"))
+    tables = (_parts(unique), _records(unique),
+              unique.where(col("kind") == "ddl").select("gxid", "statement", "offset", "topic", "partition",
+                                                        "commit_ts", "timestamp"),
+              unique.where(col("kind") == "resolved").select("topic", "partition", "segment", "offset", "timestamp",
+                                                             "resolved_lsn", "resolved_ts", "prepared", "prepared_ts",
+                                                             "number"),
+              unique.where(col("kind").isin("pipeline", "lost", "repaired")),
+              starts)
+    return Stream(unique, duplicates, *(frame.localCheckpoint() for frame in tables))
+
+
+def _set_apart(identified: DataFrame, seen: DataFrame | None) -> tuple[DataFrame, DataFrame]:
+    """The messages read once, and the copies (each with its first copy's offset and
+    content hash). Of the messages sharing an identity, the first in (topic, partition,
+    offset) order stays. Only identities met more than once are looked for, in narrow
+    columns: a message is known by its position, so the events are filtered, never sorted."""
+    repeated = (identified.where(col("_id_seq").isNotNull()).groupBy(*_IDENTITY)
+                .agg(F.count(lit(1)).alias("_copies"), F.min(_position()).alias("_first"))
+                .where(col("_copies") > 1).drop("_copies").localCheckpoint())
+    repeats = repeated.count()
+    if not repeats and seen is None:
+        nothing = F.lit(None).cast("bigint")
+        return identified, identified.select("*", nothing.alias("_hash"), nothing.alias("_first_offset"),
+                                             nothing.alias("_first_hash")).where(lit(False))
+    few = repeats <= BROADCAST_REPEATS
+    marked = _join_identity(identified, repeated, few)
+    again = col("_first").isNotNull() & (_position() != col("_first"))
     if seen is not None:
         known = seen.select("segment", "commit_lsn", lit(True).alias("_seen")).distinct()
-        ranked = ranked.join(F.broadcast(known), ["segment", "commit_lsn"], "left")
-        again = again | (col("_copy").isNotNull() & col("_seen").isNotNull())
-    unique = ranked.where(~F.coalesce(again, lit(False))).drop("_copy", "_first_offset", "_first_hash", "_seen")
-    duplicates = ranked.where(again)
-    return Stream(unique, duplicates, _parts(unique), _records(unique),
-                  unique.where(col("kind") == "ddl").select("gxid", "statement", "offset", "topic", "partition",
-                                                            "commit_ts", "timestamp"),
-                  unique.where(col("kind") == "resolved").select("topic", "partition", "segment", "offset",
-                                                                 "timestamp", "resolved_lsn", "resolved_ts",
-                                                                 "prepared", "prepared_ts"),
-                  events.groupBy("topic", "partition").agg(
-                      # A window that continues a scheduled run's (``seen``) has what came
-                      # before it accounted for, as if read from the start.
-                      F.max(((col("kind") == "pipeline") | lit(seen is not None)).cast("int")).alias("from_start"),
-                      F.min("offset").alias("first_offset"),
-                      F.min(F.coalesce("commit_ts", "resolved_ts")).alias("first_ts")))
+        marked = marked.join(F.broadcast(known), ["segment", "commit_lsn"], "left")
+        again = again | (col("_id_seq").isNotNull() & col("_seen").isNotNull())
+    marked = marked.withColumn("_again", F.coalesce(again, lit(False)))
+    is_first = F.coalesce(col("_first") == _position(), lit(False))
+    copies = marked.where(col("_again") | is_first).withColumn("_hash", _payload_hash())
+    firsts = copies.where(is_first).select(*_IDENTITY, col("offset").alias("_first_offset"),
+                                           col("_hash").alias("_first_hash"))
+    duplicates = _join_identity(copies.where(col("_again")), firsts, few)
+    helpers = ("_first", "_seen", "_again")
+    return (marked.where(~col("_again")).drop(*helpers).localCheckpoint(),
+            duplicates.drop(*helpers).localCheckpoint())
 
 
 def _parts(events: DataFrame) -> DataFrame:
@@ -173,8 +212,9 @@ def _two_phase(parts: DataFrame) -> DataFrame:
 def _counts(stream: Stream) -> DataFrame:
     """Watermarks and pipeline markers of numbered segment streams: the number of the
     last part before each."""
-    return stream.events.where(col("kind").isin("resolved", "pipeline") & col("number").isNotNull()
-                               & (col("segment") >= 0))
+    columns = ["segment", "topic", "partition", "offset", "number"]
+    marks = stream.watermarks.select(*columns).unionByName(stream.marks.where(col("kind") == "pipeline").select(*columns))
+    return marks.where(col("number").isNotNull() & (col("segment") >= 0))
 
 
 def _gaps(stream: Stream) -> DataFrame:
@@ -227,7 +267,7 @@ def lost_nodes(stream: Stream, t: Thresholds) -> DataFrame:
     """A node whose capture stopped for good because it changed under the pipeline (a
     mirror promoted, its slot dropped or invalidated): what it committed after its slot's
     acknowledged position is not in the stream."""
-    lost = stream.events.where(col("kind") == "lost").join(
+    lost = stream.marks.where(col("kind") == "lost").join(
         _repairs(stream).select("segment", "repair", "repaired_at"), "segment", "left")
     repaired = col("repair").isNotNull() & (col("repaired_at") > col("offset"))
     return lost.select(finding(
@@ -337,7 +377,7 @@ def missing_parts(stream: Stream, t: Thresholds) -> DataFrame:
 def _repairs(stream: Stream) -> DataFrame:
     """The latest repaired mark of each repaired segment: ``repair`` (its number), the
     cut's xmax (``cut_xmax``) and running gxids (``cut_running``), ``repaired_at`` (its offset)."""
-    marks = stream.events.where(col("kind") == "repaired")
+    marks = stream.marks.where(col("kind") == "repaired")
     latest = Window.partitionBy("segment").orderBy(col("number").desc())
     return (marks.withColumn("rank", F.row_number().over(latest)).where(col("rank") == 1)
             .select("segment", col("number").alias("repair"), col("gxid").alias("cut_xmax"),
@@ -347,7 +387,7 @@ def _repairs(stream: Stream) -> DataFrame:
 def _lost(stream: Stream) -> DataFrame:
     """The segments whose capture stopped for good (a lost mark): ``lost_at``, the latest
     mark's offset."""
-    return stream.events.where(col("kind") == "lost").groupBy("segment").agg(F.max("offset").alias("lost_at"))
+    return stream.marks.where(col("kind") == "lost").groupBy("segment").agg(F.max("offset").alias("lost_at"))
 
 
 def orphan_parts(stream: Stream, t: Thresholds) -> DataFrame:
@@ -631,7 +671,7 @@ def silence(stream: Stream, t: Thresholds) -> DataFrame:
             .withColumn("prev_offset", F.lag("offset").over(order))
             .where(_ms("resolved_ts") - _ms("prev_ts") > t.silence_ms))
     # Between a lost mark and a repair the node is silent by design: lost_node says so.
-    marked = stream.events.where(col("kind") == "lost").select("segment", col("offset").alias("lost_at"))
+    marked = stream.marks.where(col("kind") == "lost").select("segment", col("offset").alias("lost_at"))
     gaps = gaps.join(marked, (gaps["segment"] == marked["segment"]) & (col("lost_at") > col("prev_offset"))
                      & (col("lost_at") < gaps["offset"]), "left_anti")
     inner = gaps.select(finding(
