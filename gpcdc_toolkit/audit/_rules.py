@@ -319,14 +319,18 @@ def missing_parts(stream: Stream, t: Thresholds) -> DataFrame:
         F.explode("segments").alias("segment"))
     present = _two_phase(stream.parts)
     absent = expected.join(present.select("gxid", "segment"), ["gxid", "segment"], "left_anti")
-    arrived = present.groupBy("gxid").agg(F.array_sort(F.collect_list("segment")).alias("arrived"))
+    # What is said of an absent part's transaction is looked up for those transactions
+    # alone (usually none), not computed for every transaction and joined.
+    concerned = absent.select("gxid").distinct()
+    arrived = (present.join(concerned, "gxid", "left_semi").groupBy("gxid")
+               .agg(F.array_sort(F.collect_list("segment")).alias("arrived")))
     latest = _latest_watermarks(stream)
     # A part commits after its record; on a segment read from partway, one whose record
     # is not clear of the window's start may lie before it.
     cut = _cut(stream).where(~col("topic").endswith(".dtx")).select(
         col("partition").alias("segment"), col("first_ts").alias("segment_from"))
     # A part that is there but not as a two-phase part (flagged one-phase) changed something.
-    flagged = (stream.parts.where(col("gxid").isNotNull()).select("gxid", "segment").distinct()
+    flagged = (stream.parts.join(concerned, "gxid", "left_semi").select("gxid", "segment").distinct()
                .withColumn("flagged", lit(True)))
     rows = (absent.join(arrived, "gxid", "left").join(latest, "segment", "left").join(cut, "segment", "left")
             .join(_empty_proof(stream), "segment", "left").join(flagged, ["gxid", "segment"], "left")
