@@ -9,7 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpcdc_toolkit.citus import CitusGidError, CitusStream, gxid_of_gid
-from gpcdc_toolkit.protocol import COORDINATOR, LocalSnapshot, NodeStart, ProtocolError, StartPoint, UnknownNodesError
+from gpcdc_toolkit.protocol import (
+    COORDINATOR,
+    LocalSnapshot,
+    NodeStart,
+    ProtocolError,
+    StartPoint,
+    UnknownNodesError,
+    kind_of,
+    numbering_of,
+    pipeline_marker,
+)
 from tests import _pgwire as w
 
 PID = 4242
@@ -141,32 +151,53 @@ def test_a_worker_hands_out_each_distributed_transaction_whole_at_its_first_comm
         assert comparable(resumed) == [e for n, e in zip(part_numbers(out), comparable(out)) if n > k]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(worker_wal(), st.data())
 def test_sessions_restarted_where_they_acknowledged_hand_out_everything_once(case, data):
     """Capture killed at any moment resumes at the slot's acknowledged position, where the
-    server sends again only the records at or after it: a COMMIT PREPARED whose PREPARE
-    is before it comes alone. Together the sessions hand out what one session would."""
+    server sends again only the records at or after it (a COMMIT PREPARED whose PREPARE
+    is before it comes alone), and numbers on from the partition's tail, watermarks
+    included: a session beats first thing, and may be killed again before it has read
+    as far as that tail. Together the sessions hand out what one session would, each
+    part under the number one session gives it."""
     messages, _expected, _rolled_back, records = case
     one_session = worker()
     whole = [e for p in messages for e in decode(one_session.feed(p))]
-    out: list[dict] = []
+    out: list[dict] = [orjson.loads(pipeline_marker("p", 1, numbered=True).value)]
     acknowledged = 0
-    for _restart in range(data.draw(st.integers(1, 3))):
-        ends = [e for e in out if e.get("status") == "END"]
-        session = worker(numbered_after=(ends[-1]["commit_lsn"], ends[-1]["number"]) if ends else (-1, 0))
+    for _restart in range(data.draw(st.integers(1, 4))):
+        session = worker(numbered_after=tail(out))
+        resolved = acknowledged
+        resolved, watermark = beat(session, resolved, acknowledged)
+        out.append(watermark)
         sent = [(lsn, payloads) for lsn, payloads in records if lsn >= acknowledged]
-        stop = data.draw(st.integers(0, len(sent)))
-        for lsn, payloads in sent[:stop]:
+        for lsn, payloads in sent[:data.draw(st.integers(0, len(sent)))]:
             out += [e for p in payloads for e in decode(session.feed(p))]
+            if data.draw(st.booleans()):
+                resolved, watermark = beat(session, resolved, acknowledged)
+                out.append(watermark)
             # Acknowledged as the worker does: as far as it has read, but never past a part
             # it has not handed out.
             limit = session.ack_limit
             acknowledged = max(acknowledged, lsn + 50 if limit is None else min(lsn + 50, limit))
-    ends = [e for e in out if e.get("status") == "END"]
-    last = worker(numbered_after=(ends[-1]["commit_lsn"], ends[-1]["number"]) if ends else (-1, 0))
+    last = worker(numbered_after=tail(out))
     out += [e for lsn, payloads in records if lsn >= acknowledged for p in payloads for e in decode(last.feed(p))]
-    assert comparable(out) == comparable(whole)
+    assert comparable(e for e in out if kind_of(e) not in ("resolved", "pipeline")) == comparable(whole)
+
+
+def tail(partition):
+    """(LSN, number) from the latest message of the partition that says them, as a
+    restarted capture worker reads its partition's tail."""
+    return [n for e in partition if (n := numbering_of(e)) is not None][-1]
+
+
+def beat(session, resolved, acknowledged):
+    """A watermark as the capture worker makes one: at the end LSN of what the session
+    has read since ``acknowledged``, below any commit it holds back, never going back."""
+    produced = max(acknowledged, session.completed_end_lsn or -1)
+    held = session.held_from
+    resolved = max(resolved, produced if held is None else min(produced, held - 1))
+    return resolved, orjson.loads(session.resolved(resolved, 0).value)
 
 
 def comparable(events):

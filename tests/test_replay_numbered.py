@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpcdc_toolkit.replay import Part, Reassembler, ReassemblyError, Record
+from gpcdc_toolkit.protocol import Topics
+from gpcdc_toolkit.replay import MissingPartError, Part, Reassembler, ReassemblyError, Record
 
 SKEW = 100
 
@@ -52,7 +53,10 @@ def test_a_listed_part_lost_from_the_stream_is_missing_by_its_gap():
     proving_watermark(r, 1, parts=2)
     assert r.ready() == []
     [missing] = r.missing()
-    assert (missing.gxid, missing.segment, missing.damage) == (7, 1, None)
+    assert (missing.gxid, missing.segment, missing.damage, missing.gap) == (7, 1, None, (1, 1))
+
+    message = str(MissingPartError(missing, Topics("p"), read_to=30))
+    assert "segment 1's part is missing" in message and "parts numbered 1 never arrived" in message
 
 
 def test_a_transaction_whose_every_part_changed_nothing_goes_out_empty():

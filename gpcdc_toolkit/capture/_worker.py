@@ -52,8 +52,8 @@ from ..protocol import (
     Topics,
     format_lsn,
     is_pipeline_marker,
-    kind_of,
     lost_marker,
+    numbering_of,
     parse_lsn,
     pipeline_marker,
 )
@@ -347,15 +347,8 @@ class CaptureWorker:
                     value = orjson.loads(message.value() or b"")
                 except orjson.JSONDecodeError:
                     continue  # not the protocol's: nothing to count
-                if not isinstance(value, dict):
-                    continue
-                kind = kind_of(value)
-                if kind == "end" and value.get("number") is not None:
-                    found = (value["commit_lsn"], value["number"])
-                elif kind == "resolved" and value.get("parts") is not None:
-                    found = (value["resolved"], value["parts"])
-                elif kind == "pipeline" and value.get("parts") is not None:
-                    found = (-1, value["parts"])
+                if isinstance(value, dict) and (numbering := numbering_of(value)) is not None:
+                    found = numbering
             if found is not None:
                 return found
             stop, window = begin, window * 4

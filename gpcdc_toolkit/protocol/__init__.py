@@ -8,6 +8,7 @@ from ._assembler import (
     TransactionAssembler,
     UnknownNodesError,
     lost_marker,
+    numbering_of,
     pipeline_marker,
     repaired_marker,
 )
@@ -35,7 +36,8 @@ from ._topics import Dispatcher, Topics
 
 __all__ = [
     "COORDINATOR", "PROTOCOL_VERSION", "UNCHANGED", "Outbound", "ProtocolError", "TransactionAssembler", "UnknownNodesError",
-    "pipeline_marker", "lost_marker", "repaired_marker", "KINDS", "CoordinatorRecord", "Kind", "PipelineMarker", "RowEvent", "Source",
+    "pipeline_marker", "lost_marker", "numbering_of", "repaired_marker",
+    "KINDS", "CoordinatorRecord", "Kind", "PipelineMarker", "RowEvent", "Source",
     "TransactionEvent", "Watermark", "is_pipeline_marker", "kind_of", "problem_of",
     "CreateTable", "DdlError", "parse_create_table",
     "CommitRecord", "DdlRecord", "GxidMarker", "MarkerError", "OnePhaseMarker",

@@ -14,7 +14,7 @@ its row events say ``one_phase: null``, and its END event carries the flag.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ import orjson
 from ..errors import ClusterChangedError, StreamError
 from . import _markers as markers
 from . import _pgoutput as pg
-from ._events import COORDINATOR, PROTOCOL_VERSION, UNCHANGED
+from ._events import COORDINATOR, PROTOCOL_VERSION, UNCHANGED, kind_of
 from ._startpoint import Repair, StartPoint
 
 
@@ -80,6 +80,21 @@ def pipeline_marker(identity: str, content: int, *, numbered: bool = False) -> O
     if numbered:
         body["parts"] = 0
     return Outbound("pipeline", None, orjson.dumps(body))
+
+
+def numbering_of(value: Mapping[str, Any]) -> tuple[int, int] | None:
+    """What a message of a numbered partition says of the parts before it, as (LSN,
+    number): every commit up to that LSN is in the partition, the last of them the
+    part of that number. None: it says nothing of them. A restarted capture session
+    numbers on from the latest such message and hands out nothing up to its LSN."""
+    kind = kind_of(value)
+    if kind == "end" and value.get("number") is not None:
+        return value["commit_lsn"], value["number"]
+    if kind == "resolved" and value.get("parts") is not None:
+        return value["resolved"], value["parts"]
+    if kind == "pipeline" and value.get("parts") is not None:
+        return -1, value["parts"]
+    return None
 
 
 def _qualified(schema: str, name: str) -> str:
@@ -455,6 +470,11 @@ class TransactionAssembler:
             body["prepared_ts_ms"] = prepared_ts_ms
         if self.numbered and self.content != COORDINATOR:
             body["parts"] = self.parts_handed_out  # the number of the last part before this watermark
+            # The count and the LSN go together (see ``numbering_of``): a session restarted
+            # below the partition's tail counts parts it has not read again yet, so its
+            # watermark's LSN is the tail's until it reads past it. Were it lower, a session
+            # restarted after this watermark would hand out those parts again, numbered anew.
+            body["resolved"] = max(lsn, self.resent_up_to)
         if self.content == COORDINATOR:
             body["type"] = "resolved"
         return Outbound("resolved", None, orjson.dumps(body))

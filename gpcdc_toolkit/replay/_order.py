@@ -107,6 +107,7 @@ class Missing:
     offsets: tuple[tuple[int, int], ...] = ()  # (segment, offset) of the parts present; -1: the record
     damage: str | None = None  # the part arrived, but not whole
     lost: str | None = None  # the part cannot come: its node is lost to the pipeline (why)
+    gap: tuple[int, int] | None = None  # numbers of the segment's parts that never arrived (first, last)
 
 
 class ReassemblyError(StreamError, ValueError):
@@ -472,7 +473,7 @@ class Reassembler:
             if self._proven_absent(record, s) and not self._empty(record, s):
                 offsets = ((-1, record.offset), *((c, parts[c].offset) for c in sorted(parts)))
                 out.append(Missing(record.gxid, s, tuple(sorted(parts)), record.commit_ts_ms,
-                                   segment.watermark_ts_ms, offsets))
+                                   segment.watermark_ts_ms, offsets, gap=segment.gap))
         return out
 
     def _unrecorded(self) -> list[Missing]:

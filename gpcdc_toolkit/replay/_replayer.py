@@ -69,6 +69,11 @@ class MissingPartError(StreamError):
             why = (f"segment {missing.segment}'s part is missing (read to offset {read_to} of {topics.changes} "
                    f"partition {missing.segment}, whose watermark is {missing.watermark_ts_ms - missing.record_ts_ms} "
                    f"ms past {where}, and the segment no longer holds gxid {missing.gxid} prepared)")
+            if missing.gap is not None:
+                first, last = missing.gap
+                numbers = f"{first}" if first == last else f"{first} to {last}"
+                why += (f"; segment {missing.segment}'s parts numbered {numbers} never arrived, so that its part "
+                        "changed nothing cannot be shown")
         super().__init__(
             f"{what} cannot be replayed whole: {why}; parts present: {present}",
             fix=f"nothing of {what} was applied, nor anything that must follow it; restore segment {missing.segment}'s "
