@@ -22,6 +22,7 @@ from typing import Any
 from .errors import ConfigError, GpcdcError
 
 _SEVERITY = {"critical": "error", "warning": "warning", "info": "info"}
+_COUNTS_ONLY = {"result_format": "BASIC", "partial_unexpected_count": 0}  # BASIC without its examples
 FRAMES = ("events", "tables", "target")
 DEFAULT_DIR = Path(__file__).resolve().parents[1] / "expectations"  # in a source checkout
 
@@ -187,8 +188,14 @@ class Expectations:
         return f"{name}-{self._assets}"
 
     def _measure(self, name: str, body: dict[str, Any], batch: Any) -> list[Measured]:
+        suite = self.suite(name, body)
+        # Counts first: examples of unexpected values cost a query (a Spark job) per
+        # expectation, so they are looked up, in a second pass, only when one failed.
+        results = batch.validate(suite, result_format=_COUNTS_ONLY).results
+        if not all(result.success for result in results):
+            results = batch.validate(suite, result_format="BASIC").results
         out = []
-        for result in batch.validate(self.suite(name, body), result_format="BASIC").results:
+        for result in results:
             config = result.expectation_config
             assert config is not None  # a suite's results name their expectations
             kwargs = {k: v for k, v in config.kwargs.items() if k != "batch_id"}  # the expectation's own
