@@ -71,9 +71,11 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
         kafka = kafka_client_settings(config)
         check_reachable(kafka)
         say(f"Kafka: {kafka['bootstrap.servers']}")
-        # One warm JVM for the notebooks' Spark work, instead of one started by each.
+        # One warm JVM for the notebooks' Spark work, instead of one started by each,
+        # warmed by an audit of its own while the pipeline's first stages run.
         spark.up(config.spark.master)
         say(f"Spark: {spark.url} ({config.spark.master})")
+        warming = _warming(config, say)
         cluster = sandbox.cluster()
         cluster.check_logical_decoding()
         # A fresh start, so that the checks compare like with like: transactions before
@@ -85,7 +87,7 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
         workload = {"duration": spec.duration or 5.0, "threads": spec.threads, "hot_keys": spec.hot_keys,
                     "seed": spec.seed}
         passed = (job("bootstrap", method=options.method) and job("capture") and job("workload", **workload)
-                  and job("replay") and job("audit")
+                  and job("replay") and _warmed(warming, say) and job("audit")
                   and _while_writing(config, cluster, spec, lambda: job("validate"), say)
                   and job("explore"))
         say(f"done in {time.monotonic() - started:.1f} s: {sum(r.status == 'ok' for r in runs)} of {len(runs)} runs passed")
@@ -100,6 +102,37 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
             for cluster_sandbox in (sandbox, target):
                 if cluster_sandbox.exists:
                     cluster_sandbox.down()
+
+
+def _warming(config: Config, say: Callable[[str], None]) -> threading.Thread:
+    """A thread warming the Spark server (see ``audit.warm_up``); what fails is said."""
+    def warm() -> None:
+        from .audit import warm_up
+        from .ingest.spark import spark_session
+
+        try:
+            spark = spark_session(config, "gpcdc-warm-up")
+            try:
+                warm_up(spark, config)
+            finally:
+                spark.stop()
+        except Exception as e:  # noqa: BLE001 (the audit notebook meets the same server, and says more)
+            say(f"warming the Spark server failed: {e}")
+
+    thread = threading.Thread(target=warm, name="spark warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
+def _warmed(thread: threading.Thread, say: Callable[[str], None]) -> bool:
+    """Wait for the warm-up before the Spark notebooks, so that they do not share the
+    two cores with it; a warm-up that does not end only costs them its time."""
+    started = time.monotonic()
+    if not _joined(thread, _STOP_TIMEOUT):
+        say(f"the Spark server's warm-up did not end within {_STOP_TIMEOUT:g} s; the audit runs beside it")
+    elif (waited := time.monotonic() - started) >= 1:
+        say(f"waited {waited:.1f} s for the Spark server's warm-up")
+    return True
 
 
 def _while_writing(config: Config, cluster: Any, spec: WorkloadSpec, work: Callable[[], bool],

@@ -8,15 +8,17 @@ import subprocess
 import sys
 import uuid
 
+import orjson
 import pytest
 
 from gpcdc_toolkit.archive import read_archive, write_archive
-from gpcdc_toolkit.audit import ADVICE, run_audit
+from gpcdc_toolkit.audit import ADVICE, run_audit, warm_up
+from gpcdc_toolkit.audit._warm import warm_stream
 from gpcdc_toolkit.capture import ensure_topics
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.connect import kafka_client_settings
 from gpcdc_toolkit.ingest import SparkServer
-from gpcdc_toolkit.protocol import Topics
+from gpcdc_toolkit.protocol import Topics, problem_of
 
 from ._audit_stream import StreamBuilder
 from ._spark import nothing_cached
@@ -202,3 +204,16 @@ def test_the_result_charts_findings_delay_and_completeness(spark, topics):
     assert {trace.name for trace in figures["watermark_delay"].data} == {"coordinator", "segment 0", "segment 1",
                                                                         "segment 2"}
     assert sorted(trace.name for trace in figures["findings_over_time"].data) == ["damaged_part", "missing_part"]
+
+
+def test_the_warm_up_audits_a_stream_of_its_own_and_leaves_nothing_behind(spark, work_dir):
+    """The server's warm-up (`gpcdc spark up --warm`, the demo): an audit as the notebook
+    runs one, of a settled stream whose only fault is a part sent twice."""
+    config = load_config({"work_dir": str(work_dir), "kafka.topic_prefix": "mine"}, environ={})
+    messages = warm_stream()
+    assert all(problem_of(orjson.loads(m.value)) is None for m in messages)
+    spark.catalog.clearCache()
+    result = warm_up(spark, config)
+    assert result.summary == [("duplicate_events", "info", 1)] and result.events == len(messages)
+    assert result.output is not None and not result.output.exists()  # its work directory is removed
+    assert not (work_dir / "audit" / "mine").exists() and nothing_cached(spark)

@@ -62,8 +62,9 @@ def test_commands_run_on_the_server_while_it_runs_and_on_their_own_session_other
         assert up.returncode == 0, up.stderr
         status = server.status()
         assert status.answers and status.url in up.stdout and f"pid {status.pid}" in up.stdout
-        again = gpcdc(work, "spark", "up")  # found running: the same server
+        again = gpcdc(work, "spark", "up", "--warm")  # found running: the same server, warmed by an audit
         assert again.returncode == 0 and server.pid == status.pid, again.stderr
+        assert "server is warm: an audit ran on it" in again.stdout
         shown = gpcdc(work, "spark", "status")
         assert shown.returncode == 0 and status.url in shown.stdout
 
