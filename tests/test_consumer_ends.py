@@ -74,6 +74,23 @@ def test_other_broker_errors_and_a_leadership_that_never_settles_are_one_line():
         high_watermarks(_SettlingBroker({0: 10**6}), "t", [0], timeout=0.3)
 
 
+def test_a_follower_asks_a_broker_that_stopped_answering_for_as_long_as_it_takes():
+    """Without a timeout (a following replayer), a broker that times out (frozen) is asked
+    again past any wait given elsewhere; an error that is not the broker's absence still
+    ends it at once."""
+    import pytest
+    from confluent_kafka import KafkaError
+
+    from gpcdc_toolkit.errors import BrokerError
+    from gpcdc_toolkit.ingest._consumer import high_watermarks
+
+    frozen = _SettlingBroker({0: 5, 1: 5}, KafkaError._TIMED_OUT)
+    assert high_watermarks(frozen, "t", [0, 1], timeout=None) == {0: 100, 1: 101}
+    assert frozen.asked == 12
+    with pytest.raises(BrokerError, match="partition 0 ends \\(Broker: Topic authorization"):
+        high_watermarks(_SettlingBroker({0: 1}, KafkaError.TOPIC_AUTHORIZATION_FAILED), "t", [0], timeout=None)
+
+
 class _RestartingBroker:
     """A consumer whose metadata requests meet answers in turn: an exception's error, a
     topic's error, or the partitions."""

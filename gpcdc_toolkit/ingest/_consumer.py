@@ -8,6 +8,7 @@ consumer is then at the high watermark of that moment, which is at or past the f
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Generator, Mapping
 from typing import Any
@@ -15,6 +16,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from ..errors import BrokerError
+
+log = logging.getLogger(__name__)
 
 
 def located(message: Message) -> tuple[int, int]:
@@ -68,21 +71,30 @@ _SETTLING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PA
              *_BROKER_AWAY}
 
 
-def high_watermarks(consumer: Consumer, topic: str, partitions: list[int], timeout: float = 30.0) -> dict[int, int]:
-    """Each partition's end now: the offset its next message will take."""
-    deadline = time.monotonic() + timeout
+def high_watermarks(consumer: Consumer, topic: str, partitions: list[int],
+                    timeout: float | None = 30.0) -> dict[int, int]:
+    """Each partition's end now: the offset its next message will take. While no broker
+    answers or leadership settles, asked again until ``timeout``; None: for as long as
+    it takes (a follower of a broker that answered before), saying so every minute."""
+    began = time.monotonic()
+    deadline = began + timeout if timeout is not None else None
+    said = began
     ends: dict[int, int] = {}
     for p in partitions:
         while p not in ends:
+            wait = 10.0 if deadline is None else max(0.1, deadline - time.monotonic())
             try:
-                ends[p] = consumer.get_watermark_offsets(TopicPartition(topic, p),
-                                                         timeout=max(0.1, deadline - time.monotonic()))[1]
+                ends[p] = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=wait)[1]
             except KafkaException as e:
                 error = e.args[0]
-                if error.code() not in _SETTLING or time.monotonic() >= deadline:
+                if error.code() not in _SETTLING or (deadline is not None and time.monotonic() >= deadline):
                     waited = f" within {timeout:g} s" if error.code() in _SETTLING else ""
                     raise BrokerError(f"Kafka did not say where {topic!r} partition {p} ends{waited} ({error.str()})",
                                       fix="check the broker and kafka.bootstrap_servers") from None
+                if time.monotonic() - said >= 60:
+                    said = time.monotonic()
+                    log.warning("Kafka has not said where %r partition %d ends for %.0f s (%s): still asking",
+                                topic, p, said - began, error.str())
                 time.sleep(0.1)  # the leadership is settling: ask again
     return ends
 

@@ -51,8 +51,11 @@ class Feed(Protocol):
 class KafkaFeed:
     """The topics, with one consumer."""
 
-    def __init__(self, kafka: Mapping[str, str], topics: Topics, broker_wait: float) -> None:
+    def __init__(self, kafka: Mapping[str, str], topics: Topics, broker_wait: float, *, follow: bool = False) -> None:
+        # The topics must be found within ``broker_wait``; once they are, a follower
+        # waits for a broker that stops answering for as long as it takes, as capture does.
         self.topics, self.broker_wait = topics, broker_wait
+        self.ends_wait = None if follow else broker_wait
         self.consumer = Consumer({**kafka, "group.id": f"gpcdc-replay-{topics.prefix}",
                                   "enable.auto.commit": False, "enable.partition.eof": True,
                                   "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100,
@@ -67,8 +70,8 @@ class KafkaFeed:
             raise
 
     def ends(self) -> dict[int, int]:
-        return {**high_watermarks(self.consumer, self.topics.changes, self.segments, self.broker_wait),
-                COORDINATOR: high_watermarks(self.consumer, self.topics.dtx, [0], self.broker_wait)[0]}
+        return {**high_watermarks(self.consumer, self.topics.changes, self.segments, self.ends_wait),
+                COORDINATOR: high_watermarks(self.consumer, self.topics.dtx, [0], self.ends_wait)[0]}
 
     def start(self, offsets: Mapping[int, int]) -> None:
         self.consumer.assign([TopicPartition(self.topics.changes, p, offsets[p]) for p in self.segments]

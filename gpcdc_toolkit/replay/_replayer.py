@@ -160,7 +160,7 @@ class Replayer:
         # waits longer for a broker that is restarting. An archive does not grow: read once.
         follow = follow and self.archive is None
         feed: Feed = (ArchiveFeed(self.archive, self.topics) if self.archive is not None
-                      else KafkaFeed(self.kafka, self.topics, 30.0 if follow else 10.0))
+                      else KafkaFeed(self.kafka, self.topics, 30.0 if follow else 10.0, follow=follow))
         try:
             run = _Run(self, feed, until_syncpoint)
         except BaseException:
