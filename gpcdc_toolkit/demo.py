@@ -60,6 +60,9 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
         return done.status == "ok"
 
     try:
+        # One warm JVM for the notebooks' Spark work, instead of one started by each: it
+        # starts, and an audit of its own warms it, while the stages before the audit run.
+        spark_ready = _spark_in_background(spark, config, say)
         sandbox.up(segments=options.segments)
         say(f"source sandbox {sandbox.name!r}: coordinator + {options.segments} segments ({sandbox.dsn})")
         if target.exists:
@@ -71,11 +74,6 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
         kafka = kafka_client_settings(config)
         check_reachable(kafka)
         say(f"Kafka: {kafka['bootstrap.servers']}")
-        # One warm JVM for the notebooks' Spark work, instead of one started by each,
-        # warmed by an audit of its own while the pipeline's first stages run.
-        spark.up(config.spark.master)
-        say(f"Spark: {spark.url} ({config.spark.master})")
-        warming = _warming(config, say)
         cluster = sandbox.cluster()
         cluster.check_logical_decoding()
         # A fresh start, so that the checks compare like with like: transactions before
@@ -87,7 +85,7 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
         workload = {"duration": spec.duration or 5.0, "threads": spec.threads, "hot_keys": spec.hot_keys,
                     "seed": spec.seed}
         passed = (job("bootstrap", method=options.method) and job("capture") and job("workload", **workload)
-                  and job("replay") and _warmed(warming, say) and job("audit")
+                  and job("replay") and spark_ready() and job("audit")
                   and _while_writing(config, cluster, spec, lambda: job("validate"), say)
                   and job("explore"))
         say(f"done in {time.monotonic() - started:.1f} s: {sum(r.status == 'ok' for r in runs)} of {len(runs)} runs passed")
@@ -104,35 +102,45 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
                     cluster_sandbox.down()
 
 
-def _warming(config: Config, say: Callable[[str], None]) -> threading.Thread:
-    """A thread warming the Spark server (see ``audit.warm_up``); what fails is said."""
-    def warm() -> None:
+def _spark_in_background(spark: SparkServer, config: Config, say: Callable[[str], None]) -> Callable[[], bool]:
+    """Start the Spark server and warm it (``audit.warm_up``) in a thread; the function
+    returned waits for both, raises what failed the start, and says what failed the
+    warm-up (the audit notebook meets the same server, and says more)."""
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            spark.up(config.spark.master)
+        except BaseException as e:  # noqa: BLE001 (raised where the demo waits for it)
+            failed.append(e)
+            return
+        say(f"Spark: {spark.url} ({config.spark.master})")
         from .audit import warm_up
         from .ingest.spark import spark_session
 
         try:
-            spark = spark_session(config, "gpcdc-warm-up")
+            session = spark_session(config, "gpcdc-warm-up")
             try:
-                warm_up(spark, config)
+                warm_up(session, config)
             finally:
-                spark.stop()
-        except Exception as e:  # noqa: BLE001 (the audit notebook meets the same server, and says more)
+                session.stop()
+        except Exception as e:  # noqa: BLE001
             say(f"warming the Spark server failed: {e}")
 
-    thread = threading.Thread(target=warm, name="spark warm-up", daemon=True)
+    thread = threading.Thread(target=start, name="spark start-up", daemon=True)
     thread.start()
-    return thread
 
+    def ready() -> bool:
+        started = time.monotonic()
+        if not _joined(thread, _STOP_TIMEOUT + 180):
+            say("the Spark server's start and warm-up did not end in time; the audit runs beside them")
+        elif (waited := time.monotonic() - started) >= 1:
+            say(f"waited {waited:.1f} s for the Spark server's start and warm-up")
+        if failed:
+            raise failed[0]
+        return True
 
-def _warmed(thread: threading.Thread, say: Callable[[str], None]) -> bool:
-    """Wait for the warm-up before the Spark notebooks, so that they do not share the
-    two cores with it; a warm-up that does not end only costs them its time."""
-    started = time.monotonic()
-    if not _joined(thread, _STOP_TIMEOUT):
-        say(f"the Spark server's warm-up did not end within {_STOP_TIMEOUT:g} s; the audit runs beside it")
-    elif (waited := time.monotonic() - started) >= 1:
-        say(f"waited {waited:.1f} s for the Spark server's warm-up")
-    return True
+    return ready
 
 
 def _while_writing(config: Config, cluster: Any, spec: WorkloadSpec, work: Callable[[], bool],
