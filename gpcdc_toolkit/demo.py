@@ -8,20 +8,22 @@ it; it returns 0 when every run passed, and prints where ``reports/index.html`` 
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .broker import EmbeddedBroker, check_reachable
-from .capture import CaptureGroup, drop_pipeline
+from .capture import CaptureGroup, child_environment, drop_pipeline
 from .config import Config
 from .connect import kafka_client_settings
 from .errors import ConfigError
-from .ingest import SparkServer
+from .ingest import SparkServer, SparkServerError
 from .replay import Replayer
 from .sandbox import Sandbox
 from .workload import WorkloadSpec, reset_tables, run_workload
@@ -59,10 +61,10 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
         say(done.line())
         return done.status == "ok"
 
+    spark_start: _SparkStart | None = None
     try:
-        # One warm JVM for the notebooks' Spark work, instead of one started by each: it
-        # starts, and an audit of its own warms it, while the stages before the audit run.
-        spark_ready = _spark_in_background(spark, config, say)
+        # One warm JVM for the notebooks' Spark work, instead of one started by each.
+        spark_start = _SparkStart(config)
         sandbox.up(segments=options.segments)
         say(f"source sandbox {sandbox.name!r}: coordinator + {options.segments} segments ({sandbox.dsn})")
         if target.exists:
@@ -85,7 +87,7 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
         workload = {"duration": spec.duration or 5.0, "threads": spec.threads, "hot_keys": spec.hot_keys,
                     "seed": spec.seed}
         passed = (job("bootstrap", method=options.method) and job("capture") and job("workload", **workload)
-                  and job("replay") and spark_ready() and job("audit")
+                  and job("replay") and spark_start.ready(say) and job("audit")
                   and _while_writing(config, cluster, spec, lambda: job("validate"), say)
                   and job("explore"))
         say(f"done in {time.monotonic() - started:.1f} s: {sum(r.status == 'ok' for r in runs)} of {len(runs)} runs passed")
@@ -93,6 +95,8 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
             say(f"reports: {runs[-1].directory.parent / 'index.html'}")
         return 0 if passed else 1
     finally:
+        if spark_start is not None:
+            spark_start.stop()  # before the server: a start under way is not left to finish
         if not options.keep:
             group.stop()
             spark.down()
@@ -102,45 +106,42 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
                     cluster_sandbox.down()
 
 
-def _spark_in_background(spark: SparkServer, config: Config, say: Callable[[str], None]) -> Callable[[], bool]:
-    """Start the Spark server and warm it (``audit.warm_up``) in a thread; the function
-    returned waits for both, raises what failed the start, and says what failed the
-    warm-up (the audit notebook meets the same server, and says more)."""
-    failed: list[BaseException] = []
+class _SparkStart:
+    """``gpcdc spark up --warm`` in a process of its own from the demo's first step: the
+    server starts, and an audit of its own warms it, while the stages before the audit
+    run. (A process of its own, because a Spark Connect session marks its process's
+    environment, which the notebooks' kernels, started from the demo's, would inherit.)"""
 
-    def start() -> None:
-        try:
-            spark.up(config.spark.master)
-        except BaseException as e:  # noqa: BLE001 (raised where the demo waits for it)
-            failed.append(e)
-            return
-        say(f"Spark: {spark.url} ({config.spark.master})")
-        from .audit import warm_up
-        from .ingest.spark import spark_session
+    def __init__(self, config: Config) -> None:
+        self.log = Path(config.work_dir) / "logs" / "spark-up-warm.log"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("w") as out:
+            self.process = subprocess.Popen([sys.executable, "-m", "gpcdc_toolkit", "spark", "up", "--warm"],
+                                            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            env=child_environment(config))
 
-        try:
-            session = spark_session(config, "gpcdc-warm-up")
-            try:
-                warm_up(session, config)
-            finally:
-                session.stop()
-        except Exception as e:  # noqa: BLE001
-            say(f"warming the Spark server failed: {e}")
-
-    thread = threading.Thread(target=start, name="spark start-up", daemon=True)
-    thread.start()
-
-    def ready() -> bool:
+    def ready(self, say: Callable[[str], None]) -> bool:
+        """Wait for it; raise what failed it."""
         started = time.monotonic()
-        if not _joined(thread, _STOP_TIMEOUT + 180):
-            say("the Spark server's start and warm-up did not end in time; the audit runs beside them")
-        elif (waited := time.monotonic() - started) >= 1:
+        try:
+            status = self.process.wait(_STOP_TIMEOUT + 180)
+        except subprocess.TimeoutExpired:
+            say(f"`gpcdc spark up --warm` did not end within {_STOP_TIMEOUT + 180:g} s; the audit runs beside it")
+            return True
+        if (waited := time.monotonic() - started) >= 1:
             say(f"waited {waited:.1f} s for the Spark server's start and warm-up")
-        if failed:
-            raise failed[0]
+        lines = [line for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
+        if status != 0:
+            raise SparkServerError(f"`gpcdc spark up --warm` exited with status {status}: "
+                                   f"{lines[-1] if lines else 'no output'}", fix=f"see {self.log}")
+        for line in lines:
+            say(line)
         return True
 
-    return ready
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
 
 
 def _while_writing(config: Config, cluster: Any, spec: WorkloadSpec, work: Callable[[], bool],
