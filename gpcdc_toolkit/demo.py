@@ -113,6 +113,7 @@ class _SparkStart:
     environment, which the notebooks' kernels, started from the demo's, would inherit.)"""
 
     def __init__(self, config: Config) -> None:
+        self.config = config
         self.log = Path(config.work_dir) / "logs" / "spark-up-warm.log"
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("w") as out:
@@ -130,12 +131,12 @@ class _SparkStart:
             return True
         if (waited := time.monotonic() - started) >= 1:
             say(f"waited {waited:.1f} s for the Spark server's start and warm-up")
-        lines = [line for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
         if status != 0:
+            lines = [line for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
             raise SparkServerError(f"`gpcdc spark up --warm` exited with status {status}: "
                                    f"{lines[-1] if lines else 'no output'}", fix=f"see {self.log}")
-        for line in lines:
-            say(line)
+        say(f"Spark: {SparkServer(self.config.work_dir).url} ({self.config.spark.master}), warmed by an audit of its "
+            "own")
         return True
 
     def stop(self) -> None:
