@@ -156,7 +156,7 @@ def test_a_dropped_slot_and_an_invalidated_slot_stop_their_nodes_capture_with_th
     segment0, coordinator = cluster.segments[0], cluster.coordinator
     group.kill(0)
     with cluster.connect_node(segment0, autocommit=True) as conn:
-        conn.execute("SELECT pg_drop_replication_slot(%s)", (pipeline.slot,))
+        drop_released_slot(conn, pipeline.slot)
     group.start_node(0, group.log_file(0))
     assert failed_state(group, 0) == (
         f"failed: slot {pipeline.slot} is missing on {segment0}: it was dropped, so the changes since its acknowledged "
@@ -202,11 +202,21 @@ def test_the_worker_process_exits_with_the_status_of_a_changed_cluster(captured)
     cluster, config, pipeline, group, _table = captured
     group.kill(1)
     with cluster.connect_node(cluster.segments[1], autocommit=True) as conn:
-        conn.execute("SELECT pg_drop_replication_slot(%s)", (pipeline.slot,))
+        drop_released_slot(conn, pipeline.slot)
     worker = subprocess.run(group.worker_argv(1), env={**ENV, **_child_env(config)}, capture_output=True, text=True,
                             stdin=subprocess.DEVNULL, timeout=120)
     assert worker.returncode == ClusterChangedError.exit_code == 5, worker.stderr
     assert f"slot {pipeline.slot} is missing on {cluster.segments[1]}" in worker.stderr.strip().splitlines()[-1]
+
+
+def drop_released_slot(conn, slot, timeout=60.0):
+    """Drop the slot once its killed worker's walsender has let it go: the server ends
+    that walsender only when it notices the connection closed, some time after the kill."""
+    deadline = time.monotonic() + timeout
+    while conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()[0]:
+        assert time.monotonic() < deadline, f"slot {slot} is still active {timeout:g} s after its worker was killed"
+        threading.Event().wait(0.05)  # polling the server's view of the slot
+    conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
 
 
 def _child_env(config):
