@@ -163,6 +163,25 @@ def acknowledged_or_explained(cluster, slot, group, timeout):
         pytest.fail("\n".join(lines))
 
 
+def settled(cluster, slot, group, config, timeout=240):
+    """Wait until a replay can apply everything committed so far: capture has it in
+    Kafka, and every worker has sent a watermark whose prepared list was read a clock
+    skew after now. Citus prepares every connection a transaction used, and decoding
+    sends nothing for one that wrote nothing: such a part is proven empty only by a
+    watermark read that long after its record."""
+    acknowledged_or_explained(cluster, slot, group, timeout)
+    since_ms = time.time() * 1000 + ReplaySettings().clock_skew_ms
+    deadline = time.monotonic() + 60
+    while True:
+        watermarks = read_captured(config).watermarks
+        late = [n.content for n in cluster.segments
+                if not any(w.get("prepared_ts_ms", -1) >= since_ms for w in watermarks[n.content])]
+        if not late:
+            return
+        assert time.monotonic() < deadline, f"no watermark of workers {late} read after {since_ms:.0f} ms"
+        threading.Event().wait(0.2)  # polling Kafka for the workers' next watermarks
+
+
 def oracle_slots(cluster, name):
     """An independent test_decoding slot (two-phase) on every worker, made before anything else."""
     for node in cluster.segments:
@@ -268,7 +287,7 @@ def test_replay_of_a_citus_source_reproduces_it_and_drops_rolled_back_parts(pipe
     with cluster.connect_node(worker) as conn:
         conn.execute(f"BEGIN; INSERT INTO {shard} (id, v) VALUES (-7, -7); PREPARE TRANSACTION 'citus_0_99_77_1'")
         conn.execute("ROLLBACK PREPARED 'citus_0_99_77_1'")
-    wait_until_acknowledged(cluster, pipeline.slot)
+    settled(cluster, pipeline.slot, group, config)
     deadline = time.monotonic() + 30
     while sum((group.status(n.content) or {}).get("rolled_back_parts", 0) for n in cluster.nodes) != 1:
         assert time.monotonic() < deadline, [group.status(n.content) for n in cluster.nodes]
@@ -327,7 +346,7 @@ def test_capture_killed_and_replay_resumed_while_writers_run_apply_everything_on
             group.start_node(node, group.log_file(node))
             with Replayer(config) as replayer:  # a replayer stopped partway (its batches are its checkpoints)
                 replayer.run()
-    acknowledged_or_explained(cluster, pipeline.slot, group, timeout=240)
+    settled(cluster, pipeline.slot, group, config)
     with Replayer(config) as replayer:
         done = replayer.run()
     assert done.pending == 0
@@ -458,7 +477,7 @@ def test_replayer_and_capture_killed_at_random_moments_apply_everything_once(pip
             if replayer is not None and replayer.poll() is None:
                 replayer.kill()
                 replayer.wait()
-    acknowledged_or_explained(cluster, pipeline.slot, group, timeout=240)
+    settled(cluster, pipeline.slot, group, config)
     with Replayer(config) as last:
         assert last.run().pending == 0
     assert table_rows(target_cluster, table) == table_rows(cluster, table)
