@@ -79,3 +79,22 @@ def test_rows_become_one_arrow_batch_with_nulls_in_place():
     assert batch.column("_corrupt_record").to_pylist() == [None, "bad", None]
     stamps = batch.column("commit_ts").to_pylist()
     assert stamps[1] is None and stamps[0] == dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=dt.UTC)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_collector_is_held_off_while_a_batch_is_parsed_and_left_as_it_was(enabled):
+    import gc
+
+    from gpcdc_toolkit.ingest._rows import collector_paused
+
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+        assert gc.isenabled() == enabled
+        with pytest.raises(ValueError), collector_paused():
+            raise ValueError("a batch that failed half-way")
+        assert gc.isenabled() == enabled
+    finally:
+        (gc.enable if was else gc.disable)()

@@ -57,16 +57,18 @@ def _parse_batches(batches: Iterator[Any]) -> Iterator[Any]:
     """Spark's Kafka rows, batch by batch, as the toolkit's rows (runs on executors)."""
     import pyarrow.compute as pc
 
-    from ._rows import arrow_schema, to_arrow, to_row
+    from ._rows import arrow_schema, collector_paused, to_arrow, to_row
 
     schema = arrow_schema()
     for batch in batches:
-        millis = pc.divide(batch.column("timestamp").cast("int64"), 1000).to_pylist()
-        rows = [to_row(topic, partition, offset, ms, key, value) for topic, partition, offset, ms, key, value in zip(
-            batch.column("topic").to_pylist(), batch.column("partition").to_pylist(),
-            batch.column("offset").to_pylist(), millis, batch.column("key").to_pylist(),
-            batch.column("value").to_pylist())]
-        yield to_arrow(rows, schema)
+        with collector_paused():
+            millis = pc.divide(batch.column("timestamp").cast("int64"), 1000).to_pylist()
+            rows = [to_row(topic, partition, offset, ms, key, value) for topic, partition, offset, ms, key, value in zip(
+                batch.column("topic").to_pylist(), batch.column("partition").to_pylist(),
+                batch.column("offset").to_pylist(), millis, batch.column("key").to_pylist(),
+                batch.column("value").to_pylist())]
+            parsed = to_arrow(rows, schema)
+        yield parsed
 
 
 def parse_kafka_frame(df: Any) -> Any:

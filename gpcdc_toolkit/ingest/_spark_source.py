@@ -166,7 +166,7 @@ def read_range(kafka: dict[str, str], r: KafkaRange, batch: int = 10_000) -> Ite
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     from ._consumer import located
-    from ._rows import arrow_schema, to_arrow, to_row
+    from ._rows import arrow_schema, collector_paused, to_arrow, to_row
 
     if r.start >= r.end:
         return
@@ -191,23 +191,25 @@ def read_range(kafka: dict[str, str], r: KafkaRange, batch: int = 10_000) -> Ite
             idle_polls = 0
             rows = []
             done = False
-            for m in messages:
-                error = m.error()
-                if error is not None:
-                    if error.code() == -191:  # _PARTITION_EOF
-                        continue
-                    raise KafkaException(error)
-                _partition, offset = located(m)
-                if offset < position:
-                    continue  # a broker may return a batch from before the requested offset
-                ts = m.timestamp()[1]
-                if offset >= r.end:
-                    done = True
-                    break
-                position = offset + 1
-                rows.append(to_row(r.topic, r.partition, offset, ts if ts >= 0 else None, m.key(), m.value()))
-            if rows:
-                yield to_arrow(rows, schema)
+            with collector_paused():
+                for m in messages:
+                    error = m.error()
+                    if error is not None:
+                        if error.code() == -191:  # _PARTITION_EOF
+                            continue
+                        raise KafkaException(error)
+                    _partition, offset = located(m)
+                    if offset < position:
+                        continue  # a broker may return a batch from before the requested offset
+                    ts = m.timestamp()[1]
+                    if offset >= r.end:
+                        done = True
+                        break
+                    position = offset + 1
+                    rows.append(to_row(r.topic, r.partition, offset, ts if ts >= 0 else None, m.key(), m.value()))
+                parsed = to_arrow(rows, schema) if rows else None
+            if parsed is not None:
+                yield parsed
             if done:
                 return
     finally:

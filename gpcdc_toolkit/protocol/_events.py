@@ -148,9 +148,9 @@ _INT32 = frozenset({"segment", "seq", "event_count", "ddl_count", "segments"})
 
 # Per field of a message, and of a row event's source: the exact types it may have (bool
 # is an int to Python, never to the protocol), and the range of its integers.
-_EXACT = {name: frozenset(allowed) for name, allowed in _TYPES.items()}
-_SOURCE_EXACT = {name: frozenset(allowed) for name, allowed in _SOURCE_TYPES.items()}
 _BOUND = {name: 1 << (31 if name in _INT32 else 63) for name in (*_TYPES, *_SOURCE_TYPES)}
+_FIELDS = {name: (frozenset(allowed), _BOUND[name]) for name, allowed in _TYPES.items()}
+_SOURCE_FIELDS = {name: (frozenset(allowed), _BOUND[name]) for name, allowed in _SOURCE_TYPES.items()}
 
 
 def _out_of_range(name: str, value: Any) -> bool:
@@ -159,19 +159,19 @@ def _out_of_range(name: str, value: Any) -> bool:
     return any(type(v) is int and not -bound <= v < bound for v in values)
 
 
-def _field_problem(what: str, holder: Mapping[str, Any], exact: Mapping[str, frozenset[type]]) -> str | None:
-    """The first field of ``holder`` of a wrong type or out of range (checked in the
-    order the message has them: a message has fewer fields than are known)."""
+def _field_problem(holder: Mapping[str, Any], fields: Mapping[str, tuple[frozenset[type], int]]) -> str | None:
+    """What is wrong with the first field of ``holder`` of a wrong type or out of range
+    (checked in the order the message has them: a message has fewer fields than are
+    known). Every message read passes here: one lookup per field."""
     for name, field in holder.items():
-        allowed = exact.get(name)
-        if allowed is None:
+        spec = fields.get(name)
+        if spec is None:
             continue
-        if type(field) not in allowed:
-            return f"{what} whose {name} is {type(field).__name__} {str(field)[:40]!r}"
-        if type(field) is int:
-            bound = _BOUND[name]
-            if not -bound <= field < bound:
-                return f"{what} whose {name} {str(field)[:40]} is out of range"
+        kind = type(field)
+        if kind not in spec[0]:
+            return f"whose {name} is {kind.__name__} {str(field)[:40]!r}"
+        if kind is int and not -spec[1] <= field < spec[1]:
+            return f"whose {name} {str(field)[:40]} is out of range"
     return None
 
 
@@ -183,16 +183,20 @@ def problem_of(value: Any) -> str | None:
     kind = kind_of(value)
     if kind is None:
         return "no kind of the protocol (no op, status, type or resolved field)"
-    checks = [(f"a {kind} message", value, _REQUIRED[kind], _EXACT)]
-    if kind == "row" and isinstance(value.get("source"), dict):
-        checks.append(("a row event's source", value["source"], _SOURCE_REQUIRED, _SOURCE_EXACT))
-    for what, holder, required, types in checks:
-        for name in required:
-            if name not in holder:
-                return f"{what} without {name}"
-        problem = _field_problem(what, holder, types)
+    for name in _REQUIRED[kind]:
+        if name not in value:
+            return f"a {kind} message without {name}"
+    problem = _field_problem(value, _FIELDS)
+    if problem is not None:
+        return f"a {kind} message {problem}"
+    source = value.get("source") if kind == "row" else None
+    if isinstance(source, dict):
+        for name in _SOURCE_REQUIRED:
+            if name not in source:
+                return f"a row event's source without {name}"
+        problem = _field_problem(source, _SOURCE_FIELDS)
         if problem is not None:
-            return problem
+            return f"a row event's source {problem}"
     for name, wanted in _ITEMS.items():
         items = value.get(name)
         if isinstance(items, list) and not all(isinstance(i, wanted) and not isinstance(i, bool) for i in items):
