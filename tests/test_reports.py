@@ -107,6 +107,8 @@ def test_the_demo_runs_every_notebook_with_parameters_and_leaves_nothing_running
         assert not list((root / "sandboxes" / name).glob("*/postmaster.pid")), f"the demo left {name} running"
     assert EmbeddedBroker(root).pid is None, "the demo left the broker running"
     assert "\nSpark: sc://127.0.0.1:" in said and SparkServer(root).pid is None, "the demo left its Spark server running"
+    warmed = (root / "logs" / "spark-up-warm.log").read_text()  # `gpcdc spark up --warm`, beside the first stages
+    assert "Spark Connect server is warm: an audit ran on it" in warmed, warmed[-2000:]
     assert CaptureGroup(load_config({"work_dir": str(root), "source.sandbox": "source"}, environ={})).pid(-1) is None
 
 
