@@ -124,14 +124,13 @@ def collector_paused() -> Iterator[None]:
     no reference cycles, only many containers (each message's dicts, each row's tuple)
     that live until the batch is built: the collector would scan them again and again
     and free nothing. Reference counting frees them as before."""
-    if not gc.isenabled():
-        yield
-        return
+    enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        gc.enable()
+        if enabled:
+            gc.enable()
 
 
 def arrow_schema() -> Any:
