@@ -20,14 +20,14 @@ def row_hash(table, key):
 
 
 def digests(table, level, parents):
-    """A side's digests at a level within parents, as the databases compute them."""
-    out = {}
+    """A side's digests at a level within parents, as the databases compute them, each
+    key a node of its own."""
+    per_node = []
     for key in table:
         chunk = Chunk(level, row_hash(table, key) >> (64 - level * BITS))
-        if parents and chunk.parent() not in parents:
-            continue
-        out[chunk] = out.get(chunk, Digest()) + Digest(1, row_hash(table, key))
-    return out
+        if not parents or chunk.parent() in parents:
+            per_node.append([(chunk.prefix, 1, row_hash(table, key))])
+    return summed(per_node)
 
 
 def run(source, target, fetch_rows):
@@ -76,10 +76,10 @@ def test_equal_tables_need_one_round_and_nothing_fetched():
 
 
 def test_digests_add_up_over_nodes_modulo_two_to_the_64():
-    a, b = Chunk(1, 3), Chunk(1, 4)
-    total = summed([{a: Digest(1, MOD - 1)}, {a: Digest(2, 5), b: Digest(1, 1)}])
-    assert total == {a: Digest(3, 4), b: Digest(1, 1)}
-    assert differing({a: Digest(1, 1)}, {}) == [a]
+    total = summed([[(3, 1, MOD - 1)], [(3, 2, 5), (4, 1, 1)], [(4, 1, -1)]])
+    assert total == {3: Digest(3, 4), 4: Digest(2, 0)}
+    assert differing({3: Digest(1, 1)}, {}) == [3]
+    assert differing({3: Digest(1, 1), 4: Digest(2, 2)}, {4: Digest(2, 2), 3: Digest(1, 2)}) == [3]
 
 
 def test_chunks_and_bisection_refuse_what_cannot_be():

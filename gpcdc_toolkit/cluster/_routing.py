@@ -7,7 +7,7 @@ hashing (as Greenplum 6+ does), so that a cluster with a different number of
 segments re-routes rows deterministically.
 
 The sandbox's servers compute the same routing in SQL (``gp_dist.segment_of``, a C
-function from ``sandbox/routing.c``), so that a placement check runs where the rows
+function from ``sandbox/gp_dist.c``), so that a placement check runs where the rows
 are: the two forms must agree on every key.
 """
 

@@ -3,7 +3,8 @@
 One coordinator and N segments, each its own server with its own data directory
 under ``<work_dir>/sandboxes/<name>/``. The coordinator carries the catalog and the
 controller functions (``controller.sql``); segments carry the data. Every node has the
-routing as an SQL function (``gp_dist.segment_of``, see ``_routing``). The state file
+routing and the validation's row hash as SQL functions in C (``gp_dist.segment_of``,
+``gp_dist.row_hash``, see ``_functions``). The state file
 ``sandbox.json`` names the nodes; servers are stopped through their own
 ``postmaster.pid``, never by process name.
 
@@ -42,7 +43,7 @@ from .._runtime import free_port, pid_alive, port_in_use, read_json, write_json
 from ..cluster import COORDINATOR, CitusCluster, Cluster, FrontDoor
 from ..errors import SandboxError, UnreachableError
 from ._expand import Expansion, expand_cluster
-from ._routing import install_routing, routing_library
+from ._functions import functions_library, install_functions
 
 PG_MAJOR = 15
 SUPERUSER = "gpcdc"
@@ -253,7 +254,7 @@ class Sandbox:
             if user:
                 os.chown(self.path / "logs", user.pw_uid, user.pw_gid)
             write_json(self.path / "sandbox.json.creating", state)
-            library = routing_library(pg_bin, self.path) if flavour == "greenplum" else None
+            library = functions_library(pg_bin, self.path) if flavour == "greenplum" else None
             with ThreadPoolExecutor(max_workers=4) as pool:
                 list(pool.map(lambda n: self._initdb(n, pg_bin, user, flavour), nodes))
             for node in nodes:
@@ -262,7 +263,7 @@ class Sandbox:
             if library is not None:
                 self._install_controller(nodes)
                 for node in nodes:
-                    install_routing(node.dsn, library)
+                    install_functions(node.dsn, library)
             elif flavour == "citus":
                 _join_citus(nodes)
             if mirrors:

@@ -2,9 +2,9 @@
 database: rows leave the databases only where their chunk differs.
 
 Every segment of both clusters computes, per chunk of the key space (``_chunks``), a
-row count and the sum of a 64-bit hash of each row's text (PostgreSQL's own text of
-the row: NULL and '' differ, floats are compared exactly as printed, numerics, bytea,
-json and arrays by their output text). Chunks that differ are bisected until they hold
+row count and the sum of a 64-bit hash of each row (``ROW_HASHES``: values that print
+differently never hash alike; NULL and '' differ, floats compare exactly as printed,
+1.0 and 1.00 differ). Chunks that differ are bisected until they hold
 few rows; those rows are fetched and diffed: by primary key (rows missing, extra,
 changed, with the changed columns), or as a multiset for a table without one. The
 statements that would make the target equal are produced per target node (where each
@@ -30,7 +30,7 @@ from psycopg import sql
 from ..cluster import COORDINATOR, Cluster, Node, TableRef
 from ..cluster._cluster import Table
 from ..errors import GpcdcError
-from ._chunks import EMPTY, MOD, WHOLE, Chunk, Digest, Reply, bisect, differing, summed
+from ._chunks import EMPTY, LEVELS, MOD, Chunk, Digest, Reply, bisect, differing, summed
 from ._diff import EXAMPLES, DifferingRow, TableDiff
 from ._snapshots import Snapshots
 
@@ -109,6 +109,17 @@ _HASHED_AS_IS = ("smallint", "integer", "bigint", "boolean", "date", "uuid", "by
                  "timestamp without time zone", "timestamp with time zone")
 _TEXT = ("text", "character varying")
 
+# How a row is hashed, fastest first; a comparison uses the first that every segment of
+# both sides can compute, since both must hash alike:
+#   stored: ``gp_dist.row_hash`` (the sandbox's C function): the bytes each value is
+#           stored as where they are its value, else its text;
+#   record: ``hash_record_extended`` over the columns (PostgreSQL 14+), by their types'
+#           hash functions where those see what the text shows, else by the text;
+#   text:   the row's whole text.
+ROW_HASHES = ("stored", "record", "text")
+_STORED = sql.SQL("""to_regprocedure('gp_dist.row_hash("any")') IS NOT NULL""")
+_MAX_ARGUMENTS = 100  # PostgreSQL's FUNC_MAX_ARGS: wider rows are hashed in runs of columns
+
 
 def _column_for_hash(column: str, type_name: str) -> sql.Composable:
     base = type_name.split("(")[0]
@@ -119,17 +130,39 @@ def _column_for_hash(column: str, type_name: str) -> sql.Composable:
     return sql.SQL("{}::text").format(sql.Identifier(column))
 
 
-def _row_hash(info: Table, by_record: bool) -> sql.Composable:
-    """A row's 64-bit hash: of its columns by their types' hash functions where the
-    server has ``hash_record_extended`` (PostgreSQL 14+) on both sides, else of its text.
+def row_hashes(side: Snapshots) -> tuple[str, ...]:
+    """The row hashes (``ROW_HASHES``) that every segment of ``side`` computes."""
+    offered = ["text"]
+    if side.server_version >= 140000:
+        offered.append("record")
+    if all(conn.execute(sql.SQL("SELECT {}").format(_STORED)).fetchone()[0]  # type: ignore[index]
+           for _node, conn in side.segments()):
+        offered.append("stored")
+    return tuple(h for h in ROW_HASHES if h in offered)
+
+
+def _row_hash(info: Table, form: str) -> sql.Composable:
+    """A row's 64-bit hash, as ``form`` (one of ``ROW_HASHES``) computes it.
 
     ``hash_record_extended`` is linear (31 times the hash so far, plus the next
     column's), so sums of it over rows would not see values swapped between rows: each
-    row's hash is hashed again before it is summed."""
-    if not by_record:
+    row's hash is hashed again before it is summed. ``gp_dist.row_hash`` seeds each
+    column's hash with the hash so far, which is not linear."""
+    if form == "stored" and not info.columns:  # a function needs an argument: ROW() has none
+        form = "record"
+    if form == "stored":
+        columns: list[sql.Composable] = [sql.Identifier(c) for c in info.columns]
+        hashed = sql.SQL("gp_dist.row_hash({})").format(sql.SQL(", ").join(columns[:_MAX_ARGUMENTS]))
+        for start in range(_MAX_ARGUMENTS, len(columns), _MAX_ARGUMENTS - 1):  # the hash so far, then the next run
+            hashed = sql.SQL("gp_dist.row_hash({})").format(
+                sql.SQL(", ").join([hashed, *columns[start:start + _MAX_ARGUMENTS - 1]]))
+        return hashed
+    if form == "record":
+        columns = [_column_for_hash(c, t) for c, t in zip(info.columns, info.types)]
+        return sql.SQL("hashint8extended(hash_record_extended(ROW({}), 0), 0)").format(sql.SQL(", ").join(columns))
+    if form == "text":
         return sql.SQL("hashtextextended({}, 0)").format(_row(info))
-    columns = sql.SQL(", ").join(_column_for_hash(c, t) for c, t in zip(info.columns, info.types))
-    return sql.SQL("hashint8extended(hash_record_extended(ROW({}), 0), 0)").format(columns)
+    raise ValueError(f"a row hash is one of {', '.join(ROW_HASHES)}, not {form!r}")
 
 
 def _prefix(shift: int) -> sql.Composable:
@@ -145,13 +178,15 @@ def _signed(prefix: int, shift: int) -> int:
     return prefix - MOD if shift == 0 and prefix >= 1 << 63 else prefix
 
 
-def _within(query: sql.Composed, chunks: Sequence[Chunk], params: list[Any]) -> sql.Composed:
+def _within(query: sql.Composed, chunks: Sequence[Chunk]) -> sql.Composed:
     """``query`` (over rows with their ``gpcdc_row_hash``) limited to the rows of ``chunks``."""
     if not chunks or chunks[0].level == 0:
         return query
     shift = chunks[0].shift
-    params.append([_signed(c.prefix, shift) for c in chunks])
-    return sql.SQL("{} WHERE {} = ANY(%s)").format(query, _prefix(shift))
+    # A constant, not a parameter: the server then looks each row's prefix up in a hash
+    # table of them, rather than comparing it with every one.
+    prefixes = sql.Literal("{" + ",".join(str(_signed(c.prefix, shift)) for c in chunks) + "}")
+    return sql.SQL("{} WHERE {} = ANY({}::bigint[])").format(query, _prefix(shift), prefixes)
 
 
 def _digests(side: Snapshots, info: Table, hashed: sql.Composable, level: int,
@@ -159,37 +194,38 @@ def _digests(side: Snapshots, info: Table, hashed: sql.Composable, level: int,
     shift = 64 - level * 16
     queries = []
     for node, conn in side.segments():
-        params: list[Any] = []
+        # OFFSET 0 keeps the subquery whole: pulled up, its hash would be computed twice.
         query = _within(sql.SQL("SELECT {} AS prefix, count(*), sum(gpcdc_row_hash)::text "
-                                "FROM (SELECT {} AS gpcdc_row_hash FROM {} t) s").format(
-            _prefix(shift), hashed, side.relation(node, info)), parents, params)
+                                "FROM (SELECT {} AS gpcdc_row_hash FROM {} t OFFSET 0) s").format(
+            _prefix(shift), hashed, side.relation(node, info)), parents)
         if level:
             query = sql.SQL("{} GROUP BY 1").format(query)
-        queries.append((conn, query, params))
+        queries.append((conn, query))
     return queries
 
 
-def whole_digest(side: Snapshots, info: Table, by_record: bool) -> Digest:
-    """A table's digest as ``side`` reads it: its rows' count and hashes' sum (the first
-    round of a comparison)."""
-    results = _run_all(_digests(side, info, _row_hash(info, by_record), 0, ()))
-    return summed(_digest_rows(0, rows) for rows in results).get(WHOLE, EMPTY)
+def whole_digest(side: Snapshots, info: Table, form: str) -> Digest:
+    """A table's digest as ``side`` reads it: its rows' count and hashes' sum, by row
+    hash ``form`` (the first round of a comparison)."""
+    results = _run_all(_digests(side, info, _row_hash(info, form), 0, ()))
+    return summed(_digest_rows(0, rows) for rows in results).get(0, EMPTY)
 
 
-def _digest_rows(level: int, rows: list[tuple[Any, ...]]) -> dict[Chunk, Digest]:
-    shift = 64 - level * 16
-    return {Chunk(level, int(prefix) % MOD if shift == 0 else int(prefix)): Digest(int(count), int(total or 0) % MOD)
-            for prefix, count, total in rows}
+def _digest_rows(level: int, rows: list[tuple[Any, ...]]) -> list[tuple[int, int, int]]:
+    """(prefix, rows, sum of hashes) of each chunk a node reported, as ``summed`` takes them."""
+    if level == LEVELS:  # the prefix is the whole hash: signed in SQL
+        return [(prefix % MOD, count, int(total or 0)) for prefix, count, total in rows]
+    return [(prefix, count, int(total or 0)) for prefix, count, total in rows]
 
 
-Query = tuple[psycopg.Connection[Any], sql.Composed, list[Any]]
+Query = tuple[psycopg.Connection[Any], sql.Composed]
 
 
 def _run_all(queries: list[Query]) -> list[list[tuple[Any, ...]]]:
     """Run each query on its connection, all at once (one thread per connection)."""
     def run(query: Query) -> list[tuple[Any, ...]]:
-        conn, statement, params = query
-        return conn.execute(statement, params).fetchall()
+        conn, statement = query
+        return conn.execute(statement).fetchall()
 
     if len(queries) == 1:
         return [run(queries[0])]
@@ -204,11 +240,9 @@ def _fetch(side: Snapshots, info: Table, hashed: sql.Composable,
     queries = []
     for shift in sorted({c.shift for c in chunks}):
         for node, conn in side.segments():
-            params: list[Any] = []
             query = _within(sql.SQL("SELECT {}, {} FROM (SELECT *, {} AS gpcdc_row_hash FROM {} t) s").format(
-                columns, _row(info), hashed, side.relation(node, info)), [c for c in chunks if c.shift == shift],
-                params)
-            queries.append((conn, query, params))
+                columns, _row(info), hashed, side.relation(node, info)), [c for c in chunks if c.shift == shift])
+            queries.append((conn, query))
     return queries
 
 
@@ -246,25 +280,41 @@ def _schema(source: Table, target: Table) -> tuple[list[str], list[sql.Composed]
 
 
 def compare_checksums(source: Cluster | Snapshots, target: Cluster | Snapshots, table: TableRef, *,
-                      fetch_rows: int = FETCH_ROWS, placement: bool = True) -> ChecksumResult:
+                      fetch_rows: int = FETCH_ROWS, placement: bool = True,
+                      row_hash: str | None = None) -> ChecksumResult:
     """Compare one table, source against target: each side read at its ``Snapshots``
     (a sync point's), or, given a cluster, at snapshots taken now on its segments one
     after the other (equal then only when neither side changes meanwhile). With
     ``placement``, every target row's distribution key is also read, to find rows on
-    a segment their key does not name (the sums cannot see where a row is)."""
+    a segment their key does not name (the sums cannot see where a row is). Rows are
+    hashed by ``row_hash`` (one of ``ROW_HASHES``), by default the fastest both sides
+    compute."""
     with ExitStack() as stack:
         sides = [side if isinstance(side, Snapshots) else stack.enter_context(Snapshots(side))
                  for side in (source, target)]
-        return _compare(sides[0], sides[1], table, fetch_rows, placement)
+        return _compare(sides[0], sides[1], table, fetch_rows, placement, _common_hash(sides[0], sides[1], row_hash))
+
+
+def _common_hash(source: Snapshots, target: Snapshots, wanted: str | None) -> str:
+    offered = row_hashes(target)
+    both = [h for h in row_hashes(source) if h in offered]
+    if wanted is None:
+        return both[0]  # every server hashes rows by their text
+    if wanted not in ROW_HASHES:
+        raise ValidationError(f"row hash {wanted!r} is not one of {', '.join(ROW_HASHES)}",
+                              fix=f"use one of {', '.join(ROW_HASHES)}, or none for the fastest both sides have")
+    if wanted not in both:
+        raise ValidationError(f"row hash {wanted!r} is not computed by both sides (both compute {', '.join(both)})",
+                              fix=f"use one of {', '.join(both)}")
+    return wanted
 
 
 def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: int,
-             placement: bool) -> ChecksumResult:
+             placement: bool, form: str) -> ChecksumResult:
     started = time.monotonic()
     info, target_info = source.cluster.table(table), target.cluster.table(table)
     _check_shapes(info, target_info)
-    by_record = min(source.server_version, target.server_version) >= 140000
-    hashed, target_hashed = _row_hash(info, by_record), _row_hash(target_info, by_record)
+    hashed, target_hashed = _row_hash(info, form), _row_hash(target_info, form)
     steps = bisect(fetch_rows)
     request = next(steps)
     rounds, totals = 0, (0, 0)
@@ -275,12 +325,12 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
             queries = (_digests(source, info, hashed, level, parents),
                        _digests(target, target_info, target_hashed, level, parents))
             results = _run_all(queries[0] + queries[1])
-            reply: Reply = tuple(summed(_digest_rows(level, rows) for rows in part)  # type: ignore[assignment]
-                                 for part in (results[:len(queries[0])], results[len(queries[0]):]))
+            reply: Reply = (summed(_digest_rows(level, rows) for rows in results[:len(queries[0])]),
+                            summed(_digest_rows(level, rows) for rows in results[len(queries[0]):]))
             if not rounds:  # the first round covers the whole table
                 totals = (sum(d.rows for d in reply[0].values()), sum(d.rows for d in reply[1].values()))
             rounds += 1
-            levels.append((level, len(set(reply[0]) | set(reply[1])), len(differing(*reply))))
+            levels.append((level, len(reply[0].keys() | reply[1].keys()), len(differing(*reply))))
             request = steps.send(reply)
     except StopIteration as done:
         chunks: list[Chunk] = done.value

@@ -10,7 +10,8 @@ diff still meets both versions.
 
 Per chunk, each node reports a *digest*: its row count and the sum of its rows' hashes.
 Summed over the nodes (modulo 2**64) it does not depend on row order or placement, and
-it counts duplicates, so tables without a key compare as multisets. :func:`bisect` is a
+it counts duplicates, so tables without a key compare as multisets. A round's digests
+are keyed by the chunks' prefixes at the level asked for. :func:`bisect` is a
 generator: it asks for the digests of chunks at a level, is sent both sides' digests,
 descends into the chunks that differ, and returns the chunks whose rows are few enough
 to fetch and diff. Equal tables take one round: one digest per node.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 BITS = 16  # per level
 LEVELS = 64 // BITS
@@ -46,35 +48,38 @@ class Chunk:
         return None if self.level == 0 else Chunk(self.level - 1, self.prefix >> BITS)
 
 
-@dataclass(frozen=True)
-class Digest:
+class Digest(NamedTuple):
     rows: int = 0
     checksum: int = 0  # sum of row hashes, modulo 2**64
-
-    def __add__(self, other: Digest) -> Digest:
-        return Digest(self.rows + other.rows, (self.checksum + other.checksum) % MOD)
 
 
 EMPTY = Digest()
 
-
-def summed(per_node: Iterable[Mapping[Chunk, Digest]]) -> dict[Chunk, Digest]:
-    """The digests of every node added up, chunk by chunk."""
-    out: dict[Chunk, Digest] = {}
-    for digests in per_node:
-        for chunk, digest in digests.items():
-            out[chunk] = out.get(chunk, EMPTY) + digest
-    return out
+# A level's digests on one side, by chunk prefix: tens of thousands of chunks each
+# round, so plain integers and tuples rather than a Chunk apiece.
+Digests = Mapping[int, Digest]
 
 
-def differing(source: Mapping[Chunk, Digest], target: Mapping[Chunk, Digest]) -> list[Chunk]:
-    """Chunks whose digests differ (a chunk one side lacks has no rows there)."""
-    return sorted(c for c in set(source) | set(target) if source.get(c, EMPTY) != target.get(c, EMPTY))
+def summed(per_node: Iterable[Iterable[tuple[int, int, int]]]) -> dict[int, Digest]:
+    """The digests of every node added up, chunk by chunk: each node's (prefix, rows,
+    sum of hashes) triples of one level."""
+    rows: dict[int, int] = {}
+    sums: dict[int, int] = {}
+    for triples in per_node:
+        for prefix, count, checksum in triples:
+            rows[prefix] = rows.get(prefix, 0) + count
+            sums[prefix] = sums.get(prefix, 0) + checksum
+    return {prefix: Digest(count, sums[prefix] % MOD) for prefix, count in rows.items()}
+
+
+def differing(source: Digests, target: Digests) -> list[int]:
+    """Prefixes of the chunks whose digests differ (a chunk one side lacks has no rows there)."""
+    return sorted({prefix for prefix, _digest in source.items() ^ target.items()})
 
 
 Request = tuple[int, tuple[Chunk, ...]]  # a level, and the chunks of the level above to look inside
 WHOLE = Chunk(0, 0)
-Reply = tuple[Mapping[Chunk, Digest], Mapping[Chunk, Digest]]  # (source, target), summed over nodes
+Reply = tuple[Digests, Digests]  # (source, target): the requested level's digests, summed over nodes
 
 
 def bisect(fetch_rows: int) -> Generator[Request, Reply, list[Chunk]]:
@@ -88,9 +93,9 @@ def bisect(fetch_rows: int) -> Generator[Request, Reply, list[Chunk]]:
     for level in range(LEVELS + 1):
         source, target = yield level, parents
         deeper: list[Chunk] = []
-        for chunk in differing(source, target):
-            rows = max(source.get(chunk, EMPTY).rows, target.get(chunk, EMPTY).rows)
-            (to_fetch if rows <= fetch_rows or level == LEVELS else deeper).append(chunk)
+        for prefix in differing(source, target):
+            rows = max(source.get(prefix, EMPTY).rows, target.get(prefix, EMPTY).rows)
+            (to_fetch if rows <= fetch_rows or level == LEVELS else deeper).append(Chunk(level, prefix))
         if not deeper:
             break
         parents = tuple(deeper)

@@ -1,6 +1,7 @@
-"""The sandbox's routing as a function of its servers (``routing.c``): built once per
-source and PostgreSQL version with the C compiler and the server's headers, kept in
-``~/.cache/gpcdc/routing``, and copied into each sandbox, whose servers load it by its path."""
+"""The sandbox's functions in C (``gp_dist.c``: its routing, and the row hash of
+checksum validation): built once per source and PostgreSQL version with the C compiler
+and the server's headers, kept in ``~/.cache/gpcdc/gp_dist``, and copied into each
+sandbox, whose servers load it by its path."""
 
 from __future__ import annotations
 
@@ -23,23 +24,23 @@ from ..errors import SandboxError
 _NEEDS = "install a C compiler and PostgreSQL 15's server headers (Debian: gcc postgresql-server-dev-15; `./dev setup` does)"
 
 
-def routing_library(pg_bin: Path, into: Path) -> Path:
-    """``routing.so`` in directory ``into``, built unless the cache has it."""
-    source = resources.files(__package__).joinpath("routing.c").read_bytes()
+def functions_library(pg_bin: Path, into: Path) -> Path:
+    """``gp_dist.so`` in directory ``into``, built unless the cache has it."""
+    source = resources.files(__package__).joinpath("gp_dist.c").read_bytes()
     include = Path(_pg_config(pg_bin, "--includedir-server"))
     if not (include / "postgres.h").is_file():
-        raise SandboxError(f"the sandbox's routing function cannot be built: no PostgreSQL server headers in {include}",
+        raise SandboxError(f"the sandbox's functions cannot be built: no PostgreSQL server headers in {include}",
                            fix=_NEEDS)
     # Compiled as the server was (its flags keep floating point as the Python form's).
     compiler = [*shlex.split(_pg_config(pg_bin, "--cc")), *shlex.split(_pg_config(pg_bin, "--cflags")),
                 *shlex.split(_pg_config(pg_bin, "--cflags_sl"))]
     build = "\0".join([_pg_config(pg_bin, "--version"), platform.machine(), str(include), *compiler])
     key = hashlib.sha256(source + build.encode()).hexdigest()[:16]
-    cache = Path.home() / ".cache" / "gpcdc" / "routing"
-    built = cache / f"routing-{key}.so"
+    cache = Path.home() / ".cache" / "gpcdc" / "gp_dist"
+    built = cache / f"gp_dist-{key}.so"
     if not built.is_file():
         _build(source, include, compiler, cache, built)
-    library = into / "routing.so"
+    library = into / "gp_dist.so"
     shutil.copyfile(built, library)
     library.chmod(0o755)  # the servers may run as another OS user
     return library
@@ -50,36 +51,41 @@ def _pg_config(pg_bin: Path, flag: str) -> str:
     try:
         done = subprocess.run([str(pg_bin / "pg_config"), flag], capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError) as e:
-        raise SandboxError(f"the sandbox's routing function cannot be built: {pg_bin / 'pg_config'} {flag} failed "
+        raise SandboxError(f"the sandbox's functions cannot be built: {pg_bin / 'pg_config'} {flag} failed "
                            f"({e})", fix=_NEEDS) from None
     return done.stdout.strip()
 
 
 def _build(source: bytes, include: Path, compiler: list[str], cache: Path, built: Path) -> None:
     if not compiler or shutil.which(compiler[0]) is None:
-        raise SandboxError(f"the sandbox's routing function cannot be built: no C compiler {' '.join(compiler[:1])!r}",
+        raise SandboxError(f"the sandbox's functions cannot be built: no C compiler {' '.join(compiler[:1])!r}",
                            fix=_NEEDS)
     try:
         cache.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise SandboxError(f"the sandbox's routing function cannot be built: {e}",
+        raise SandboxError(f"the sandbox's functions cannot be built: {e}",
                            fix=f"make {cache} writable, or set HOME to a directory that is") from None
     with tempfile.TemporaryDirectory(dir=cache) as scratch:
-        (Path(scratch) / "routing.c").write_bytes(source)
-        output = Path(scratch) / "routing.so"
-        done = subprocess.run([*compiler, "-shared", f"-I{include}", "-o", str(output), str(Path(scratch) / "routing.c")],
+        (Path(scratch) / "gp_dist.c").write_bytes(source)
+        output = Path(scratch) / "gp_dist.so"
+        done = subprocess.run([*compiler, "-shared", f"-I{include}", "-o", str(output), str(Path(scratch) / "gp_dist.c")],
                               capture_output=True, text=True)
         if done.returncode != 0:
             detail = (done.stderr or done.stdout).strip().splitlines()
-            raise SandboxError(f"building the sandbox's routing function failed: {detail[-1] if detail else done.returncode}",
+            raise SandboxError(f"building the sandbox's functions failed: {detail[-1] if detail else done.returncode}",
                                fix=_NEEDS)
         os.replace(output, built)  # whole or not at all, for a sandbox built beside this one
 
 
-def install_routing(dsn: str, library: Path) -> None:
-    """``gp_dist.segment_of(segments, VARIADIC key text[])`` on one server."""
+def install_functions(dsn: str, library: Path) -> None:
+    """``gp_dist.segment_of(segments, VARIADIC key text[])`` and
+    ``gp_dist.row_hash(VARIADIC "any")`` on one server."""
     with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
         conn.execute("CREATE SCHEMA IF NOT EXISTS gp_dist")
         conn.execute(sql.SQL("CREATE FUNCTION gp_dist.segment_of(segments int, VARIADIC key text[]) RETURNS int "
                              "AS {}, 'gpcdc_segment_of' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE")
+                     .format(sql.Literal(str(library))))
+        # Not strict: a NULL column is part of the row.
+        conn.execute(sql.SQL('CREATE FUNCTION gp_dist.row_hash(VARIADIC "any") RETURNS bigint '
+                             "AS {}, 'gpcdc_row_hash' LANGUAGE C IMMUTABLE PARALLEL SAFE")
                      .format(sql.Literal(str(library))))

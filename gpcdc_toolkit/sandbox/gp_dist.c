@@ -1,0 +1,261 @@
+/*
+ * The sandbox's functions in C, in schema gp_dist on every node, for what a query must
+ * compute row by row inside the servers (Greenplum routes in C inside its servers too).
+ *
+ * gp_dist.segment_of(segments int, VARIADIC key text[]) RETURNS int
+ *   Where a row belongs: what gpcdc_toolkit.cluster.segment_for computes in Python.
+ *   key text: the values' text, joined by 0x1f, a NULL as the byte 0x00;
+ *   hash:     the key text's CRC-32 (zlib's: polynomial 0xEDB88320, reflected, initial
+ *             and final value 0xFFFFFFFF), cheap in both forms (PostgreSQL's md5()
+ *             costs ten times the scan of a row);
+ *   segment:  Lamping and Veach's jump consistent hash of it over the segments.
+ *
+ * gp_dist.row_hash(VARIADIC "any") RETURNS bigint
+ *   A row's 64-bit hash for checksum validation, its columns given in order. Each value
+ *   is hashed by the bytes it is stored as where the type's stored form is its value
+ *   (equal bytes print alike, so equal hashes never hide a difference the text would
+ *   show), else by its output text: five times cheaper than hashing the text of every
+ *   column. Each column's hash seeds the next, so the sum of rows' hashes is not linear
+ *   in their values (values swapped between rows change it).
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "common/hashfn.h"
+#include "fmgr.h"
+#include "lib/stringinfo.h"
+#include "utils/array.h"
+#include "utils/lsyscache.h"
+
+PG_MODULE_MAGIC;
+
+PG_FUNCTION_INFO_V1(gpcdc_segment_of);
+PG_FUNCTION_INFO_V1(gpcdc_row_hash);
+
+static uint32 crc_table[256];
+
+void		_PG_init(void);
+
+void
+_PG_init(void)
+{
+	for (uint32 n = 0; n < 256; n++)
+	{
+		uint32		c = n;
+
+		for (int k = 0; k < 8; k++)
+			c = (c & 1) ? 0xEDB88320 ^ (c >> 1) : c >> 1;
+		crc_table[n] = c;
+	}
+}
+
+static uint32
+crc32(const char *data, int length)
+{
+	uint32		crc = 0xFFFFFFFF;
+
+	for (int i = 0; i < length; i++)
+		crc = crc_table[(crc ^ (uint8) data[i]) & 0xFF] ^ (crc >> 8);
+	return crc ^ 0xFFFFFFFF;
+}
+
+static int32
+jump_consistent_hash(uint64 key, int32 buckets)
+{
+	int64		b = -1;
+	int64		j = 0;
+
+	while (j < buckets)
+	{
+		b = j;
+		key = key * UINT64CONST(2862933555777941757) + 1;
+		/* In doubles, as the Python form computes it, so that both agree bit for bit. */
+		j = (int64) ((double) (b + 1) * ((double) (INT64CONST(1) << 31) / (double) ((key >> 33) + 1)));
+	}
+	return (int32) b;
+}
+
+Datum
+gpcdc_segment_of(PG_FUNCTION_ARGS)
+{
+	int32		segments = PG_GETARG_INT32(0);
+	ArrayType  *key = PG_GETARG_ARRAYTYPE_P(1);
+	Datum	   *values;
+	bool	   *nulls;
+	int			count;
+	StringInfoData text;
+	uint32		hash;
+
+	if (segments < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a cluster needs at least 1 segment, got %d", segments)));
+	if (ARR_NDIM(key) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("a distribution key is a list of values, not an array of %d dimensions", ARR_NDIM(key))));
+
+	deconstruct_array(key, TEXTOID, -1, false, TYPALIGN_INT, &values, &nulls, &count);
+	initStringInfo(&text);
+	for (int i = 0; i < count; i++)
+	{
+		if (i > 0)
+			appendStringInfoChar(&text, '\x1f');
+		if (nulls[i])
+			appendStringInfoChar(&text, '\0');
+		else
+			appendBinaryStringInfo(&text, VARDATA_ANY(DatumGetPointer(values[i])),
+								   VARSIZE_ANY_EXHDR(DatumGetPointer(values[i])));
+	}
+	hash = crc32(text.data, text.len);
+
+	pfree(text.data);
+	pfree(values);
+	pfree(nulls);
+	PG_RETURN_INT32(jump_consistent_hash(hash, segments));
+}
+
+/*
+ * Types whose stored bytes are their value: the same value is stored alike on every
+ * server of this version and architecture, and the bytes determine the output text.
+ * Others (enums and composites hold OIDs of their own cluster, intervals, json...)
+ * are hashed by their text. A value stored differently on the two sides would only
+ * make its chunk differ, and the rows' text comparison that follows is exact.
+ */
+static bool
+stored_form_is_value(Oid type)
+{
+	switch (type)
+	{
+		case BOOLOID:
+		case INT2OID:
+		case INT4OID:
+		case INT8OID:
+		case FLOAT4OID:
+		case FLOAT8OID:
+		case NUMERICOID:
+		case TEXTOID:
+		case VARCHAROID:
+		case BPCHAROID:
+		case BYTEAOID:
+		case DATEOID:
+		case TIMEOID:
+		case TIMESTAMPOID:
+		case TIMESTAMPTZOID:
+		case UUIDOID:
+		case JSONBOID:
+			return true;
+		default:
+			return false;
+	}
+}
+
+typedef struct Column
+{
+	int16		typlen;
+	bool		byval;
+	bool		as_text;
+	FmgrInfo	output;
+} Column;
+
+typedef struct Columns
+{
+	int			count;
+	Column		columns[FLEXIBLE_ARRAY_MEMBER];
+} Columns;
+
+static Columns *
+columns_of_call(FunctionCallInfo fcinfo)
+{
+	Columns    *out;
+
+	if (get_fn_expr_variadic(fcinfo->flinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("gp_dist.row_hash takes a row's columns as its arguments, not an array after VARIADIC")));
+	out = MemoryContextAlloc(fcinfo->flinfo->fn_mcxt, offsetof(Columns, columns) + sizeof(Column) * PG_NARGS());
+	out->count = PG_NARGS();
+	for (int i = 0; i < PG_NARGS(); i++)
+	{
+		Column	   *column = &out->columns[i];
+		Oid			type = get_fn_expr_argtype(fcinfo->flinfo, i);
+		Oid			base;
+		Oid			element;
+
+		if (!OidIsValid(type))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("gp_dist.row_hash cannot tell the type of its argument %d", i + 1)));
+		base = getBaseType(type);
+		element = get_element_type(base);	/* an array's header names it: a built-in one only */
+		get_typlenbyval(base, &column->typlen, &column->byval);
+		column->as_text = !(stored_form_is_value(base) || (OidIsValid(element) && stored_form_is_value(element)));
+		if (column->as_text)
+		{
+			Oid			function;
+			bool		varlena;
+
+			getTypeOutputInfo(type, &function, &varlena);
+			fmgr_info_cxt(function, &column->output, fcinfo->flinfo->fn_mcxt);
+		}
+	}
+	return out;
+}
+
+Datum
+gpcdc_row_hash(PG_FUNCTION_ARGS)
+{
+	Columns    *columns = (Columns *) fcinfo->flinfo->fn_extra;
+	uint64		hash = UINT64CONST(0x9E3779B97F4A7C15);
+
+	if (columns == NULL)
+		fcinfo->flinfo->fn_extra = columns = columns_of_call(fcinfo);
+	for (int i = 0; i < columns->count; i++)
+	{
+		Column	   *column = &columns->columns[i];
+		Datum		value = PG_GETARG_DATUM(i);
+
+		if (PG_ARGISNULL(i))
+			hash = hash_bytes_uint32_extended((uint32) i, ~hash);
+		else if (column->as_text)
+		{
+			char	   *text = OutputFunctionCall(&column->output, value);
+
+			hash = hash_bytes_extended((unsigned char *) text, strlen(text), hash);
+			pfree(text);
+		}
+		else if (column->byval)
+		{
+			int64		bits;	/* the value's own bits, whatever the rest of the Datum holds */
+
+			switch (column->typlen)
+			{
+				case 1:
+					bits = DatumGetChar(value);
+					break;
+				case 2:
+					bits = DatumGetInt16(value);
+					break;
+				case 4:
+					bits = DatumGetInt32(value);
+					break;
+				default:
+					bits = DatumGetInt64(value);
+			}
+			hash = hash_bytes_extended((unsigned char *) &bits, sizeof(bits), hash);
+		}
+		else if (column->typlen > 0)
+			hash = hash_bytes_extended((unsigned char *) DatumGetPointer(value), column->typlen, hash);
+		else
+		{
+			/* Whether compressed, out of line or with a short header, the same bytes. */
+			struct varlena *stored = (struct varlena *) DatumGetPointer(value);
+			struct varlena *plain = pg_detoast_datum_packed(stored);
+
+			hash = hash_bytes_extended((unsigned char *) VARDATA_ANY(plain), VARSIZE_ANY_EXHDR(plain), hash);
+			if (plain != stored)
+				pfree(plain);
+		}
+	}
+	PG_RETURN_INT64((int64) hash);
+}
