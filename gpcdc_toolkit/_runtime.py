@@ -51,20 +51,34 @@ def port_in_use(port: int) -> bool:
 
 
 def pid_alive(pid: int | None) -> bool:
+    """Whether process ``pid`` runs: one that has exited is not alive, even before its
+    parent reaps it."""
     if not pid:
         return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
-    # A zombie child still answers kill(0): reap it if it is ours.
+    except PermissionError:  # another user's: alive unless it has exited
+        return not _exited(pid)
     try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
+        done, _ = os.waitpid(pid, os.WNOHANG)  # a child of ours that has exited is reaped here
         return done == 0
     except ChildProcessError:
-        return True
+        # Another's, still answering kill(0) as a zombie until its parent reaps it; an
+        # orphan's is reaped by init, which may take a second to get to it.
+        return not _exited(pid)
+
+
+def _exited(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie, or gone), as /proc says; without /proc, no."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return Path("/proc/self").exists()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].startswith("Z")  # the state follows the name, which may hold anything
 
 
 def runs(pid: int | None, command_part: str) -> bool:

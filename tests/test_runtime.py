@@ -1,12 +1,16 @@
 """Ports for the servers the toolkit starts: free, and out of the way of outgoing
-connections (which take theirs from the kernel's ephemeral range)."""
+connections (which take theirs from the kernel's ephemeral range); processes that have
+exited are not alive, whoever has to reap them."""
 
 import socket
+import subprocess
+import sys
+import time
 
 import pytest
 
 from gpcdc_toolkit import _runtime
-from gpcdc_toolkit._runtime import free_port
+from gpcdc_toolkit._runtime import free_port, pid_alive, stop_pids
 
 
 def test_a_free_port_is_outside_the_ephemeral_range_and_can_be_listened_on():
@@ -26,3 +30,37 @@ def test_a_port_listened_on_or_to_avoid_is_never_chosen(monkeypatch):
     assert {free_port(avoid={20001}) for _ in range(30)} == {20002}
     with pytest.raises(OSError, match=r"no free port in 20000-20003 outside the ephemeral range 20003-20003"):
         free_port(avoid={20001, 20002})
+
+
+# A parent that starts a child which exits at once, prints its pid, and never reaps it.
+_PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "pass"])
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def state(pid):
+    stat = open(f"/proc/{pid}/stat").read()
+    return stat[stat.rindex(")") + 2]
+
+
+def test_a_process_that_exited_is_not_alive_before_its_parent_reaps_it():
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        deadline = time.monotonic() + 30
+        while state(child) != "Z":  # waiting for the child's exit, as /proc shows it
+            assert time.monotonic() < deadline, "the child did not exit"
+            time.sleep(0.01)
+        assert not pid_alive(child)
+        assert state(child) == "Z"  # not ours to reap: still there, and not taken for alive
+        assert pid_alive(parent.pid)
+        started = time.monotonic()
+        stop_pids([child], timeout=120)
+        assert time.monotonic() - started < 120  # it saw the exit: the time did not run out
+    finally:
+        parent.kill()
+        parent.wait()
+    assert not pid_alive(parent.pid)
