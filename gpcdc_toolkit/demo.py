@@ -14,6 +14,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,12 +99,11 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
         if spark_start is not None:
             spark_start.stop()  # before the server: a start under way is not left to finish
         if not options.keep:
-            group.stop()
-            spark.down()
-            broker.down()
-            for cluster_sandbox in (sandbox, target):
-                if cluster_sandbox.exists:
-                    cluster_sandbox.down()
+            def pipeline() -> None:  # the capture workers first: they flush to the broker as they stop
+                group.stop()
+                _all_at_once([broker.down, *(s.down for s in (sandbox, target) if s.exists)])
+
+            _all_at_once([spark.down, pipeline])
 
 
 class _SparkStart:
@@ -143,6 +143,15 @@ class _SparkStart:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+def _all_at_once(stops: list[Callable[[], object]]) -> None:
+    """Run every one of ``stops`` side by side (each waits for its servers to shut
+    down); then raise the first that failed."""
+    with ThreadPoolExecutor(max_workers=max(1, len(stops))) as pool:
+        futures = [pool.submit(stop) for stop in stops]
+    for future in futures:
+        future.result()
 
 
 def _while_writing(config: Config, cluster: Any, spec: WorkloadSpec, work: Callable[[], bool],
