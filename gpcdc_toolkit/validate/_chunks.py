@@ -78,7 +78,6 @@ def differing(source: Digests, target: Digests) -> list[int]:
 
 
 Request = tuple[int, tuple[Chunk, ...]]  # a level, and the chunks of the level above to look inside
-WHOLE = Chunk(0, 0)
 Reply = tuple[Digests, Digests]  # (source, target): the requested level's digests, summed over nodes
 
 
