@@ -134,6 +134,30 @@ def stop_pids(pids: list[int], *, timeout: float = 10.0) -> None:
             return
 
 
+def stop_group(leader: int, *, timeout: float = 10.0) -> None:
+    """Stop a process started in a session of its own, and what it started: SIGTERM the
+    leader and wait for it (``stop_pids``), then the members of its process group still
+    running (a server's workers, which may outlive it by a moment)."""
+    stop_pids([leader], timeout=timeout)
+    if members := group_running(leader):
+        stop_pids(members, timeout=timeout)
+
+
+def group_running(pgid: int) -> list[int]:
+    """The processes of process group ``pgid`` that have not exited, as /proc lists them."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue  # gone meanwhile
+            state, _parent, group = stat[stat.rindex(")") + 2:].split()[:3]
+            if int(group) == pgid and state != "Z":
+                members.append(int(entry.name))
+    return members
+
+
 def read_json(path: Path) -> dict[str, Any]:
     with path.open() as f:
         data = json.load(f)

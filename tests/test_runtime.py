@@ -10,7 +10,7 @@ import time
 import pytest
 
 from gpcdc_toolkit import _runtime
-from gpcdc_toolkit._runtime import free_port, pid_alive, stop_pids
+from gpcdc_toolkit._runtime import free_port, group_running, pid_alive, stop_group, stop_pids
 
 
 def test_a_free_port_is_outside_the_ephemeral_range_and_can_be_listened_on():
@@ -64,3 +64,26 @@ def test_a_process_that_exited_is_not_alive_before_its_parent_reaps_it():
         parent.kill()
         parent.wait()
     assert not pid_alive(parent.pid)
+
+
+# A leader in a session of its own whose child outlives it unless stopped.
+_LEADER = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_stopping_a_group_stops_its_leader_and_what_it_started():
+    leader = subprocess.Popen([sys.executable, "-c", _LEADER], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        child = int(leader.stdout.readline())
+        assert sorted(group_running(leader.pid)) == sorted([leader.pid, child])
+        stop_group(leader.pid, timeout=30)
+        assert group_running(leader.pid) == []
+        assert not pid_alive(leader.pid) and not pid_alive(child)
+    finally:
+        leader.kill()
+        leader.wait()

@@ -22,14 +22,15 @@ from .test_cli import gpcdc
 
 
 def group_members(pgid: int) -> list[int]:
-    """Processes of the process group ``pgid`` (the server's JVM and its Python workers)."""
+    """Processes of the process group ``pgid`` (the server's JVM and its Python workers)
+    that have not exited (a zombie waits only for its parent to reap it)."""
     members = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if os.getpgid(int(entry.name)) == pgid:
+                if os.getpgid(int(entry.name)) == pgid and (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
                     members.append(int(entry.name))
-            except ProcessLookupError:
+            except (ProcessLookupError, FileNotFoundError):
                 pass
     return members
 

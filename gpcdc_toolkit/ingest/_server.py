@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._runtime import free_port, port_in_use, read_json, running_pid, stop_pid, write_atomic, write_json
+from .._runtime import free_port, port_in_use, read_json, running_pid, stop_group, write_atomic, write_json
 from ..errors import GpcdcError
 
 MAIN = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -143,7 +143,7 @@ class SparkServer:
                 raise SparkServerError(f"the Spark Connect server exited{status}: {self._last_words()}",
                                        fix=f"see {self.log_file}")
             if time.monotonic() > deadline:
-                stop_pid(pid)
+                stop_group(pid)
                 self._pid_file.unlink(missing_ok=True)
                 raise SparkServerError(f"the Spark Connect server did not answer within {timeout:g} s",
                                        fix=f"see {self.log_file}")
@@ -157,7 +157,7 @@ class SparkServer:
             fcntl.flock(lock, fcntl.LOCK_EX)
             pid = self.pid
             if pid is not None:
-                stop_pid(pid, timeout=timeout)
+                stop_group(pid, timeout=timeout)  # the JVM, then its Python workers
             self._pid_file.unlink(missing_ok=True)
         return pid is not None
 
