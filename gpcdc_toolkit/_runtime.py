@@ -73,12 +73,19 @@ def pid_alive(pid: int | None) -> bool:
 def _exited(pid: int) -> bool:
     """Whether ``pid`` has exited (a zombie, or gone), as /proc says; without /proc, no."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        state, _group = _state_and_group(Path(f"/proc/{pid}/stat"))
     except FileNotFoundError:
         return Path("/proc/self").exists()
     except OSError:
         return False
-    return stat[stat.rindex(")") + 2:].startswith("Z")  # the state follows the name, which may hold anything
+    return state == "Z"
+
+
+def _state_and_group(stat: Path) -> tuple[str, int]:
+    """A process's state letter and process group, from its /proc stat file."""
+    text = stat.read_text()
+    state, _parent, group = text[text.rindex(")") + 2:].split()[:3]  # after the name, which may hold anything
+    return state, int(group)
 
 
 def runs(pid: int | None, command_part: str) -> bool:
@@ -149,11 +156,10 @@ def group_running(pgid: int) -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                stat = (entry / "stat").read_text()
+                state, group = _state_and_group(entry / "stat")
             except OSError:
                 continue  # gone meanwhile
-            state, _parent, group = stat[stat.rindex(")") + 2:].split()[:3]
-            if int(group) == pgid and state != "Z":
+            if group == pgid and state != "Z":
                 members.append(int(entry.name))
     return members
 
