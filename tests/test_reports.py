@@ -296,10 +296,13 @@ def test_a_failing_notebook_still_gives_its_report_and_exit_status_2(source, wor
     assert 'class="status failed"' in (reports / "index.html").read_text()
 
 
-def test_no_secret_reaches_an_executed_notebook_its_report_or_the_index(tmp_path, environ_without_gpcdc, monkeypatch):
+def test_no_secret_reaches_an_executed_notebook_its_report_or_the_index(tmp_path, environ_without_gpcdc, monkeypatch,
+                                                                        capfd):
     secret = f"S3c@r&t-{uuid.uuid4().hex[:8]}"
     cells = ["import os, sys\nimport pandas as pd\ndsn, pw = os.environ['GPCDC_SOURCE_DSN'], os.environ['PGPASSWORD']",
              "print(dsn)\nprint(pw[:4], end='')\nsys.stdout.flush()\nprint(pw[4:])",
+             # What the kernel's children print to its stderr, as Spark's JVM does.
+             "import subprocess\nsubprocess.run(['sh', '-c', 'echo from the kernel process: $PGPASSWORD >&2'])",
              "pd.DataFrame({'password': [pw], 'dsn': [dsn]})",
              "from gpcdc_toolkit.report import headline, notebook_config\nnotebook_config()",
              "headline('leaky', {dsn: 1}, verdict=pw)"]
@@ -323,6 +326,9 @@ def test_no_secret_reaches_an_executed_notebook_its_report_or_the_index(tmp_path
         for form in (secret, quote(secret, safe=""), secret.replace("&", "&amp;"), secret[4:]):
             assert form not in text, (path, form)
     assert "u:***@db.invalid" in (done.directory / "notebook.ipynb").read_text()
+    assert "from the kernel process: ***\n" in (done.directory / "kernel.log").read_text()
+    assert "kernel.log" in json.loads((done.directory / "run.json").read_text())["files"]
+    assert "from the kernel process" not in capfd.readouterr().err  # in the run's directory, not the terminal
 
 
 def test_bad_parameters_are_refused_in_one_line_before_any_run(tmp_path, environ_without_gpcdc):

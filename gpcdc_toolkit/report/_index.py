@@ -164,7 +164,8 @@ def _row(run: Mapping[str, Any]) -> str:
     said = run.get("verdict") or run.get("error") or ""
     verdict = f'<div class="verdict">{html.escape(str(said))}</div>' if said else ""
     links = " ".join(f'<a href="{html.escape(quote(directory))}/{name}">{label}</a>'
-                     for name, label in (("report.html", "report"), ("notebook.ipynb", "notebook"))
+                     for name, label in (("report.html", "report"), ("notebook.ipynb", "notebook"),
+                                         ("kernel.log", "kernel output"))
                      if name in run.get("files", []))
     seconds = run.get("seconds")
     duration = f"{seconds:.1f} s" if isinstance(seconds, int | float) else ""

@@ -30,6 +30,9 @@ from ._params import check_parameters, declared_parameters
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"  # the checkout's notebooks
 EXIT = {"ok": 0, "findings": 1, "failed": 2}
+# What the kernel process itself prints (not its cells' outputs, which the notebook holds):
+# Spark's JVM, and ipykernel's own errors, some of them harmless races as it shuts down.
+KERNEL_LOG = "kernel.log"
 # The kernel's own log says that its local TCP sockets are unencrypted, on every start.
 _KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
 
@@ -118,6 +121,7 @@ def run_notebook(config: Config, notebook: str | Path, parameters: Mapping[str, 
     began = time.monotonic()
     failure: str | None = None
     raise_after = False
+    kernel_log = directory / KERNEL_LOG
     try:
         # Saved once, at the end (whether a cell failed or not), and redacted at once: a
         # save after every cell would leave a run killed midway with whatever it printed.
@@ -125,19 +129,22 @@ def run_notebook(config: Config, notebook: str | Path, parameters: Mapping[str, 
                                    kernel_name=config.report.kernel,
                                    progress_bar=False, log_output=False, execution_timeout=config.report.timeout,
                                    cwd=os.getcwd(), extra_arguments=_KERNEL_ARGUMENTS,
-                                   request_save_on_cell_execute=False, kernel_manager_class=_kernel_manager(config))
+                                   request_save_on_cell_execute=False, kernel_manager_class=_kernel_manager(config, kernel_log))
     except papermill.PapermillExecutionError:
         pass  # the error is in the output notebook, read below
     except KeyboardInterrupt:
         failure = "interrupted"  # written up below, then raised again
         raise_after = True
     except Exception as e:  # noqa: BLE001 (the kernel died or could not start: a failed run, reported)
-        failure = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+        failure = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]} (the kernel's output: {kernel_log})"
     seconds = time.monotonic() - began
     executed = json.loads(output.read_text()) if output.is_file() else stored
     secrets = secrets_of(config)
     executed = redact(executed, secrets)
     output.write_text(json.dumps(executed, indent=1, ensure_ascii=False) + "\n")
+    logged = kernel_log.is_file() and kernel_log.stat().st_size > 0
+    if logged:
+        kernel_log.write_text(redact(kernel_log.read_text(errors="replace"), secrets))
     shown = read_headline(executed)
     error = failure or cell_error(executed)
     status = "failed" if error else "ok" if shown is None or shown.passed else "findings"
@@ -146,7 +153,7 @@ def run_notebook(config: Config, notebook: str | Path, parameters: Mapping[str, 
                                                    banner=run_banner(redact(record, secrets))))
     record.update(error=error,
                   figures=[[k, v] for k, v in shown.figures.items()] if shown else [], verdict=shown.verdict if shown else "",
-                  files=["notebook.ipynb", "report.html"])
+                  files=["notebook.ipynb", "report.html", *([KERNEL_LOG] if logged else [])])
     write_json(directory / RUN_FILE, redact(record, secrets))
     update_index(reports)
     prune_reports(reports, keep_runs=config.report.keep_runs, keep_days=config.report.keep_days, now=time.time())
@@ -166,10 +173,10 @@ def _new_directory(reports: Path, name: str) -> Path:
     raise ConfigError(f"{reports} holds 1000 runs named {name}", fix="remove old runs")
 
 
-def _kernel_manager(config: Config) -> type:
+def _kernel_manager(config: Config, log: Path) -> type:
     """A kernel manager whose kernels start with this process's environment, its
     ``GPCDC_*`` variables replaced by the configuration's (this process's own environment
-    left alone: other threads may be reading it)."""
+    left alone: other threads may be reading it), their output going to ``log``."""
     from jupyter_client.manager import AsyncKernelManager
 
     from ..capture import child_environment
@@ -178,7 +185,8 @@ def _kernel_manager(config: Config) -> type:
 
     class Manager(AsyncKernelManager):
         async def start_kernel(self, **kw: Any) -> None:  # type: ignore[override]  # async, as AsyncKernelManager's
-            await super().start_kernel(**{**kw, "env": environment})
+            with log.open("ab") as output:  # the kernel keeps its own descriptor
+                await super().start_kernel(**{**kw, "env": environment, "stdout": output, "stderr": output})
 
         async def _async_interrupt_kernel(self) -> None:
             # jupyter_client interrupts a kernel before asking it to shut down: at the end
