@@ -183,6 +183,17 @@ def test_ddl_errors_are_clear(source, table_name):
             assert conn.execute("SELECT to_regclass(%s) IS NULL", (table_name,)).fetchone()[0]
 
 
+def test_create_if_not_exists_of_a_table_that_exists_keeps_its_key(source, table_name):
+    with Session(source) as session:
+        session.ddl(f"CREATE TABLE IF NOT EXISTS {table_name} (id int PRIMARY KEY, v int) DISTRIBUTED BY (id)")
+        try:
+            # As in Greenplum, skipped with its different key: the table keeps the one it has.
+            session.ddl(f"CREATE TABLE IF NOT EXISTS {table_name} (id int, v int) DISTRIBUTED BY (v)")
+            assert source.table(table_name).distribution_key == ("id",)
+        finally:
+            session.ddl(f"DROP TABLE {table_name}")
+
+
 def test_start_lock_holds_new_transactions_back(source, table):
     with source.coordinator_connection() as controller, Session(source) as session:
         controller.execute("SELECT gp_acquire_transaction_start_lock()")

@@ -143,6 +143,9 @@ DECLARE
     missing text[];
     pkey text[];
 BEGIN
+    IF EXISTS (SELECT FROM gp_dist.gp_distribution_policy WHERE localoid = rel) THEN
+        RETURN;  -- CREATE TABLE IF NOT EXISTS of a table that exists: it keeps its key, as in Greenplum
+    END IF;
     SELECT array_agg(c) INTO missing FROM unnest(columns) AS c
     WHERE NOT EXISTS (SELECT FROM pg_attribute
                       WHERE attrelid = rel AND attname = c AND attnum > 0 AND NOT attisdropped);
