@@ -6,6 +6,8 @@ import random
 import uuid
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from psycopg import sql
 
 from gpcdc_toolkit.cluster import Session, segment_for
@@ -198,3 +200,35 @@ def test_differences_the_types_own_hashes_would_miss_are_found(clusters, compare
     assert (result.diff.changed, result.diff.missing, result.diff.extra) == (4, 0, 0), result.diff.examples
     apply(target, result)
     assert compare(source, target, TABLE).equal
+
+
+PLACED = ("public", "Placed \"Rows\"")
+
+
+@given(rows=st.lists(st.tuples(st.text(st.characters(exclude_characters="\x00"), max_size=6), st.integers(-5, 5),
+                               st.booleans()),
+                     max_size=30, unique_by=lambda r: (r[0], r[1])))
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_placement_is_counted_in_the_first_round_and_exactly_the_misplaced_rows_are_found(clusters, rows):
+    """Rows moved to a segment their (two-column) key does not name are found, each once,
+    whichever segment they sit on; with none moved, no segment is searched for them and
+    the comparison is one round."""
+    source, target = clusters
+    for cluster in (source, target):
+        with Session(cluster) as session:
+            session.ddl(sql.SQL('CREATE TABLE IF NOT EXISTS {} ("Key" text, "n" int, PRIMARY KEY ("Key", "n")) '
+                                'DISTRIBUTED BY ("Key", "n")').format(sql.Identifier(*PLACED)).as_string(None))
+            session.ddl(sql.SQL("TRUNCATE {}").format(sql.Identifier(*PLACED)).as_string(None))
+            with session.transaction() as tx:
+                tx.insert(PLACED, [{"Key": key, "n": n} for key, n, _moved in rows])
+    moved = {(key, str(n)) for key, n, is_moved in rows if is_moved}
+    for key, n in moved:
+        home = segment_for([key, int(n)], target.segment_count)
+        for content, statement in ((home, "DELETE FROM {} WHERE \"Key\" = %s AND n = %s"),
+                                   (1 - home, "INSERT INTO {} VALUES (%s, %s)")):
+            with target.connect_node(target.segments[content]) as conn:
+                conn.execute(sql.SQL(statement).format(sql.Identifier(*PLACED)), (key, int(n)))
+    result = compare_checksums(source, target, PLACED)
+    assert result.diff.misplaced == len(moved) and {r.key for r in result.diff.rows} == moved, result.diff.examples
+    assert result.equal == (not moved) and (result.rounds == 1 or moved)
+    assert compare_checksums(source, target, PLACED, placement=False).equal  # the sums cannot see where a row is

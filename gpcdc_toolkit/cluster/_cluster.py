@@ -363,6 +363,17 @@ class Cluster:
         """What holds a table's rows on a segment: the table itself."""
         return info.identifier
 
+    def misplaced_test(self, node: Node, info: Table) -> sql.Composable | None:
+        """A condition on a row ``t`` of :meth:`relation` on ``node``: true when the
+        distribution key routes the row elsewhere; None where no such condition can be
+        written, so that :meth:`misplaced_rows` has to look. A checksum's first round
+        counts with it, in the scan that hashes the rows."""
+        if not info.distribution_key:
+            return sql.SQL("false")  # randomly distributed: any segment is the right one
+        key = sql.SQL(", ").join(sql.SQL("t.{}::text").format(sql.Identifier(c)) for c in info.distribution_key)
+        return sql.SQL("gp_dist.segment_of({}, VARIADIC ARRAY[{}]) <> {}").format(
+            sql.Literal(self.segment_count), key, sql.Literal(node.content))
+
     def misplaced_rows(self, node: Node, conn: psycopg.Connection[Any], info: Table,
                        select: sql.Composable) -> list[tuple[sql.Composable, tuple[Any, ...]]]:
         """The rows on ``node`` that the distribution key routes elsewhere, each with the
@@ -370,10 +381,9 @@ class Cluster:
         itself: its ``gp_dist.segment_of`` routes as :func:`segment_for` does."""
         if not info.distribution_key:
             return []  # randomly distributed: any segment is the right one
-        key = sql.SQL(", ").join(sql.SQL("t.{}::text").format(sql.Identifier(c)) for c in info.distribution_key)
         try:
-            rows = conn.execute(sql.SQL("SELECT {} FROM {} t WHERE gp_dist.segment_of(%s, VARIADIC ARRAY[{}]) <> %s")
-                                .format(select, info.identifier, key), (self.segment_count, node.content)).fetchall()
+            rows = conn.execute(sql.SQL("SELECT {} FROM {} t WHERE {}").format(
+                select, info.identifier, self.misplaced_test(node, info))).fetchall()
         except psycopg.errors.UndefinedFunction:
             raise ClusterError(f"{node} has no gp_dist.segment_of, the routing function every sandbox node has since "
                                "placement is checked in SQL: the sandbox was made by an older version",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -190,14 +190,20 @@ def _within(query: sql.Composed, chunks: Sequence[Chunk]) -> sql.Composed:
 
 
 def _digests(side: Snapshots, info: Table, hashed: sql.Composable, level: int,
-             parents: tuple[Chunk, ...]) -> list[Query]:
+             parents: tuple[Chunk, ...], misplaced: Mapping[int, sql.Composable | None] | None = None) -> list[Query]:
+    """Each segment's query for its chunks' digests at ``level``: rows (prefix, count,
+    sum of hashes), and, given ``misplaced`` (a segment's test of a row's placement),
+    a fourth column: how many rows the test found misplaced."""
     shift = 64 - level * 16
     queries = []
     for node, conn in side.segments():
+        test = (misplaced or {}).get(node.content)
+        counted = sql.SQL(", count(*) FILTER (WHERE gpcdc_misplaced)") if test is not None else sql.SQL("")
+        tested = sql.SQL(", {} AS gpcdc_misplaced").format(test) if test is not None else sql.SQL("")
         # OFFSET 0 keeps the subquery whole: pulled up, its hash would be computed twice.
-        query = _within(sql.SQL("SELECT {} AS prefix, count(*), sum(gpcdc_row_hash)::text "
-                                "FROM (SELECT {} AS gpcdc_row_hash FROM {} t OFFSET 0) s").format(
-            _prefix(shift), hashed, side.relation(node, info)), parents)
+        query = _within(sql.SQL("SELECT {} AS prefix, count(*), sum(gpcdc_row_hash)::text{} "
+                                "FROM (SELECT {} AS gpcdc_row_hash{} FROM {} t OFFSET 0) s").format(
+            _prefix(shift), counted, hashed, tested, side.relation(node, info)), parents)
         if level:
             query = sql.SQL("{} GROUP BY 1").format(query)
         queries.append((conn, query))
@@ -214,8 +220,8 @@ def whole_digest(side: Snapshots, info: Table, form: str) -> Digest:
 def _digest_rows(level: int, rows: list[tuple[Any, ...]]) -> list[tuple[int, int, int]]:
     """(prefix, rows, sum of hashes) of each chunk a node reported, as ``summed`` takes them."""
     if level == LEVELS:  # the prefix is the whole hash: signed in SQL
-        return [(prefix % MOD, count, int(total or 0)) for prefix, count, total in rows]
-    return [(prefix, count, int(total or 0)) for prefix, count, total in rows]
+        return [(prefix % MOD, count, int(total or 0)) for prefix, count, total, *_ in rows]
+    return [(prefix, count, int(total or 0)) for prefix, count, total, *_ in rows]
 
 
 Query = tuple[psycopg.Connection[Any], sql.Composed]
@@ -319,16 +325,24 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
     request = next(steps)
     rounds, totals = 0, (0, 0)
     levels: list[tuple[int, int, int]] = []
+    # Placement is tested in the first round's scan where the target's nodes can; the
+    # rows themselves are then looked for only on the nodes that found some.
+    tests = {node.content: target.cluster.misplaced_test(node, target_info) for node in target.cluster.segments}
+    suspects = [node for node in target.cluster.segments if tests[node.content] is None] if placement else []
     try:
         while True:
             level, parents = request
             queries = (_digests(source, info, hashed, level, parents),
-                       _digests(target, target_info, target_hashed, level, parents))
+                       _digests(target, target_info, target_hashed, level, parents,
+                                tests if placement and not rounds else None))
             results = _run_all(queries[0] + queries[1])
             reply: Reply = (summed(_digest_rows(level, rows) for rows in results[:len(queries[0])]),
                             summed(_digest_rows(level, rows) for rows in results[len(queries[0]):]))
             if not rounds:  # the first round covers the whole table
                 totals = (sum(d.rows for d in reply[0].values()), sum(d.rows for d in reply[1].values()))
+                if placement:
+                    suspects += [node for node, rows in zip(target.cluster.segments, results[len(queries[0]):])
+                                 if tests[node.content] is not None and rows and rows[0][3]]
             rounds += 1
             levels.append((level, len(reply[0].keys() | reply[1].keys()), len(differing(*reply))))
             request = steps.send(reply)
@@ -342,7 +356,7 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
         src = _fetched(source, chunks, results[:len(fetches[0])])
         tgt = _fetched(target, chunks, results[len(fetches[0]):])
     diff, fix = (_by_key if info.primary_key else _as_multiset)(info, target, src, tgt)
-    misplaced = _misplaced(target, target_info) if placement else []
+    misplaced = _misplaced(target, target_info, suspects)
     result = finish(info, target, target_info, diff, fix, misplaced, totals, rounds=rounds, chunks=len(chunks),
                     fetched=len(src) + len(tgt), started=started)
     return dataclasses.replace(result, levels=tuple(levels))
@@ -370,10 +384,11 @@ def finish(info: Table, target: Snapshots, target_info: Table, diff: TableDiff, 
                           parts=info.parts, columns=info.columns, key_columns=info.primary_key or info.columns)
 
 
-def _misplaced(target: Snapshots, info: Table) -> list[tuple[int, sql.Composable, tuple[str | None, ...], str]]:
+def _misplaced(target: Snapshots, info: Table,
+               nodes: Sequence[Node] | None = None) -> list[tuple[int, sql.Composable, tuple[str | None, ...], str]]:
     """Rows of the target stored where its distribution does not send their key: (node,
-    the relation holding it there, columns as text, row text). How to tell is the
-    target's own (``Cluster.misplaced_rows``)."""
+    the relation holding it there, columns as text, row text), on ``nodes`` (by default
+    every segment). How to tell is the target's own (``Cluster.misplaced_rows``)."""
     columns = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.columns)
     select = sql.SQL("{}, {}").format(columns, _row(info))
 
@@ -382,9 +397,12 @@ def _misplaced(target: Snapshots, info: Table) -> list[tuple[int, sql.Composable
         return [(node.content, relation, tuple(r[:-1]), r[-1])
                 for relation, r in target.cluster.misplaced_rows(node, conn, info, select)]
 
-    nodes = list(target.segments())
-    with ThreadPoolExecutor(max(1, len(nodes))) as pool:  # every node at once, each on its own connection
-        return [row for rows in pool.map(on, nodes) for row in rows]
+    asked = {node.content for node in (target.cluster.segments if nodes is None else nodes)}
+    pairs = [(node, conn) for node, conn in target.segments() if node.content in asked]
+    if not pairs:
+        return []
+    with ThreadPoolExecutor(len(pairs)) as pool:  # every node at once, each on its own connection
+        return [row for rows in pool.map(on, pairs) for row in rows]
 
 
 def _moves(target: Snapshots, info: Table, misplaced: list[Any]) -> dict[int, list[str]]:
