@@ -9,7 +9,7 @@
 3. Memory: one large transaction (--large-mb of row data) captured by a worker
    process; its peak resident memory (VmHWM).
 
-    .venv/bin/python bench/bench_capture.py [--rows 1000000] [--large-mb 1024]
+    .venv/bin/python bench/bench_capture.py [--rows 1000000] [--large-mb 1024] [--config FILE]
 """
 
 from __future__ import annotations
@@ -208,6 +208,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=200.0, help="workload dtx/s for the latency run")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--large-mb", type=int, default=1024)
+    parser.add_argument("--config", help="a configuration file, for its [kafka.client] table (compression, say)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gpcdc-bench-"))
     work.chmod(0o755)
@@ -220,10 +221,10 @@ def main() -> None:
         with Session(cluster) as session:
             session.ddl("CREATE TABLE bench_rows (id bigint PRIMARY KEY, v text) DISTRIBUTED BY (id)")
         flags = {"work_dir": str(work), "kafka.bootstrap_servers": broker.bootstrap_servers, "source.sandbox": "bench"}
-        throughput(cluster, load_config({**flags, "kafka.topic_prefix": "tput"}, environ={}), args.rows)
-        latency(cluster, load_config({**flags, "kafka.topic_prefix": "lat"}, environ={}), args.rate, args.seconds)
+        throughput(cluster, load_config({**flags, "kafka.topic_prefix": "tput"}, config_file=args.config, environ={}), args.rows)
+        latency(cluster, load_config({**flags, "kafka.topic_prefix": "lat"}, config_file=args.config, environ={}), args.rate, args.seconds)
         if args.large_mb:
-            memory(cluster, load_config({**flags, "kafka.topic_prefix": "tput"}, environ={}), args.large_mb)
+            memory(cluster, load_config({**flags, "kafka.topic_prefix": "tput"}, config_file=args.config, environ={}), args.large_mb)
     finally:
         for prefix in ("tput", "lat"):
             CaptureGroup(load_config({"work_dir": str(work), "kafka.topic_prefix": prefix}, environ={})).stop()
