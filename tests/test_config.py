@@ -73,6 +73,22 @@ def test_the_producer_waits_for_kafka_rather_than_leave_a_gap():
     assert config["acks"] == "all" and config["enable.idempotence"] is True
 
 
+def test_the_producer_compresses_with_lz4_unless_kafka_client_chooses_otherwise(tmp_path):
+    from gpcdc_toolkit.capture._worker import producer_config
+    from gpcdc_toolkit.connect import kafka_client_settings
+
+    def compression(file_text):
+        path = tmp_path / "gpcdc.toml"
+        path.write_text(file_text)
+        config = load_config({"kafka.bootstrap_servers": "127.0.0.1:9"}, config_file=path, environ={})
+        settings = WorkerSettings(kafka=kafka_client_settings(config), capture=CaptureSettings(), prefix="p", replicas=0)
+        return producer_config(settings, on_error=None)["compression.type"]
+
+    assert compression("") == "lz4"
+    assert compression('[kafka.client]\n"compression.type" = "none"\n') == "none"
+    assert compression('[kafka.client]\n"compression.type" = "zstd"\n') == "zstd"
+
+
 def test_dsn_replaces_the_default_sandbox():
     config = load_config({"source.dsn": "host=db port=5432"}, environ={})
     assert config.source.dsn == "host=db port=5432" and config.source.sandbox is None
