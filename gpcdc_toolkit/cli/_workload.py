@@ -75,7 +75,7 @@ class Workload(Command):
 class Demo(Command):
     name = "demo"
     help = ("the main job on the embedded default: sandboxes, broker, then bootstrap, capture, workload, replay, "
-            "audit, validation and exploration, each a notebook run into reports/")
+            "validation, audit and exploration, each a notebook run into reports/")
     sections = ("report",)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
