@@ -301,7 +301,7 @@ def test_no_secret_reaches_an_executed_notebook_its_report_or_the_index(tmp_path
     secret = f"S3c@r&t-{uuid.uuid4().hex[:8]}"
     cells = ["import os, sys\nimport pandas as pd\ndsn, pw = os.environ['GPCDC_SOURCE_DSN'], os.environ['PGPASSWORD']",
              "print(dsn)\nprint(pw[:4], end='')\nsys.stdout.flush()\nprint(pw[4:])",
-             # What the kernel's children print to its stderr, as Spark's JVM does.
+             # What the kernel's children print (a Spark JVM does): in the kernel's log too.
              "import subprocess\nsubprocess.run(['sh', '-c', 'echo from the kernel process: $PGPASSWORD >&2'])",
              "pd.DataFrame({'password': [pw], 'dsn': [dsn]})",
              "from gpcdc_toolkit.report import headline, notebook_config\nnotebook_config()",
@@ -317,6 +317,9 @@ def test_no_secret_reaches_an_executed_notebook_its_report_or_the_index(tmp_path
     config = load_config({"work_dir": str(tmp_path), "source.dsn": f"postgresql://u:{quote(secret, safe='')}@db.invalid/x",
                           "target.sandbox": "t", "report.dir": str(tmp_path / "reports")}, environ={})
     monkeypatch.setenv("PGPASSWORD", secret)
+    # Inherited, it would keep ipykernel from capturing its children's output as it does
+    # outside pytest (the cell's subprocess then prints to the notebook and the log alike).
+    monkeypatch.delenv("PYTEST_CURRENT_TEST", raising=False)
     done = run_notebook(config, notebook, {"x": "2"})
     assert done.status == "ok", done.error
     written = [p for p in (tmp_path / "reports").rglob("*") if p.is_file()]

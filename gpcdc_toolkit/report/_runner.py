@@ -30,8 +30,9 @@ from ._params import check_parameters, declared_parameters
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"  # the checkout's notebooks
 EXIT = {"ok": 0, "findings": 1, "failed": 2}
-# What the kernel process itself prints (not its cells' outputs, which the notebook holds):
-# Spark's JVM, and ipykernel's own errors, some of them harmless races as it shuts down.
+# What the kernel process itself prints (its cells' outputs are in the notebook):
+# ipykernel's own errors, some of them harmless races as it shuts down, and what the
+# kernel's children print (a Spark JVM; ipykernel also shows it in the cell).
 KERNEL_LOG = "kernel.log"
 # The kernel's own log says that its local TCP sockets are unencrypted, on every start.
 _KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
@@ -136,15 +137,15 @@ def run_notebook(config: Config, notebook: str | Path, parameters: Mapping[str, 
         failure = "interrupted"  # written up below, then raised again
         raise_after = True
     except Exception as e:  # noqa: BLE001 (the kernel died or could not start: a failed run, reported)
-        failure = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]} (the kernel's output: {kernel_log})"
+        failure = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
     seconds = time.monotonic() - began
     executed = json.loads(output.read_text()) if output.is_file() else stored
     secrets = secrets_of(config)
     executed = redact(executed, secrets)
     output.write_text(json.dumps(executed, indent=1, ensure_ascii=False) + "\n")
-    logged = kernel_log.is_file() and kernel_log.stat().st_size > 0
-    if logged:
-        kernel_log.write_text(redact(kernel_log.read_text(errors="replace"), secrets))
+    logged = _redact_log(kernel_log, secrets)
+    if failure and logged:
+        failure += f" (the kernel's output: {kernel_log})"
     shown = read_headline(executed)
     error = failure or cell_error(executed)
     status = "failed" if error else "ok" if shown is None or shown.passed else "findings"
@@ -160,6 +161,20 @@ def run_notebook(config: Config, notebook: str | Path, parameters: Mapping[str, 
     if raise_after:
         raise KeyboardInterrupt
     return NotebookRun(job, directory, status, seconds, shown, error)
+
+
+def _redact_log(log: Path, secrets: list[str]) -> bool:
+    """``log`` redacted, or removed when empty; whether it is kept. The redacted text
+    replaces the file rather than overwriting it: a process the kernel started may still
+    hold it open, and what it writes after this goes to the old file, not unredacted into
+    this one."""
+    if not log.is_file() or log.stat().st_size == 0:
+        log.unlink(missing_ok=True)
+        return False
+    redacted = log.with_name(f".{log.name}.redacted")
+    redacted.write_text(redact(log.read_text(errors="replace"), secrets))
+    os.replace(redacted, log)
+    return True
 
 
 def _new_directory(reports: Path, name: str) -> Path:
