@@ -51,7 +51,7 @@ def test_bad_input():
 # The servers' routing (gp_dist.segment_of, in C) against segment_for, on the same keys:
 # any text PostgreSQL holds (quotes, separators, the unit separator itself, non-ASCII),
 # NULLs, composite keys, and every cluster size a sandbox has.
-_value = st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1), st.text(st.characters(exclude_characters="\x00")),
+_value = st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1), st.text(st.characters(codec="utf-8", exclude_characters="\x00")),
                    st.sampled_from(["", "\x1f", "a\x1fb", "'", '"', "\\", "NULL", " "]))
 
 
@@ -93,7 +93,7 @@ def test_a_sandbox_without_the_servers_routing_is_named_with_the_fix(source):
     assert "\n" not in message and "has no gp_dist.segment_of" in message and "gpcdc sandbox down --remove" in message
 
 
-@given(rows=st.lists(st.tuples(st.integers(-(2**31), 2**31 - 1), st.text(st.characters(exclude_characters="\x00"),
+@given(rows=st.lists(st.tuples(st.integers(-(2**31), 2**31 - 1), st.text(st.characters(codec="utf-8", exclude_characters="\x00"),
                                                                         max_size=8), st.integers(0, 2)),
                      max_size=25, unique_by=lambda r: (r[0], r[1])))
 @settings(max_examples=15, deadline=None)

@@ -17,7 +17,7 @@ from gpcdc_toolkit.validate._checksum import ROW_HASHES, ValidationError, compar
 from gpcdc_toolkit.validate._snapshots import SESSION
 
 WIDE = ("public", "Wide")
-_text = st.text(st.characters(exclude_characters="\x00"), max_size=12)
+_text = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=12)
 _json = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.sampled_from([1.0, 1.5, -0.0, 1e20])
                      | _text, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_text, inner, max_size=3),
                      max_leaves=6)

@@ -18,6 +18,7 @@ TABLE = ("public", "Order Items")
 COLUMNS = '("id" bigint PRIMARY KEY, "select" text, "amount" numeric(20,4), "ratio" float8, "tags" int[], ' \
           '"doc" jsonb, "raw" bytea) DISTRIBUTED BY ("id")'
 KEYLESS = ("public", "keyless log")
+PLACED = ("public", 'Placed "Rows"')  # made by the placement test
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +47,7 @@ def clusters(source, work_dir):
         with Session(source) as session:
             session.ddl('DROP TABLE IF EXISTS "Order Items"')
             session.ddl('DROP TABLE IF EXISTS "keyless log"')
+            session.ddl(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(*PLACED)).as_string(None))
         target_box.down(remove=True)
 
 
@@ -202,10 +204,7 @@ def test_differences_the_types_own_hashes_would_miss_are_found(clusters, compare
     assert compare(source, target, TABLE).equal
 
 
-PLACED = ("public", "Placed \"Rows\"")
-
-
-@given(rows=st.lists(st.tuples(st.text(st.characters(exclude_characters="\x00"), max_size=6), st.integers(-5, 5),
+@given(rows=st.lists(st.tuples(st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=6), st.integers(-5, 5),
                                st.booleans()),
                      max_size=30, unique_by=lambda r: (r[0], r[1])))
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
