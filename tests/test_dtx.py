@@ -194,6 +194,17 @@ def test_create_if_not_exists_of_a_table_that_exists_keeps_its_key(source, table
             session.ddl(f"DROP TABLE {table_name}")
 
 
+def test_a_new_table_replaces_a_key_left_under_its_oid(source, table_name):
+    """A table dropped outside the toolkit leaves its key behind; a new table that gets
+    the same OID takes its own key, not that one."""
+    with source.coordinator_connection() as conn, conn.transaction(force_rollback=True):
+        conn.execute(f"CREATE TABLE {table_name} (id int, v int)")
+        conn.execute("INSERT INTO gp_dist.gp_distribution_policy VALUES (%s::regclass, '{1}')", (table_name,))
+        conn.execute("SELECT gp_dist.set_distribution_policy(%s, ARRAY['v'])", (table_name,))
+        assert conn.execute("SELECT distkey FROM gp_dist.gp_distribution_policy WHERE localoid = %s::regclass",
+                            (table_name,)).fetchone()[0] == [2]
+
+
 def test_start_lock_holds_new_transactions_back(source, table):
     with source.coordinator_connection() as controller, Session(source) as session:
         controller.execute("SELECT gp_acquire_transaction_start_lock()")

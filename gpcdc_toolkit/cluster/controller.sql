@@ -143,9 +143,12 @@ DECLARE
     missing text[];
     pkey text[];
 BEGIN
-    IF EXISTS (SELECT FROM gp_dist.gp_distribution_policy WHERE localoid = rel) THEN
+    IF (SELECT xmin FROM pg_class WHERE oid = rel)::text::bigint
+       <> pg_current_xact_id()::text::bigint % 4294967296 THEN  -- not created by this transaction
         RETURN;  -- CREATE TABLE IF NOT EXISTS of a table that exists: it keeps its key, as in Greenplum
     END IF;
+    -- Left by a table dropped outside the toolkit, whose OID the new table reuses.
+    DELETE FROM gp_dist.gp_distribution_policy WHERE localoid = rel;
     SELECT array_agg(c) INTO missing FROM unnest(columns) AS c
     WHERE NOT EXISTS (SELECT FROM pg_attribute
                       WHERE attrelid = rel AND attname = c AND attnum > 0 AND NOT attisdropped);
