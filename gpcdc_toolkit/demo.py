@@ -2,8 +2,9 @@
 ``reports/``: a sandbox source (coordinator + 3 segments) and target (coordinator + 2),
 the broker and a Spark Connect server, then bootstrap, capture, a workload checked
 against its ground truth, replay, validation at a sync point taken while the workload
-writes and a replayer follows, the audit of the whole stream, and the stream explored. ``gpcdc demo`` runs
-it; it returns 0 when every run passed, and prints where ``reports/index.html`` is."""
+writes and a replayer follows, the audit of the whole stream, and the stream explored.
+``gpcdc demo`` runs it; it returns 0 when every run passed, and prints where
+``reports/index.html`` is."""
 
 from __future__ import annotations
 
