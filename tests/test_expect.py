@@ -1,0 +1,63 @@
+"""great-expectations' results as the toolkit reads them: examples looked up only for
+what failed with unexpected values, and matched back to their expectations."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from gpcdc_toolkit._expect import Expectations
+
+
+@pytest.fixture(scope="module")
+def expectations():
+    return Expectations()
+
+
+def batch_of(expectations, frame, name):
+    source = expectations._context.data_sources.add_pandas(name)
+    return source.add_dataframe_asset("rows").add_batch_definition_whole_dataframe("all").get_batch(
+        batch_parameters={"dataframe": frame})
+
+
+class Counting:
+    """A batch whose validations are counted, with the expectations each one ran."""
+
+    def __init__(self, batch):
+        self.batch, self.passes = batch, []
+
+    def validate(self, suite, **kwargs):
+        self.passes.append(sorted(e.expectation_type for e in suite.expectations))
+        return self.batch.validate(suite, **kwargs)
+
+
+def test_examples_are_looked_up_only_for_expectations_that_failed_with_unexpected_values(expectations):
+    frame = pd.DataFrame({"k": [1, 2, 2, 3], "v": ["a", "b", "zz", None]})
+    batch = Counting(batch_of(expectations, frame, "examples"))
+    in_set = {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "v", "value_set": ["a", "b"]}}
+    body = {"name": "s", "expectations": [
+        {"type": "expect_table_row_count_to_equal", "kwargs": {"value": 9}},  # fails with no values to show
+        {"type": "expect_column_values_to_be_unique", "kwargs": {"column": "k"}, "severity": "warning"},
+        in_set, dict(in_set),  # equal expectations: each gets its own result
+        {"type": "expect_column_values_to_match_regex", "kwargs": {"column": "v", "regex": "^[a-z]+$"}},
+    ]}
+    measured = expectations._measure("s", body, batch)
+    assert batch.passes == [sorted(e["type"] for e in body["expectations"]),
+                            sorted(["expect_column_values_to_be_unique"] + 2 * ["expect_column_values_to_be_in_set"])]
+    by_type: dict[str, list] = {}
+    for m in measured:
+        by_type.setdefault(m.type, []).append(m)
+    (count,) = by_type["expect_table_row_count_to_equal"]
+    assert not count.success and count.result["observed_value"] == 4
+    (unique,) = by_type["expect_column_values_to_be_unique"]
+    assert unique.severity == "warning" and sorted(unique.result["partial_unexpected_list"]) == [2, 2]
+    assert [m.result["partial_unexpected_list"] for m in by_type["expect_column_values_to_be_in_set"]] == [["zz"]] * 2
+    (regex,) = by_type["expect_column_values_to_match_regex"]
+    assert regex.success and regex.result["unexpected_count"] == 0
+
+
+def test_a_suite_that_passes_is_validated_once(expectations):
+    batch = Counting(batch_of(expectations, pd.DataFrame({"k": [1, 2]}), "passes"))
+    measured = expectations._measure("s", {"name": "s", "expectations": [
+        {"type": "expect_column_values_to_be_unique", "kwargs": {"column": "k"}}]}, batch)
+    assert len(batch.passes) == 1 and all(m.success for m in measured)
