@@ -80,6 +80,23 @@ def connect_dsn(dsn: str, what: str, **kwargs: Any) -> psycopg.Connection[Any]:
         ) from None
 
 
+# A valid unique index, neither partial nor on expressions, whose key columns are all
+# among the primary key's, each of which is NOT NULL: the key is then unique and never null.
+_KEY_INDEX = sql.SQL("""
+SELECT i.indexrelid::regclass::text
+FROM pg_index i
+WHERE i.indrelid = to_regclass(%(table)s) AND i.indisunique AND i.indisvalid AND i.indisready
+  AND i.indpred IS NULL AND i.indexprs IS NULL
+  AND (SELECT bool_and(a.attname = ANY(%(key)s::text[]))
+       FROM unnest((i.indkey::int2[])[0:i.indnkeyatts - 1]) AS k(attnum)
+       JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum)
+  AND (SELECT count(*) FILTER (WHERE a.attnotnull) FROM pg_attribute a
+       WHERE a.attrelid = i.indrelid AND a.attname = ANY(%(key)s::text[]) AND NOT a.attisdropped)
+      = cardinality(%(key)s::text[])
+ORDER BY i.indisprimary DESC, i.indexrelid
+LIMIT 1""")
+
+
 class Cluster:
     """A coordinator and its segments. Cheap to create; holds no connection.
 
@@ -373,6 +390,16 @@ class Cluster:
         key = sql.SQL(", ").join(sql.SQL("t.{}::text").format(sql.Identifier(c)) for c in info.distribution_key)
         return sql.SQL("gp_dist.segment_of({}, VARIADIC ARRAY[{}]) <> {}").format(
             sql.Literal(self.segment_count), key, sql.Literal(node.content))
+
+    def key_index(self, node: Node, conn: psycopg.Connection[Any], info: Table) -> str | None:
+        """The unique index by which ``node`` itself keeps ``info``'s primary key unique,
+        its columns also NOT NULL there, read from the node's catalog over ``conn``; None
+        when it keeps no such index (a validation then counts duplicates and nulls)."""
+        if not info.primary_key:
+            return None
+        row = conn.execute(_KEY_INDEX, {"table": info.identifier.as_string(conn),
+                                        "key": list(info.primary_key)}).fetchone()
+        return None if row is None else str(row[0])
 
     def misplaced_rows(self, node: Node, conn: psycopg.Connection[Any], info: Table,
                        select: sql.Composable) -> list[tuple[sql.Composable, tuple[Any, ...]]]:

@@ -7,6 +7,11 @@ workload guarantees of a table's values. Each store of the target (``_stores``)
 computes them in its own server, inside the snapshot validation compared, on the
 table's real column names; values are PostgreSQL's text of them (a domain is a regular
 expression or a set of strings). No row leaves the servers.
+
+The derived suite costs no scan of its own where it need not: the row count is the one
+the comparison counted in the same snapshot, and a key that every store keeps unique
+and NOT NULL by a unique index of its own (``Cluster.key_index``) is reported as so
+enforced. great-expectations counts duplicates and nulls only of a key kept otherwise.
 """
 
 from __future__ import annotations
@@ -20,17 +25,19 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from .._expect import Expectations, Outcome, Suite, severity_of
+from .._expect import Expectations, Measured, Outcome, Suite, severity_of
 from ..cluster import Cluster, Node, Table
 from ..errors import ConfigError
 from ._snapshots import SESSION, Snapshots
 from ._stores import aligned, combine, identities, kind_of, refusal
 
+_ROW_COUNT = "expect_table_row_count_to_equal"
+
 
 def derived_suite(info: Table, source_rows: int) -> dict[str, Any]:
     """The suite every target table gets: key unique and not null, row count as the source's."""
     expectations: list[dict[str, Any]] = [
-        {"type": "expect_table_row_count_to_equal", "kwargs": {"value": source_rows},
+        {"type": _ROW_COUNT, "kwargs": {"value": source_rows},
          "meta": {"why": "the source held this many rows at the same point"}}]
     key = list(info.primary_key)
     if len(key) == 1:
@@ -39,6 +46,24 @@ def derived_suite(info: Table, source_rows: int) -> dict[str, Any]:
         expectations.append({"type": "expect_compound_columns_to_be_unique", "kwargs": {"column_list": key}})
     expectations += [{"type": "expect_column_values_to_not_be_null", "kwargs": {"column": c}} for c in key]
     return {"name": f"target {info.name}", "expectations": expectations}
+
+
+def derived_outcomes(info: Table, source_rows: int, target_rows: int,
+                     key_indexes: Sequence[str | None]) -> tuple[list[Outcome], list[dict[str, Any]]]:
+    """The derived suite's outcomes known without reading a row, given the rows the
+    comparison counted on each side and each store's ``Cluster.key_index``; and its
+    expectations left to compute (the key's, unless every store enforces it)."""
+    name, body = _derived(info, source_rows)
+    count, *key = body["expectations"]
+    counted = Measured(_ROW_COUNT, count["kwargs"], "error", target_rows == source_rows,
+                       {"observed_value": target_rows}).outcome(name)
+    if not key or None in key_indexes:
+        return [counted], key
+    stores = f"{len(key_indexes)} store{'s' if len(key_indexes) > 1 else ''}"
+    indexes = ", ".join(sorted(set(filter(None, key_indexes))))
+    evidence = f"enforced on each of {stores} by its unique index ({indexes}) on NOT NULL columns"
+    enforced = [Measured(e["type"], e["kwargs"], "error", True, {}) for e in key]
+    return [counted, *(Outcome(name, f"{m.type}({m.subject})", True, m.severity, evidence) for m in enforced)], []
 
 
 class TargetSuites:
@@ -57,23 +82,32 @@ class TargetSuites:
             for name, body in [_derived(info, 0), *self._suites[info.name]]:
                 self._kinds(info, name, body)
 
-    def check(self, target: Snapshots, tables: Sequence[tuple[Table, int]]) -> list[Outcome]:
+    def check(self, target: Snapshots, tables: Sequence[tuple[Table, int, int]]) -> list[Outcome]:
         """Every table's derived suite and its suites from ``expectations/``, given (the
-        target's table, the source's row count), on ``target``'s pinned snapshots."""
+        target's table, the rows the comparison counted on the source and on the target),
+        on ``target``'s pinned snapshots."""
         out: list[Outcome] = []
         with ExitStack() as stack:
-            stores = []
-            for node, conn in target.segments():
-                snapshot = sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(target.names[node.content]))
-                source = self._expectations.store(
-                    f"target store {node.content}", _connector(target.cluster.dsn(node)),
-                    on_begin=["SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY", snapshot.as_string(conn)])
-                stack.callback(self._expectations.release, source)
-                stores.append((source, _text_rows(target, node, conn)))
-            for info, rows in tables:
+            stores: list[tuple[Any, Callable[[Table], str]]] = []
+            for info, source_rows, target_rows in tables:
+                derived, left = derived_outcomes(info, source_rows, target_rows, [
+                    target.cluster.key_index(node, conn, info) for node, conn in target.segments()])
+                out += derived
+                suites = [(f"target {info.name}", {"name": f"target {info.name}", "expectations": left})] if left else []
+                suites += self._suites.get(info.name, [])
+                if not suites:
+                    continue
+                if not stores:  # great-expectations' data sources, made when first needed
+                    for node, conn in target.segments():
+                        snapshot = sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(target.names[node.content]))
+                        source = self._expectations.store(
+                            f"target store {node.content}", _connector(target.cluster.dsn(node)),
+                            on_begin=["SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY",
+                                      snapshot.as_string(conn)])
+                        stack.callback(self._expectations.release, source)
+                        stores.append((source, _text_rows(target, node, conn)))
                 # One validation per store of all the table's suites together: its cost is
                 # per validation more than per expectation.
-                suites = [_derived(info, rows), *self._suites.get(info.name, [])]
                 kinds = {t: k for name, body in suites for t, k in self._kinds(info, name, body).items()}
                 # Columns go to great-expectations as c0, c1, ...: it tells names apart by
                 # case alone loosely (COL and col), and runs its SQL as text (a % in a name).

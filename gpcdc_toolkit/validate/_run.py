@@ -170,7 +170,7 @@ def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpo
                                               placement=settings.check_placement) for info in infos)
         outcomes: list[Outcome] = []
         if suites is not None:
-            outcomes = suites.check(sides[1], [(target.table(info.parts), result.diff.expected)
+            outcomes = suites.check(sides[1], [(target.table(info.parts), result.diff.expected, result.diff.actual)
                                                for info, result in zip(infos, results)])
         summary = point.summary() if point is not None else None
     run = Validation(results, summary, settings.mode, time.monotonic() - started, _run_dir(config), tuple(outcomes),

@@ -1,0 +1,79 @@
+"""The derived suite of a target table (row count, key unique and not null): counted by
+the comparison and proven by the stores' own unique indexes where they keep one, and
+computed by great-expectations, row by row, where a store keeps none."""
+
+from __future__ import annotations
+
+import pytest
+from psycopg import sql
+
+from gpcdc_toolkit.cluster import Session, Table, segment_for
+from gpcdc_toolkit.validate._expectations import TargetSuites, derived_outcomes
+from gpcdc_toolkit.validate._snapshots import Snapshots
+
+KEYED = ("public", 'Key "Kept" Here')
+COLUMNS = '("Id" bigint, "k""2" text, v text, PRIMARY KEY ("Id", "k""2")) DISTRIBUTED BY ("Id")'
+
+
+def table(key: tuple[str, ...]) -> Table:
+    return Table("public.t", ("id", "v"), ("bigint", "text"), ("id",), key, ("public", "t"))
+
+
+@pytest.mark.parametrize("key", [(), ("id",), ("id", 'k"2')])
+@pytest.mark.parametrize("indexes", [["t_pkey", "t_pkey"], ["t_pkey", None], [None]])
+@pytest.mark.parametrize("target_rows", [10, 9])
+def test_the_derived_suite_needs_no_scan_only_where_every_store_enforces_the_key(key, indexes, target_rows):
+    outcomes, left = derived_outcomes(table(key), 10, target_rows, indexes)
+    count = outcomes[0]
+    assert count.expectation == "expect_table_row_count_to_equal()"
+    assert (count.success, count.evidence) == (target_rows == 10, f"observed {target_rows}")
+    if key and None in indexes:  # great-expectations counts what a store does not enforce
+        assert outcomes == [count] and [e["type"] for e in left][-len(key):] == ["expect_column_values_to_not_be_null"] * len(key)
+    else:
+        assert left == [] and len(outcomes) == 1 + (len(key) + 1 if key else 0)
+        assert all(o.success and o.evidence.startswith(f"enforced on each of {len(indexes)} store") for o in outcomes[1:])
+
+
+@pytest.fixture
+def keyed(source):
+    """A table of 200 rows with a two-column key, every segment's copy with its index."""
+    with Session(source) as session:
+        session.ddl(sql.SQL("CREATE TABLE {} ").format(sql.Identifier(*KEYED)).as_string(None) + COLUMNS)
+        with session.transaction() as tx:
+            tx.insert(KEYED, [{"Id": i, 'k"2': f"{i % 3}", "v": "x"} for i in range(200)])
+    try:
+        yield source.table(KEYED)
+    finally:
+        with Session(source) as session:
+            session.ddl(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(*KEYED)).as_string(None))
+
+
+def check(cluster, info, source_rows, target_rows):
+    with Snapshots(cluster) as side:
+        side.pin()
+        outcomes = TargetSuites(cluster, [info], [], placement_checked=True).check(side, [(info, source_rows, target_rows)])
+    return {o.expectation: o for o in outcomes}
+
+
+def test_a_key_every_segment_enforces_is_reported_so_and_one_a_segment_lost_is_counted(source, keyed):
+    unique = 'expect_compound_columns_to_be_unique(Id, k"2)'
+    found = check(source, keyed, 200, 200)
+    assert found[unique].success and found[unique].evidence.startswith(
+        f"enforced on each of {source.segment_count} stores by its unique index"), found[unique]
+    assert found['expect_column_values_to_not_be_null(k"2)'].success
+    assert not check(source, keyed, 200, 199)["expect_table_row_count_to_equal()"].success
+
+    # One segment loses its index, and then takes a second row of a key it holds.
+    home = source.segments[segment_for([7], source.segment_count)]
+    with source.connect_node(home) as conn:
+        (index,) = conn.execute("SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = %s::regclass",
+                                (keyed.name,)).fetchone()
+        conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(
+            sql.Identifier(*KEYED), sql.Identifier(index.strip('"').replace('""', '"'))))
+    found = check(source, keyed, 200, 200)
+    assert found[unique].success and found[unique].evidence == "0 of 200 values unexpected", found[unique]
+    with source.connect_node(home) as conn:
+        conn.execute(sql.SQL("INSERT INTO {} VALUES (7, '1', 'twin')").format(sql.Identifier(*KEYED)))
+    found = check(source, keyed, 200, 201)
+    assert not found[unique].success and found[unique].evidence.startswith("2 of 201 values unexpected"), found[unique]
+    assert found["expect_table_row_count_to_equal()"].evidence == "observed 201"
