@@ -152,10 +152,9 @@ def test_target_suites_are_computed_by_each_store_inside_the_snapshot(door):
     count = by_name[(f"target {info.name}", "expect_table_row_count_to_equal()")]
     assert count.success and count.evidence == "observed 2000", count  # as the comparison counted
     unique = by_name[(f"target {info.name}", "expect_column_values_to_be_unique(Id)")]
-    # A plain server enforces its key by its index; a Citus worker's shards are counted.
-    assert unique.success and unique.evidence == ("0 of 2000 values unexpected" if isinstance(target, CitusCluster)
-                                                  else "enforced on each of 1 store by its unique index "
-                                                       '("Door Items_pkey") on NOT NULL columns'), unique
+    # A plain server keeps its key by its index, and a Citus worker by its shards' own.
+    assert unique.success and unique.evidence == (f"enforced on each of {stores} store{'s' if stores > 1 else ''} "
+                                                  'by its unique index ("Door Items_pkey") on NOT NULL columns'), unique
     in_set = by_name[("door values", "expect_column_values_to_be_in_set(select)")]
     regex = by_name[("door values", "expect_column_values_to_match_regex(amount)")]
     most = by_name[("door mostly", "expect_column_values_to_be_in_set(select)")]
@@ -176,6 +175,26 @@ def test_target_suites_are_computed_by_each_store_inside_the_snapshot(door):
     else:  # refused before any snapshot is taken
         with pytest.raises(ConfigError, match=r'needs all of public\."Door Items" in one place'):
             TargetSuites(target, [info], [whole], placement_checked=True)
+
+
+@pytest.mark.parametrize("door", [pytest.param("citus", marks=pytest.mark.citus)], indirect=True)
+def test_a_shard_without_its_key_index_has_its_key_counted(door):
+    _, target = door
+    info = target.table(TABLE)
+    content, shard, _low, _high = target._placements(info)[0]
+    with target.connect_node(target.segments[content]) as conn:
+        (index,) = conn.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'p'",
+                                (shard.as_string(conn),)).fetchone()
+        conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(shard, sql.Identifier(index)))
+    try:
+        with Snapshots(target) as side:
+            side.pin()
+            outcomes = TargetSuites(target, [info], [], placement_checked=True).check(side, [(info, 2000, 2000)])
+    finally:
+        with target.connect_node(target.segments[content]) as conn:
+            conn.execute(sql.SQL('ALTER TABLE {} ADD PRIMARY KEY ("Id")').format(shard))
+    found = {o.expectation: o for o in outcomes}
+    assert found["expect_column_values_to_be_unique(Id)"].evidence == "0 of 2000 values unexpected", found
 
 
 @pytest.mark.parametrize("door", ["postgres"], indirect=True)

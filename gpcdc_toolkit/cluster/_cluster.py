@@ -69,6 +69,15 @@ class Table:
         return tuple(c for c in self.columns if c not in self.generated)
 
 
+def unique_key_index(conn: psycopg.Connection[Any], relation: str, key: Sequence[str]) -> str | None:
+    """The unique index by which ``relation`` (as SQL names it) keeps ``key`` unique, its
+    columns also NOT NULL, read from the catalog over ``conn``; None when it has none."""
+    if not key:
+        return None
+    row = conn.execute(_KEY_INDEX, {"table": relation, "key": list(key)}).fetchone()
+    return None if row is None else str(row[0])
+
+
 def connect_dsn(dsn: str, what: str, **kwargs: Any) -> psycopg.Connection[Any]:
     """Open a connection, turning a refusal into a one-line UnreachableError."""
     try:
@@ -395,11 +404,7 @@ class Cluster:
         """The unique index by which ``node`` itself keeps ``info``'s primary key unique,
         its columns also NOT NULL there, read from the node's catalog over ``conn``; None
         when it keeps no such index (a validation then counts duplicates and nulls)."""
-        if not info.primary_key:
-            return None
-        row = conn.execute(_KEY_INDEX, {"table": info.identifier.as_string(conn),
-                                        "key": list(info.primary_key)}).fetchone()
-        return None if row is None else str(row[0])
+        return unique_key_index(conn, info.identifier.as_string(conn), info.primary_key)
 
     def misplaced_rows(self, node: Node, conn: psycopg.Connection[Any], info: Table,
                        select: sql.Composable) -> list[tuple[sql.Composable, tuple[Any, ...]]]:

@@ -29,7 +29,7 @@ from ..citus import COORDINATOR_GROUP, DECISIONS, CitusGidError, CitusStream, gx
 from ..errors import ClusterError, DistributedTransactionError, GpcdcError, SyncPointError
 from ..protocol import COORDINATOR, DdlError, DistributedSnapshot, TransactionAssembler, parse_create_table, parse_lsn
 from ..protocol import _markers as markers
-from ._cluster import Cluster, Node, Table, TableRef, _where, connect_dsn
+from ._cluster import Cluster, Node, Table, TableRef, _where, connect_dsn, unique_key_index
 from ._writes import Writes
 
 
@@ -408,7 +408,16 @@ class CitusCluster(FrontDoor):
         return sql.SQL("({})").format(sql.SQL(" UNION ALL ").join(shards))
 
     def key_index(self, node: Node, conn: psycopg.Connection[Any], info: Table) -> str | None:
-        return None  # each shard has an index of its own: the worker's shell of the table proves nothing
+        """Each shard keeps an index of its own (Citus names it after the table's, with
+        the shard's id), and holds its own range of the distribution key's hash: the
+        worker keeps the key when every shard of the table it holds does."""
+        names = set()
+        for content, shard, _low, _high in self._placements(info):
+            if content == node.content:
+                if (name := unique_key_index(conn, shard.as_string(conn), info.primary_key)) is None:
+                    return None
+                names.add(re.sub(r'_\d+("?)$', r"\1", name))  # the table's index, named without the shard
+        return ", ".join(sorted(names))
 
     def misplaced_test(self, node: Node, info: Table) -> sql.Composable | None:
         return None  # a shard's range decides, and the union of a worker's shards loses which shard a row is in
