@@ -11,6 +11,7 @@ validation, named by ``meta.gpcdc.table`` as PostgreSQL prints it
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import warnings
@@ -195,14 +196,17 @@ class Expectations:
         results = batch.validate(suite, result_format=_COUNTS_ONLY).results
         failed = [i for i, result in enumerate(results) if not result.success and result.result.get("unexpected_count")]
         if failed:
+            # Copies: great-expectations' copy of an expectation leaves out its id, which
+            # would tie it to the suite it came from (a suite it saved gives each one).
             retry = self._gx.ExpectationSuite(name=f"{name} examples", expectations=[
-                results[i].expectation_config.to_domain_obj() for i in failed])
+                copy.copy(results[i].expectation_config.to_domain_obj()) for i in failed])
             # Matched by what they are: great-expectations orders results as it resolved them.
             positions: dict[str, list[int]] = {}
             for i in failed:
                 positions.setdefault(_identity(results[i]), []).append(i)
             for result in batch.validate(retry, result_format="BASIC").results:
-                results[positions[_identity(result)].pop()] = result
+                if waiting := positions.get(_identity(result)):  # else its counts stand, without examples
+                    results[waiting.pop()] = result
         out = []
         for result in results:
             config = result.expectation_config

@@ -41,6 +41,8 @@ def test_examples_are_looked_up_only_for_expectations_that_failed_with_unexpecte
         in_set, dict(in_set),  # equal expectations: each gets its own result
         {"type": "expect_column_values_to_match_regex", "kwargs": {"column": "v", "regex": "^[a-z]+$"}},
     ]}
+    for n, expectation in enumerate(body["expectations"]):  # as in a suite great-expectations saved
+        expectation["id"] = f"00000000-0000-4000-8000-{n:012d}"
     measured = expectations._measure("s", body, batch)
     assert batch.passes == [sorted(e["type"] for e in body["expectations"]),
                             sorted(["expect_column_values_to_be_unique"] + 2 * ["expect_column_values_to_be_in_set"])]

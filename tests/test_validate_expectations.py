@@ -4,10 +4,13 @@ computed by great-expectations, row by row, where a store keeps none."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from psycopg import sql
 
 from gpcdc_toolkit.cluster import Session, Table, segment_for
+from gpcdc_toolkit.errors import ConfigError
 from gpcdc_toolkit.validate._expectations import TargetSuites, derived_outcomes
 from gpcdc_toolkit.validate._snapshots import Snapshots
 
@@ -77,3 +80,24 @@ def test_a_key_every_segment_enforces_is_reported_so_and_one_a_segment_lost_is_c
     found = check(source, keyed, 200, 201)
     assert not found[unique].success and found[unique].evidence.startswith("2 of 201 values unexpected"), found[unique]
     assert found["expect_table_row_count_to_equal()"].evidence == "observed 201"
+
+
+def test_a_table_others_inherit_from_has_its_key_counted_with_their_rows(source, keyed):
+    home = source.segments[segment_for([7], source.segment_count)]
+    child = sql.Identifier("public", f"{KEYED[1]} child")
+    with source.connect_node(home) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} () INHERITS ({})").format(child, sql.Identifier(*KEYED)))
+        conn.execute(sql.SQL("INSERT INTO {} VALUES (7, '1', 'inherited')").format(child))
+    try:
+        found = check(source, keyed, 200, 201)
+    finally:
+        with source.connect_node(home) as conn:
+            conn.execute(sql.SQL("DROP TABLE {}").format(child))
+    unique = found['expect_compound_columns_to_be_unique(Id, k"2)']
+    assert not unique.success and unique.evidence.startswith("2 of 201 values unexpected"), unique
+
+
+def test_the_key_is_refused_on_the_targets_catalog_where_its_distribution_is_elsewhere(source, keyed):
+    elsewhere = dataclasses.replace(keyed, distribution_key=("v",))
+    with Snapshots(source) as side, pytest.raises(ConfigError, match=r"do not include .* distribution key \(v\)"):
+        TargetSuites(source, [keyed], [], placement_checked=True).check(side, [(elsewhere, 200, 200)])

@@ -177,6 +177,17 @@ def test_target_suites_are_computed_by_each_store_inside_the_snapshot(door):
             TargetSuites(target, [info], [whole], placement_checked=True)
 
 
+@pytest.mark.parametrize("door", ["postgres"], indirect=True)
+def test_without_placement_checked_no_index_stands_for_the_key(door):
+    _, target = door
+    info = target.table(TABLE)
+    with Snapshots(target) as side:
+        side.pin()
+        outcomes = TargetSuites(target, [info], [], placement_checked=False).check(side, [(info, 2000, 2000)])
+    found = {o.expectation: o for o in outcomes}
+    assert found["expect_column_values_to_be_unique(Id)"].evidence == "0 of 2000 values unexpected", found
+
+
 @pytest.mark.parametrize("door", [pytest.param("citus", marks=pytest.mark.citus)], indirect=True)
 def test_a_shard_without_its_key_index_has_its_key_counted(door):
     _, target = door
@@ -192,7 +203,7 @@ def test_a_shard_without_its_key_index_has_its_key_counted(door):
             outcomes = TargetSuites(target, [info], [], placement_checked=True).check(side, [(info, 2000, 2000)])
     finally:
         with target.connect_node(target.segments[content]) as conn:
-            conn.execute(sql.SQL('ALTER TABLE {} ADD PRIMARY KEY ("Id")').format(shard))
+            conn.execute(sql.SQL('ALTER TABLE {} ADD CONSTRAINT {} PRIMARY KEY ("Id")').format(shard, sql.Identifier(index)))
     found = {o.expectation: o for o in outcomes}
     assert found["expect_column_values_to_be_unique(Id)"].evidence == "0 of 2000 values unexpected", found
 

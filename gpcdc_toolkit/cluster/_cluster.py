@@ -90,12 +90,20 @@ def connect_dsn(dsn: str, what: str, **kwargs: Any) -> psycopg.Connection[Any]:
 
 
 # A valid unique index, neither partial nor on expressions, whose key columns are all
-# among the primary key's, each of which is NOT NULL: the key is then unique and never null.
+# among the primary key's, each of which is NOT NULL (by a constraint that was
+# validated): the key is then unique and never null. Not on a table that others inherit
+# from, whose rows a read of it includes and its index does not cover (a partitioned
+# table's index covers its partitions). pg_class is not joined: Citus hides its shards
+# from it, so a relation it does not show is taken as one others may inherit from.
 _KEY_INDEX = sql.SQL("""
 SELECT i.indexrelid::regclass::text
 FROM pg_index i
 WHERE i.indrelid = to_regclass(%(table)s) AND i.indisunique AND i.indisvalid AND i.indisready
   AND i.indpred IS NULL AND i.indexprs IS NULL
+  AND (NOT EXISTS (SELECT FROM pg_inherits h WHERE h.inhparent = i.indrelid)
+       OR (SELECT r.relkind FROM pg_class r WHERE r.oid = i.indrelid) = 'p')
+  AND NOT EXISTS (SELECT FROM pg_constraint c WHERE c.conrelid = i.indrelid AND c.contype = 'n'
+                  AND NOT c.convalidated)
   AND (SELECT bool_and(a.attname = ANY(%(key)s::text[]))
        FROM unnest((i.indkey::int2[])[0:i.indnkeyatts - 1]) AS k(attnum)
        JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum)
