@@ -230,7 +230,8 @@ def main() -> None:
             load(source, rows)
             load(target, rows)
             validation(source, target, rows, spark)
-        syncpoints(source, args.syncpoints)
+        if args.syncpoints:
+            syncpoints(source, args.syncpoints)
     finally:
         spark.stop()
         source_box.down()

@@ -134,7 +134,7 @@ def test_each_level_of_chunks_splits_the_one_above_it_in_the_database(clusters, 
     """Level n + 1 digests, asked within some level n chunks, add up to theirs, from the
     whole table (level 0) down."""
     from gpcdc_toolkit.validate._checksum import _digest_rows, _digests, _row_hash, _run_all
-    from gpcdc_toolkit.validate._chunks import Chunk, summed
+    from gpcdc_toolkit.validate._chunks import Chunk, first_level, summed
     from gpcdc_toolkit.validate._snapshots import Snapshots
 
     source, _ = clusters
@@ -155,6 +155,42 @@ def test_each_level_of_chunks_splits_the_one_above_it_in_the_database(clusters, 
                 assert sum(d.rows for d in inside) == above[parent].rows
                 assert sum(d.checksum for d in inside) % 2**64 == above[parent].checksum
             above = below
+        # The first level in one pass (the sandbox's aggregate) is the first level grouped.
+        one_pass = first_level([rows[0][0] for rows in _run_all(_digests(reading, info, hashed, 1, (), one_pass=True))],
+                               [])
+        assert one_pass.reply == (digests(1, ()), {}) and one_pass.chunks == len(digests(1, ()))
+
+
+def test_a_sandbox_target_with_a_changed_row_has_the_first_level_measured_in_one_pass(clusters):
+    from gpcdc_toolkit.validate._checksum import _row_hash, first_level_in_one_pass
+    from gpcdc_toolkit.validate._snapshots import Snapshots
+
+    source, target = clusters
+    for cluster in (source, target):
+        with Snapshots(cluster) as side:
+            assert first_level_in_one_pass(side)
+    node = target.segments[segment_for([11], target.segment_count)]
+    with target.connect_node(node) as conn:
+        before = conn.execute('SELECT "select" FROM "Order Items" WHERE id = 11').fetchone()[0]
+        conn.execute('UPDATE "Order Items" SET "select" = \'changed\' WHERE id = 11')
+    try:
+        result = compare_checksums(source, target, TABLE, fetch_rows=50)
+        prefixes = set()  # the first level's chunks that hold rows on either side
+        for cluster in (source, target):
+            query = sql.SQL('SELECT DISTINCT ({} >> 48) & 65535 FROM "Order Items"').format(
+                _row_hash(cluster.table(TABLE), "stored"))
+            for segment in cluster.segments:
+                with cluster.connect_node(segment) as conn:
+                    prefixes |= {p for (p,) in conn.execute(query)}
+        assert result.diff.changed == 1 and result.rounds == 2
+        # The whole table, then every chunk of the first level holding rows: the row's two
+        # versions differ in one chunk, or in two.
+        assert result.levels[0] == (0, 1, 1) and result.levels[1][:2] == (1, len(prefixes)), result.levels
+        assert result.levels[1][2] in (1, 2), result.levels
+    finally:
+        with target.connect_node(node) as conn:
+            conn.execute('UPDATE "Order Items" SET "select" = %s WHERE id = 11', (before,))
+    assert compare_checksums(source, target, TABLE).equal
 
 
 def test_a_column_default_that_differs_is_a_difference_with_its_fix(clusters):

@@ -3,12 +3,13 @@ chunks bisection hands out hold every differing row, and no more rows than asked
 unless they cannot be split further."""
 
 import hashlib
+import struct
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpcdc_toolkit.validate._chunks import BITS, LEVELS, MOD, Chunk, Digest, bisect, differing, summed
+from gpcdc_toolkit.validate._chunks import BITS, LEVELS, MOD, Chunk, Digest, bisect, differing, first_level, summed
 
 
 def h64(text):
@@ -30,13 +31,28 @@ def digests(table, level, parents):
     return summed(per_node)
 
 
-def run(source, target, fetch_rows):
+def one_pass(per_node):
+    """A node's first-level digests as ``gp_dist.chunk_digests`` returns them."""
+    return b"".join(struct.pack(">HqQ", prefix, rows, total % MOD) for prefix, rows, total in sorted(per_node))
+
+
+def nodes_of(table, nodes):
+    """Each node's first-level digests, the rows dealt out to ``nodes`` nodes by key."""
+    dealt = [summed([[(row_hash(table, k) >> (64 - BITS), 1, row_hash(table, k))] for k in table
+                     if int(h64(k)) % nodes == n]) for n in range(nodes)]
+    return [one_pass((p, d.rows, d.checksum) for p, d in node.items()) for node in dealt]
+
+
+def run(source, target, fetch_rows, one_pass=False):
     steps = bisect(fetch_rows)
     request = next(steps)
     try:
         while True:
             level, parents = request
-            request = steps.send((digests(source, level, set(parents)), digests(target, level, set(parents))))
+            if level == 1 and one_pass:  # each side's rows on nodes of its own count, only differing chunks sent
+                request = steps.send(first_level(nodes_of(source, 3), nodes_of(target, 2)).reply)
+            else:
+                request = steps.send((digests(source, level, set(parents)), digests(target, level, set(parents))))
     except StopIteration as done:
         return done.value
 
@@ -44,8 +60,8 @@ def run(source, target, fetch_rows):
 tables = st.dictionaries(st.text(max_size=6), st.integers(0, 3), max_size=300)
 
 
-@given(tables, st.data(), st.integers(1, 50))
-def test_bisection_hands_out_every_differing_row_in_small_chunks(source, data, fetch_rows):
+@given(tables, st.data(), st.integers(1, 50), st.booleans())
+def test_bisection_hands_out_every_differing_row_in_small_chunks(source, data, fetch_rows, one_pass):
     target = dict(source)
     for key in data.draw(st.lists(st.sampled_from(sorted(source)), max_size=5)) if source else []:
         if data.draw(st.booleans()):
@@ -54,7 +70,7 @@ def test_bisection_hands_out_every_differing_row_in_small_chunks(source, data, f
             target[key] = source[key] + 1
     for key in data.draw(st.lists(st.text(max_size=6), max_size=3)):
         target.setdefault(key, 9)
-    chunks = run(source, target, fetch_rows)
+    chunks = run(source, target, fetch_rows, one_pass)
     changed = {k for k in set(source) | set(target) if source.get(k) != target.get(k)}
     # Every version of a differing row, on either side, is in a chunk handed out.
     for side in (source, target):
@@ -80,6 +96,27 @@ def test_digests_add_up_over_nodes_modulo_two_to_the_64():
     assert total == {3: Digest(3, 4), 4: Digest(2, 0)}
     assert differing({3: Digest(1, 1)}, {}) == [3]
     assert differing({3: Digest(1, 1), 4: Digest(2, 2)}, {4: Digest(2, 2), 3: Digest(1, 2)}) == [3]
+
+
+def test_the_first_level_in_one_pass_sums_nodes_modulo_two_to_the_64_and_keeps_what_differs():
+    measured = first_level([one_pass([(3, 1, MOD - 1), (9, 2, 4)]), one_pass([(3, 2, 5)]), b""],
+                           [one_pass([(3, 3, 4), (7, 1, 1)]), one_pass([(9, 1, 2), (9 + (1 << 15), 1, 2)])])
+    assert measured.chunks == 4  # 3, 7, 9 and 32777 hold rows somewhere
+    # Chunk 3 agrees (3 rows, 4 modulo 2**64), so only the others are sent to bisection.
+    assert measured.reply == ({9: Digest(2, 4)}, {7: Digest(1, 1), 9: Digest(1, 2), 32777: Digest(1, 2)})
+    equal = first_level([one_pass([(0, 1, 1), (65535, 1, MOD - 1)])], [one_pass([(0, 1, 1)]), one_pass([(65535, 1, -1)])])
+    assert equal.reply == ({}, {}) and equal.chunks == 2
+
+
+@pytest.mark.parametrize("reply, said", [
+    (b"\x00" * 17, "node 0's chunk digests hold 17 bytes, not a multiple of 18"),
+    (struct.pack(">HqQHqQ", 5, 1, 1, 5, 1, 1), "not one per chunk holding rows, in prefix order"),
+    (struct.pack(">HqQHqQ", 6, 1, 1, 5, 1, 1), "not one per chunk holding rows, in prefix order"),
+    (struct.pack(">HqQ", 5, 0, 0), "not one per chunk holding rows, in prefix order"),
+])
+def test_malformed_chunk_digests_are_refused(reply, said):
+    with pytest.raises(ValueError, match=said):
+        first_level([reply], [])
 
 
 def test_chunks_and_bisection_refuse_what_cannot_be():

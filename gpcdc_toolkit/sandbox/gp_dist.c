@@ -17,6 +17,15 @@
  *   show), else by its output text: five times cheaper than hashing the text of every
  *   column. Each column's hash seeds the next, so the sum of rows' hashes is not linear
  *   in their values (values swapped between rows change it).
+ *
+ * gp_dist.chunk_digests(bigint) RETURNS bytea, an aggregate of row hashes
+ *   Each chunk's digest at validation's first level in one pass: the rows whose hash
+ *   has the same top 16 bits are a chunk; its digest is their count and the sum of their
+ *   hashes modulo 2**64. A flat array of the 65,536 chunks rather than GROUP BY's hash
+ *   table: as cheap as one sum over the table, where grouping costs three times that.
+ *   Returned for the chunks that hold rows, in prefix order, each as 18 bytes in network
+ *   order: prefix (uint16), rows (int64), sum (uint64). Parallel-safe: partial states
+ *   are added.
  */
 #include "postgres.h"
 
@@ -24,6 +33,7 @@
 #include "common/hashfn.h"
 #include "fmgr.h"
 #include "lib/stringinfo.h"
+#include "port/pg_bswap.h"
 #include "utils/array.h"
 #include "utils/lsyscache.h"
 
@@ -31,6 +41,11 @@ PG_MODULE_MAGIC;
 
 PG_FUNCTION_INFO_V1(gpcdc_segment_of);
 PG_FUNCTION_INFO_V1(gpcdc_row_hash);
+PG_FUNCTION_INFO_V1(gpcdc_chunks_add);
+PG_FUNCTION_INFO_V1(gpcdc_chunks_combine);
+PG_FUNCTION_INFO_V1(gpcdc_chunks_serialize);
+PG_FUNCTION_INFO_V1(gpcdc_chunks_deserialize);
+PG_FUNCTION_INFO_V1(gpcdc_chunks_final);
 
 static uint32 crc_table[256];
 
@@ -258,4 +273,143 @@ gpcdc_row_hash(PG_FUNCTION_ARGS)
 		}
 	}
 	PG_RETURN_INT64((int64) hash);
+}
+
+#define CHUNK_BITS 16
+#define CHUNKS (1 << CHUNK_BITS)
+#define DIGEST_BYTES (2 + 8 + 8)
+
+/* A chunk's count beside its sum: a row's hash touches one cache line, not two. */
+typedef struct ChunkDigest
+{
+	int64		rows;
+	uint64		sum;
+} ChunkDigest;
+
+typedef struct Chunks
+{
+	ChunkDigest chunks[CHUNKS];
+} Chunks;
+
+/* A state in the aggregate's own memory, which lives as long as the aggregate does. */
+static Chunks *
+chunks_new(FunctionCallInfo fcinfo)
+{
+	MemoryContext aggregate;
+
+	if (!AggCheckCallContext(fcinfo, &aggregate))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("gp_dist.chunk_digests is an aggregate: call it over rows")));
+	return (Chunks *) MemoryContextAllocZero(aggregate, sizeof(Chunks));
+}
+
+Datum
+gpcdc_chunks_add(PG_FUNCTION_ARGS)
+{
+	Chunks	   *state = PG_ARGISNULL(0) ? chunks_new(fcinfo) : (Chunks *) PG_GETARG_POINTER(0);
+	uint64		hash;
+
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("gp_dist.chunk_digests was given a NULL row hash: a row hash is never NULL")));
+	hash = (uint64) PG_GETARG_INT64(1);
+	state->chunks[hash >> (64 - CHUNK_BITS)].rows++;
+	state->chunks[hash >> (64 - CHUNK_BITS)].sum += hash;
+	PG_RETURN_POINTER(state);
+}
+
+Datum
+gpcdc_chunks_combine(PG_FUNCTION_ARGS)
+{
+	Chunks	   *into;
+	Chunks	   *from;
+
+	if (PG_ARGISNULL(1))
+	{
+		if (PG_ARGISNULL(0))
+			PG_RETURN_NULL();
+		PG_RETURN_POINTER(PG_GETARG_POINTER(0));
+	}
+	/* The second state may live elsewhere: added into one of the aggregate's own. */
+	into = PG_ARGISNULL(0) ? chunks_new(fcinfo) : (Chunks *) PG_GETARG_POINTER(0);
+	from = (Chunks *) PG_GETARG_POINTER(1);
+	for (int i = 0; i < CHUNKS; i++)
+	{
+		into->chunks[i].rows += from->chunks[i].rows;
+		into->chunks[i].sum += from->chunks[i].sum;
+	}
+	PG_RETURN_POINTER(into);
+}
+
+/* Between the processes of one server: its own byte order. */
+Datum
+gpcdc_chunks_serialize(PG_FUNCTION_ARGS)
+{
+	Chunks	   *state = (Chunks *) PG_GETARG_POINTER(0);
+	bytea	   *out = (bytea *) palloc(VARHDRSZ + sizeof(Chunks));
+
+	SET_VARSIZE(out, VARHDRSZ + sizeof(Chunks));
+	memcpy(VARDATA(out), state, sizeof(Chunks));
+	PG_RETURN_BYTEA_P(out);
+}
+
+Datum
+gpcdc_chunks_deserialize(PG_FUNCTION_ARGS)
+{
+	bytea	   *in = PG_GETARG_BYTEA_PP(0);
+	Chunks	   *state;
+
+	if (!AggCheckCallContext(fcinfo, NULL))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("gp_dist.chunk_digests is an aggregate: call it over rows")));
+	if (VARSIZE_ANY_EXHDR(in) != sizeof(Chunks))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_BINARY_REPRESENTATION),
+				 errmsg("a partial gp_dist.chunk_digests state holds %zu bytes, not %zu",
+						(size_t) VARSIZE_ANY_EXHDR(in), sizeof(Chunks))));
+	state = (Chunks *) palloc(sizeof(Chunks));
+	memcpy(state, VARDATA_ANY(in), sizeof(Chunks));
+	PG_RETURN_POINTER(state);
+}
+
+Datum
+gpcdc_chunks_final(PG_FUNCTION_ARGS)
+{
+	Chunks	   *state;
+	int			held = 0;
+	bytea	   *out;
+	char	   *at;
+
+	if (PG_ARGISNULL(0))		/* no rows: no chunk holds any */
+	{
+		out = (bytea *) palloc(VARHDRSZ);
+		SET_VARSIZE(out, VARHDRSZ);
+		PG_RETURN_BYTEA_P(out);
+	}
+	state = (Chunks *) PG_GETARG_POINTER(0);
+	for (int i = 0; i < CHUNKS; i++)
+		held += state->chunks[i].rows != 0;
+	out = (bytea *) palloc(VARHDRSZ + (Size) held * DIGEST_BYTES);
+	SET_VARSIZE(out, VARHDRSZ + (Size) held * DIGEST_BYTES);
+	at = VARDATA(out);
+	for (int i = 0; i < CHUNKS; i++)
+	{
+		uint16		prefix;
+		uint64		rows;
+		uint64		sum;
+
+		if (state->chunks[i].rows == 0)
+			continue;
+		prefix = pg_hton16((uint16) i);
+		rows = pg_hton64((uint64) state->chunks[i].rows);
+		sum = pg_hton64(state->chunks[i].sum);
+		memcpy(at, &prefix, 2);
+		memcpy(at + 2, &rows, 8);
+		memcpy(at + 10, &sum, 8);
+		at += DIGEST_BYTES;
+	}
+	PG_RETURN_BYTEA_P(out);
 }

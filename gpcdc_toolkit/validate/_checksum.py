@@ -30,7 +30,7 @@ from psycopg import sql
 from ..cluster import COORDINATOR, Cluster, Node, TableRef
 from ..cluster._cluster import Table
 from ..errors import GpcdcError
-from ._chunks import EMPTY, LEVELS, MOD, Chunk, Digest, Reply, bisect, differing, summed
+from ._chunks import EMPTY, LEVELS, MOD, Chunk, Digest, Reply, bisect, differing, first_level, summed
 from ._diff import EXAMPLES, DifferingRow, TableDiff
 from ._snapshots import Snapshots
 
@@ -118,6 +118,7 @@ _TEXT = ("text", "character varying")
 #   text:   the row's whole text.
 ROW_HASHES = ("stored", "record", "text")
 _STORED = sql.SQL("""to_regprocedure('gp_dist.row_hash("any")') IS NOT NULL""")
+_CHUNKED = sql.SQL("to_regprocedure('gp_dist.chunk_digests(bigint)') IS NOT NULL")
 _MAX_ARGUMENTS = 100  # PostgreSQL's FUNC_MAX_ARGS: wider rows are hashed in runs of columns
 
 
@@ -135,10 +136,20 @@ def row_hashes(side: Snapshots) -> tuple[str, ...]:
     offered = ["text"]
     if side.server_version >= 140000:
         offered.append("record")
-    if all(conn.execute(sql.SQL("SELECT {}").format(_STORED)).fetchone()[0]  # type: ignore[index]
-           for _node, conn in side.segments()):
+    if _on_every_segment(side, _STORED):
         offered.append("stored")
     return tuple(h for h in ROW_HASHES if h in offered)
+
+
+def _on_every_segment(side: Snapshots, test: sql.Composable) -> bool:
+    return all(conn.execute(sql.SQL("SELECT {}").format(test)).fetchone()[0]  # type: ignore[index]
+               for _node, conn in side.segments())
+
+
+def first_level_in_one_pass(side: Snapshots) -> bool:
+    """Whether every segment of ``side`` computes the first level's chunk digests in one
+    pass (``gp_dist.chunk_digests``, the sandbox's), rather than by grouping."""
+    return _on_every_segment(side, _CHUNKED)
 
 
 def _row_hash(info: Table, form: str) -> sql.Composable:
@@ -190,21 +201,24 @@ def _within(query: sql.Composed, chunks: Sequence[Chunk]) -> sql.Composed:
 
 
 def _digests(side: Snapshots, info: Table, hashed: sql.Composable, level: int,
-             parents: tuple[Chunk, ...], misplaced: Mapping[int, sql.Composable | None] | None = None) -> list[Query]:
+             parents: tuple[Chunk, ...], misplaced: Mapping[int, sql.Composable | None] | None = None,
+             one_pass: bool = False) -> list[Query]:
     """Each segment's query for its chunks' digests at ``level``: rows (prefix, count,
-    sum of hashes), and, given ``misplaced`` (a segment's test of a row's placement),
-    a fourth column: how many rows the test found misplaced."""
+    sum of hashes), or with ``one_pass`` (level 1) one row of ``gp_dist.chunk_digests``;
+    and, given ``misplaced`` (a segment's test of a row's
+    placement), a last column: how many rows the test found misplaced."""
     shift = 64 - level * 16
+    digests = (sql.SQL("gp_dist.chunk_digests(gpcdc_row_hash)") if one_pass else
+               sql.SQL("{} AS prefix, count(*), sum(gpcdc_row_hash)::text").format(_prefix(shift)))
     queries = []
     for node, conn in side.segments():
         test = (misplaced or {}).get(node.content)
         counted = sql.SQL(", count(*) FILTER (WHERE gpcdc_misplaced)") if test is not None else sql.SQL("")
         tested = sql.SQL(", {} AS gpcdc_misplaced").format(test) if test is not None else sql.SQL("")
         # OFFSET 0 keeps the subquery whole: pulled up, its hash would be computed twice.
-        query = _within(sql.SQL("SELECT {} AS prefix, count(*), sum(gpcdc_row_hash)::text{} "
-                                "FROM (SELECT {} AS gpcdc_row_hash{} FROM {} t OFFSET 0) s").format(
-            _prefix(shift), counted, hashed, tested, side.relation(node, info)), parents)
-        if level:
+        query = _within(sql.SQL("SELECT {}{} FROM (SELECT {} AS gpcdc_row_hash{} FROM {} t OFFSET 0) s").format(
+            digests, counted, hashed, tested, side.relation(node, info)), parents)
+        if level and not one_pass:
             query = sql.SQL("{} GROUP BY 1").format(query)
         queries.append((conn, query))
     return queries
@@ -231,7 +245,8 @@ def _run_all(queries: list[Query]) -> list[list[tuple[Any, ...]]]:
     """Run each query on its connection, all at once (one thread per connection)."""
     def run(query: Query) -> list[tuple[Any, ...]]:
         conn, statement = query
-        return conn.execute(statement).fetchall()
+        # Binary: a node's chunk digests come as their bytes, not as hexadecimal text twice their size.
+        return conn.execute(statement, binary=True).fetchall()
 
     if len(queries) == 1:
         return [run(queries[0])]
@@ -321,6 +336,9 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
     info, target_info = source.cluster.table(table), target.cluster.table(table)
     _check_shapes(info, target_info)
     hashed, target_hashed = _row_hash(info, form), _row_hash(target_info, form)
+    # Not in the first round: a flat array of 65,536 digests per node costs more than the
+    # whole table's sum, and most tables compared are equal (docs/benchmarks.md).
+    one_pass = first_level_in_one_pass(source) and first_level_in_one_pass(target)
     steps = bisect(fetch_rows)
     request = next(steps)
     rounds, totals = 0, (0, 0)
@@ -332,19 +350,28 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
     try:
         while True:
             level, parents = request
-            queries = (_digests(source, info, hashed, level, parents),
+            first = not rounds  # the first round covers the whole table
+            aggregated = one_pass and level == 1  # within the whole table: level 0 has one chunk
+            queries = (_digests(source, info, hashed, level, parents, one_pass=aggregated),
                        _digests(target, target_info, target_hashed, level, parents,
-                                tests if placement and not rounds else None))
+                                tests if placement and first else None, one_pass=aggregated))
             results = _run_all(queries[0] + queries[1])
-            reply: Reply = (summed(_digest_rows(level, rows) for rows in results[:len(queries[0])]),
-                            summed(_digest_rows(level, rows) for rows in results[len(queries[0]):]))
-            if not rounds:  # the first round covers the whole table
-                totals = (sum(d.rows for d in reply[0].values()), sum(d.rows for d in reply[1].values()))
-                if placement:
-                    suspects += [node for node, rows in zip(target.cluster.segments, results[len(queries[0]):])
-                                 if tests[node.content] is not None and rows and rows[0][3]]
+            source_rows, target_rows = results[:len(queries[0])], results[len(queries[0]):]
+            reply: Reply
+            if aggregated:
+                measured = first_level([rows[0][0] for rows in source_rows], [rows[0][0] for rows in target_rows])
+                reply, chunks_measured = measured.reply, measured.chunks
+            else:
+                reply = (summed(_digest_rows(level, rows) for rows in source_rows),
+                         summed(_digest_rows(level, rows) for rows in target_rows))
+                chunks_measured = len(reply[0].keys() | reply[1].keys())
+                if first:
+                    totals = (sum(d.rows for d in reply[0].values()), sum(d.rows for d in reply[1].values()))
+            if first and placement:
+                suspects += [node for node, rows in zip(target.cluster.segments, target_rows)
+                             if tests[node.content] is not None and rows and rows[0][-1]]
             rounds += 1
-            levels.append((level, len(reply[0].keys() | reply[1].keys()), len(differing(*reply))))
+            levels.append((level, chunks_measured, len(differing(*reply))))
             request = steps.send(reply)
     except StopIteration as done:
         chunks: list[Chunk] = done.value

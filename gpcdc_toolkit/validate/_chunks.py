@@ -15,6 +15,11 @@ are keyed by the chunks' prefixes at the level asked for. :func:`bisect` is a
 generator: it asks for the digests of chunks at a level, is sent both sides' digests,
 descends into the chunks that differ, and returns the chunks whose rows are few enough
 to fetch and diff. Equal tables take one round: one digest per node.
+
+Where every node computes the first level's digests in one pass (the sandbox's
+``gp_dist.chunk_digests``), they arrive as bytes (:data:`CHUNK_DIGEST`), are summed
+over the nodes as arrays, and only the chunks that differ are sent to bisection
+(:func:`first_level`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Generator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
+
+import numpy as np
 
 BITS = 16  # per level
 LEVELS = 64 // BITS
@@ -84,7 +91,8 @@ Reply = tuple[Digests, Digests]  # (source, target): the requested level's diges
 def bisect(fetch_rows: int) -> Generator[Request, Reply, list[Chunk]]:
     """Bisect a table: yields (level, parents) to measure, is sent both sides' digests
     of the chunks at that level within those parents, and returns the differing chunks
-    holding at most ``fetch_rows`` rows on either side (or at the last level, any)."""
+    holding at most ``fetch_rows`` rows on either side (or at the last level, any). A
+    reply may leave out chunks whose digests both sides agree on."""
     if fetch_rows < 1:
         raise ValueError(f"fetch_rows must be at least 1, not {fetch_rows}")
     to_fetch: list[Chunk] = []
@@ -99,3 +107,41 @@ def bisect(fetch_rows: int) -> Generator[Request, Reply, list[Chunk]]:
             break
         parents = tuple(deeper)
     return sorted(to_fetch)
+
+
+# A node's digests of the first level's chunks that hold rows, as ``gp_dist.chunk_digests``
+# returns them: 18 bytes each, in network order.
+CHUNK_DIGEST = np.dtype([("prefix", ">u2"), ("rows", ">i8"), ("sum", ">u8")])
+
+
+@dataclass(frozen=True)
+class FirstLevel:
+    """Both sides' first-level digests, summed over their nodes: what bisection is sent,
+    reduced to the chunks that differ, and how many chunks hold rows on either side."""
+
+    reply: Reply
+    chunks: int
+
+
+def _dense(replies: Iterable[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    rows = np.zeros(1 << BITS, dtype=np.int64)
+    sums = np.zeros(1 << BITS, dtype=np.uint64)
+    for node, reply in enumerate(replies):
+        if len(reply) % CHUNK_DIGEST.itemsize:
+            raise ValueError(f"node {node}'s chunk digests hold {len(reply)} bytes, not a multiple of "
+                             f"{CHUNK_DIGEST.itemsize}")
+        digests = np.frombuffer(reply, dtype=CHUNK_DIGEST)
+        if len(digests) and (np.any(np.diff(digests["prefix"].astype(np.int64)) <= 0) or np.any(digests["rows"] < 1)):
+            raise ValueError(f"node {node}'s chunk digests are not one per chunk holding rows, in prefix order")
+        rows[digests["prefix"]] += digests["rows"]
+        sums[digests["prefix"]] += digests["sum"]  # unsigned: modulo 2**64
+    return rows, sums
+
+
+def first_level(source: Iterable[bytes], target: Iterable[bytes]) -> FirstLevel:
+    """Each side's nodes' replies of ``gp_dist.chunk_digests`` summed, compared."""
+    (source_rows, source_sums), (target_rows, target_sums) = _dense(source), _dense(target)
+    differ = np.flatnonzero((source_rows != target_rows) | (source_sums != target_sums))
+    reply = tuple({int(p): Digest(int(rows[p]), int(sums[p])) for p in differ if rows[p]}
+                  for rows, sums in ((source_rows, source_sums), (target_rows, target_sums)))
+    return FirstLevel((reply[0], reply[1]), int(np.count_nonzero(source_rows + target_rows)))
