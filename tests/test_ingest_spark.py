@@ -252,3 +252,32 @@ def test_an_unknown_source_is_named(spark, topics):
 def test_missing_options_are_named(spark):
     with pytest.raises(Exception, match="needs option kafka.bootstrap.servers"):
         spark.read.format("gpcdc").option("topic", "x").load().count()
+
+
+def test_a_range_is_read_asking_kafka_for_no_more_than_it_still_holds(topics, monkeypatch):
+    """consume() returns once it has as many messages as asked: a reader asking for a
+    full batch at a range's end would wait out its timeout for every range it reads."""
+    import confluent_kafka
+
+    from gpcdc_toolkit.ingest._spark_source import KafkaRange, read_range
+
+    config, produce = topics
+    produce(30)  # 10 a partition
+    asked = []
+
+    class Recording(confluent_kafka.Consumer):
+        def consume(self, num_messages=1, timeout=-1):
+            messages = super().consume(num_messages, timeout)
+            asked.append((num_messages, [m.offset() for m in messages if m.error() is None]))
+            return messages
+
+    monkeypatch.setattr(confluent_kafka, "Consumer", Recording)
+    topic = Topics(config.kafka.topic_prefix).changes
+    batches = list(read_range(kafka_client_settings(config), KafkaRange(topic, 1, 2, 9), batch=4))
+    assert [o for b in batches for o in b.column("offset").to_pylist()] == list(range(2, 9))
+    # Each call asks for a batch or what the range has left, whichever is less.
+    position = 2
+    for wanted, offsets in asked:
+        assert wanted == min(4, 9 - position), asked
+        position = max([position, *(o + 1 for o in offsets if position <= o < 9)])
+    assert position == 9

@@ -181,7 +181,9 @@ def read_range(kafka: dict[str, str], r: KafkaRange, batch: int = 10_000) -> Ite
         position = r.start
         idle_polls = 0
         while position < r.end:
-            messages = consumer.consume(batch, timeout=1.0)
+            # No more than the range still holds: consume() returns once it has that many,
+            # where asking for a full batch would wait out the timeout at a range's end.
+            messages = consumer.consume(min(batch, r.end - position), timeout=1.0)
             if not messages:
                 idle_polls += 1
                 if idle_polls > 60:
