@@ -14,9 +14,11 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,15 @@ def load_suites(directory: Path | None = None) -> list[Suite]:
                               fix='name it as PostgreSQL prints it, e.g. "public.wl_accounts"')
         suites.append(Suite(body.get("name", file.stem), frame, meta.get("when") == "marked", body, table))
     return suites
+
+
+def preload() -> None:
+    """Start importing great-expectations in a thread of its own. Its import takes about
+    3 s of Python; a command that will validate calls this first, so that the import
+    runs while the command waits on its servers (Spark, PostgreSQL) rather than after.
+    A daemon: a command that stops early does not wait for it."""
+    threading.Thread(target=import_module, args=("great_expectations",), name="import great_expectations",
+                     daemon=True).start()
 
 
 def severity_of(expectation: Any) -> str:

@@ -22,7 +22,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from ..replay._ddl_policy import locked_relations
-from ._findings import FINDING_COLUMNS, Thresholds
+from ._findings import FINDING_COLUMNS, FINDINGS_DDL, Thresholds
 
 col, lit = F.col, F.lit
 
@@ -251,6 +251,11 @@ def _latest_watermarks(stream: Stream) -> DataFrame:
         F.max("prepared_ts").alias("prepared_ts"))
 
 
+def _no_findings(stream: Stream) -> DataFrame:
+    """An empty DataFrame of the findings schema, for a rule that can tell without a job."""
+    return stream.events.sparkSession.createDataFrame([], FINDINGS_DDL)
+
+
 # -- rules ------------------------------------------------------------------------------
 
 def corrupt_messages(stream: Stream, t: Thresholds) -> DataFrame:
@@ -318,7 +323,9 @@ def missing_parts(stream: Stream, t: Thresholds) -> DataFrame:
         "gxid", "segments", "commit_ts", "topic", "partition", "offset", "first_seen",
         F.explode("segments").alias("segment"))
     present = _two_phase(stream.parts)
-    absent = expected.join(present.select("gxid", "segment"), ["gxid", "segment"], "left_anti")
+    absent = expected.join(present.select("gxid", "segment"), ["gxid", "segment"], "left_anti").localCheckpoint()
+    if absent.isEmpty():  # the usual window: every listed part arrived, nothing more to ask
+        return _no_findings(stream)
     # What is said of an absent part's transaction is looked up for those transactions
     # alone (usually none), not computed for every transaction and joined.
     concerned = absent.select("gxid").distinct()
@@ -612,6 +619,8 @@ def ddl_barriers(stream: Stream, t: Thresholds) -> DataFrame:
     spark = stream.events.sparkSession
     statements = stream.ddl.select("gxid", "statement").collect()  # few: one per DDL statement
     named = [(r["gxid"], schema or "public", name) for r in statements for schema, name in locked_relations(r["statement"])]
+    if not named:  # the usual window: no table's DDL, so no writer to place against one
+        return _no_findings(stream)
     ddl = spark.createDataFrame(named, "ddl_gxid bigint, table_schema string, table_name string").distinct()
     positions = _positions(stream)
     ddl_parts = (ddl.join(stream.parts.select(col("gxid").alias("ddl_gxid"), "segment",

@@ -45,7 +45,10 @@ class Audit(Command):
     def run(self, args: argparse.Namespace, config: Config) -> int:
         # Exit 2 whatever stopped the audit: 1 is kept for "it ran, and found something".
         try:
+            from .._expect import preload
             from ..ingest.spark import command_session
+
+            preload()  # the stream's suites run last
 
             with command_session(config, "gpcdc-audit") as spark:
                 from ..audit import run_audit, summary_table
