@@ -50,6 +50,50 @@ def test_two_writers_of_one_key_against_coordinator_order_is_an_error(spark):
     assert (finding["rule"], finding["gxid"], finding["segments"], finding["table"]) == ("key_order", 1, [0], "public.t")
 
 
+@st.composite
+def keys_written(draw):
+    """Transactions in a coordinator order, each writing keys of a small pool (two
+    tables, one named with a space and capitals) on some segments, each segment
+    committing its parts in an order of its own."""
+    count = draw(st.integers(2, 5))
+    coordinator = draw(st.permutations(range(1, count + 1)))
+    row = st.tuples(st.sampled_from(["t", "Order Items"]), st.integers(0, 3))
+    writes = {g: {s: draw(st.lists(row, min_size=1, max_size=3)) for s in draw(st.sets(st.integers(0, 2), min_size=1))}
+              for g in range(1, count + 1)}
+    orders = {s: draw(st.permutations([g for g in writes if s in writes[g]])) for s in range(3)}
+    return coordinator, writes, orders
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(keys_written())
+def test_key_order_finds_each_key_a_segment_wrote_against_coordinator_order(spark, case):
+    coordinator, writes, orders = case
+    b = StreamBuilder(segments=3)
+    for lsn, gxid in enumerate(coordinator, 1):
+        b.record(gxid, sorted(writes[gxid]), 10 * lsn, 1000 + lsn)
+    for segment, order in orders.items():
+        for lsn, gxid in enumerate(order, 1):
+            b.part(segment, gxid, 100 * lsn, 2000 + lsn, rows=writes[gxid][segment])
+    # Each key's versions on a segment, in commit order there: a version after another
+    # transaction's that the coordinator committed later is one key against its order.
+    position = {gxid: i for i, gxid in enumerate(coordinator)}
+    expected: dict[tuple[int, int, int], int] = {}
+    for segment, order in orders.items():
+        last: dict[tuple[str, int], int] = {}
+        for gxid in order:
+            for written in writes[gxid][segment]:
+                before = last.get(written)
+                if before is not None and before != gxid and position[before] > position[gxid]:
+                    expected[(segment, before, gxid)] = expected.get((segment, before, gxid), 0) + 1
+                last[written] = gxid
+    found = {}
+    for f in rules.key_order(prepare(events_frame(spark, b.messages())), THRESHOLDS).collect():
+        before = int(re.search(r"gxid (\d+) wrote key", f["evidence"]).group(1))
+        keys = int(re.search(r"; (\d+) key\(s\) in all$", f["evidence"]).group(1))
+        found[(f["segments"][0], before, f["gxid"])] = keys
+    assert found == expected
+
+
 def test_a_legacy_stream_is_one_warning_per_node_with_each_part_and_record_as_detail(spark):
     b = StreamBuilder().part(0, None, 100, 1000).part(0, 5, 110, 1001, one_phase=True).part(1, None, 100, 1000)
     b.record(9, None, 10, 999)
