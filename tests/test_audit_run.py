@@ -208,12 +208,13 @@ def test_the_result_charts_findings_delay_and_completeness(spark, topics):
 
 def test_the_warm_up_audits_a_stream_of_its_own_and_leaves_nothing_behind(spark, work_dir):
     """The server's warm-up (`gpcdc spark up --warm`, the demo): an audit as the notebook
-    runs one, of a settled stream whose only fault is a part sent twice."""
+    runs one, of a stream with a part sent twice, a part still held prepared, and a DDL."""
     config = load_config({"work_dir": str(work_dir), "kafka.topic_prefix": "mine"}, environ={})
     messages = warm_stream()
     assert all(problem_of(orjson.loads(m.value)) is None for m in messages)
     spark.catalog.clearCache()
     result = warm_up(spark, config)
-    assert result.summary == [("duplicate_events", "info", 1)] and result.events == len(messages)
+    assert result.summary == [("duplicate_events", "info", 1), ("late_part", "info", 1)]
+    assert result.events == len(messages)
     assert result.output is not None and not result.output.exists()  # its work directory is removed
     assert not (work_dir / "audit" / "mine").exists() and nothing_cached(spark)

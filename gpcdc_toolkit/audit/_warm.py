@@ -25,15 +25,18 @@ SEGMENTS = 2
 
 
 def warm_stream(transactions: int = 24, now_ms: int | None = None) -> list[Message]:
-    """A settled stream of ``transactions`` distributed transactions over two segments,
-    every other one two-phase on both, with one part sent twice (as a capture restart
-    sends it): every rule has rows to read, and the duplicates theirs."""
+    """A stream of ``transactions`` distributed transactions over two segments, every
+    other one two-phase on both, with one part sent twice (as a capture restart sends
+    it), one part still held prepared (late) and one DDL of the table written: every
+    rule has rows to read (the rules that stop early on a window with no DDL or no
+    absent part too), and the duplicates theirs."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     changes, dtx = f"{PREFIX}.changes", f"{PREFIX}.dtx"
     partitions: dict[tuple[str, int], list[tuple[bytes | None, dict[str, Any], int]]] = {
         (topic, partition): [(None, {"type": "pipeline", "pipeline": PREFIX, "segment": node, "version": 2}, now_ms)]
         for topic, partition, node in [(changes, s, s) for s in range(SEGMENTS)] + [(dtx, 0, -1)]}
     lsn = 1000
+    late, altering = transactions - 1 - transactions % 2, 1  # two-phase transactions (odd gxids)
     for gxid in range(1, transactions + 1):
         lsn += 100
         ts = now_ms + gxid
@@ -52,14 +55,20 @@ def warm_stream(transactions: int = 24, now_ms: int | None = None) -> list[Messa
                  {"before": None, "after": {"id": key, "v": gxid}, "source": source, "op": "c", "ts_ms": ts}, ts),
                 (None, {"status": "END", "event_count": 1, "data_collections": [], "one_phase": one_phase,
                         "end_lsn": lsn + 8, **common}, ts)]
-            partitions[(changes, segment)] += part * (2 if gxid == 2 else 1)
+            if (gxid, segment) != (late, SEGMENTS - 1):
+                partitions[(changes, segment)] += part * (2 if gxid == 2 else 1)
         if len(segments) > 1:
-            partitions[(dtx, 0)].append((None, {"type": "commit", "gxid": gxid, "segments": segments, "segment": -1,
-                                                "xid": lsn, "commit_lsn": lsn, "commit_ts_ms": ts, "ddl_count": 0}, ts))
+            record = {"gxid": gxid, "segment": -1, "xid": lsn, "commit_lsn": lsn, "commit_ts_ms": ts}
+            if gxid == altering:
+                partitions[(dtx, 0)].append((None, {"type": "ddl", "statement": "ALTER TABLE public.t ADD COLUMN w int",
+                                                    **record}, ts))
+            partitions[(dtx, 0)].append((None, {"type": "commit", "segments": segments,
+                                                "ddl_count": int(gxid == altering), **record}, ts))
     end = now_ms + transactions + 1
     for topic, partition in partitions:
         node = -1 if topic == dtx else partition
-        mark = {"resolved": lsn + 100, "resolved_ts_ms": end, "segment": node, "ts_ms": end, "prepared": [],
+        held = [late] if node == SEGMENTS - 1 else []
+        mark = {"resolved": lsn + 100, "resolved_ts_ms": end, "segment": node, "ts_ms": end, "prepared": held,
                 "prepared_ts_ms": end}
         partitions[(topic, partition)].append((None, {**mark, "type": "resolved"} if node == -1 else mark, end))
     return [Message(topic, partition, offset, ts, key, orjson.dumps(value))

@@ -56,10 +56,6 @@ class Validate(Command):
         try:
             from ..validate import check_against_syncpoint, validate
 
-            if config.validate.expectations and args.against is None:
-                from .._expect import preload
-
-                preload()  # the target's suites run after the comparison
             run = (check_against_syncpoint(config, args.against, archive=args.archive) if args.against is not None
                    else validate(config, tables=args.tables, syncpoint=args.syncpoint))
         except Exception as e:  # noqa: BLE001 (any cause is reported in one line)
