@@ -252,7 +252,7 @@ def _latest_watermarks(stream: Stream) -> DataFrame:
 
 
 def _no_findings(stream: Stream) -> DataFrame:
-    """An empty DataFrame of the findings schema, for a rule that can tell without a job."""
+    """An empty DataFrame of the findings schema: for a rule that finds it has nothing to look at."""
     return stream.events.sparkSession.createDataFrame([], FINDINGS_DDL)
 
 
