@@ -22,6 +22,7 @@ from pathlib import Path
 
 from .._runtime import free_port, port_in_use, read_json, running_pid, stop_group, write_atomic, write_json
 from ..errors import GpcdcError
+from ._settings import SESSION_SETTINGS
 
 MAIN = "org.apache.spark.sql.connect.service.SparkConnectServer"
 # Warnings and errors only (at Spark's default every request of every session is a line),
@@ -113,9 +114,7 @@ class SparkServer:
         settings = {
             "spark.connect.grpc.binding.address": "127.0.0.1",
             "spark.connect.grpc.binding.port": str(port),
-            "spark.sql.session.timeZone": "UTC",
-            "spark.sql.shuffle.partitions": "4",
-            "spark.ui.enabled": "false",
+            **SESSION_SETTINGS,
             "spark.gpcdc.server": str(self.path),  # so that its command line names this work directory
         }
         command = [str(submit), "--master", master, "--class", MAIN, "--name", "gpcdc-spark-server",

@@ -23,6 +23,7 @@ from ..errors import ConfigError
 from ..protocol import Topics
 from ._release import release_outside_the_collector
 from ._server import SparkServer, SparkServerError
+from ._settings import SESSION_SETTINGS
 from ._spark_kafka import connector_jars, kafka_options, parse_kafka_frame
 from ._spark_source import NAME, GpcdcDataSource, plan_start, plan_window
 
@@ -99,10 +100,7 @@ def _session(config: Config, app_name: str, kafka_connector: bool) -> Any:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    builder = (SparkSession.builder.master(config.spark.master).appName(app_name)
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.shuffle.partitions", "4")
-               .config("spark.ui.enabled", "false"))
+    builder = SparkSession.builder.master(config.spark.master).appName(app_name).config(map=SESSION_SETTINGS)
     if kafka_connector:
         builder = builder.config("spark.jars", ",".join(str(jar) for jar in connector_jars()))
     spark = builder.getOrCreate()
