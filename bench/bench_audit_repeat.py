@@ -8,10 +8,11 @@ with Spark's defaults for the generated-code cache (100 classes) and PySpark's
 recording of each call's line for error messages (on), then audits the warm-up stream
 (29 distributed transactions over two segments, ``audit/_warm.py``) ``--runs`` times:
 ``audit_events`` and the findings collected. The two kinds of child run alternately,
-``--pairs`` times each. Printed per child: each audit's seconds, the classes Spark
-compiled for it, and the JVM's CPU seconds by thread (JIT compilers, garbage collector,
-task threads, the rest); then the median of the audits after each session's first, and
-its ratio to the baseline (Spark's defaults).
+``--pairs`` times each. Printed per child: the JVM's heap in use after its last audit
+(after a full collection) and its metaspace, where cached classes live; each audit's
+seconds, the classes Spark compiled for it, and the JVM's CPU seconds by thread (JIT
+compilers, garbage collector, task threads, the rest). Then the median of the audits
+after each session's first, and its ratio to the baseline (Spark's defaults).
 
     .venv/bin/python bench/bench_audit_repeat.py [--runs 6] [--pairs 2]
 """
@@ -49,7 +50,19 @@ def _thread_seconds(pid: int) -> dict[str, float]:
     return out
 
 
-def child(settings: dict[str, str], runs: int) -> list[dict[str, Any]]:
+def _memory_mib(jvm: Any) -> dict[str, float]:
+    """The JVM's heap in use after a full collection, and its metaspace (where the
+    generated classes live, outside the heap)."""
+    jvm.java.lang.System.gc()
+    runtime = jvm.java.lang.Runtime.getRuntime()
+    out = {"heap": (runtime.totalMemory() - runtime.freeMemory()) / 2**20}
+    for pool in jvm.java.lang.management.ManagementFactory.getMemoryPoolMXBeans():
+        if pool.getName() == "Metaspace":
+            out["metaspace"] = pool.getUsage().getUsed() / 2**20
+    return out
+
+
+def child(settings: dict[str, str], runs: int) -> dict[str, Any]:
     from pyspark.sql import DataFrame, SparkSession
 
     from gpcdc_toolkit.audit import Thresholds, events_frame
@@ -72,9 +85,10 @@ def child(settings: dict[str, str], runs: int) -> list[dict[str, Any]]:
             after = _thread_seconds(pid)
             out.append({"seconds": seconds, "classes": compiled.getCount() - classes,
                         "cpu": {k: after.get(k, 0.0) - cpu.get(k, 0.0) for k in after}})
+        memory = _memory_mib(jvm)
     finally:
         spark.stop()
-    return out
+    return {"audits": out, "memory": memory}
 
 
 def main() -> None:
@@ -97,9 +111,11 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 done = subprocess.run([sys.executable, __file__, "--runs", str(args.runs), "--child", json.dumps(settings)],
                                       env=env, cwd=tmp, capture_output=True, text=True, check=True)
-            audits = json.loads(done.stdout.strip().splitlines()[-1])
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            audits, memory = result["audits"], result["memory"]
             steady[kind] += [a["seconds"] for a in audits[1:]]
-            print(f"pair {pair + 1}, {kind}:")
+            print(f"pair {pair + 1}, {kind}: after the last audit, heap in use {memory['heap']:.0f} MiB, "
+                  f"metaspace {memory.get('metaspace', 0.0):.0f} MiB")
             for i, a in enumerate(audits, 1):
                 cpu = ", ".join(f"{k} {v:.1f}" for k, v in sorted(a["cpu"].items()))
                 print(f"  audit {i}: {a['seconds']:5.1f} s, {a['classes']:3d} classes compiled; JVM CPU s: {cpu}")
