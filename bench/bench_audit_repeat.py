@@ -28,8 +28,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from functools import reduce
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_audit_session import heap_mib  # noqa: E402  (a sibling script, not a package)
 
 SPARK_DEFAULTS = {"spark.sql.codegen.cache.maxEntries": "100", "spark.python.sql.dataFrameDebugging.enabled": "true"}
 
@@ -50,23 +53,20 @@ def _thread_seconds(pid: int) -> dict[str, float]:
     return out
 
 
-def _memory_mib(jvm: Any) -> dict[str, float]:
+def _memory_mib(spark: Any) -> dict[str, float]:
     """The JVM's heap in use after a full collection, and its metaspace (where the
     generated classes live, outside the heap)."""
-    jvm.java.lang.System.gc()
-    runtime = jvm.java.lang.Runtime.getRuntime()
-    out = {"heap": (runtime.totalMemory() - runtime.freeMemory()) / 2**20}
-    for pool in jvm.java.lang.management.ManagementFactory.getMemoryPoolMXBeans():
+    out = {"heap": heap_mib(spark)}
+    for pool in spark.sparkContext._jvm.java.lang.management.ManagementFactory.getMemoryPoolMXBeans():
         if pool.getName() == "Metaspace":
             out["metaspace"] = pool.getUsage().getUsed() / 2**20
     return out
 
 
 def child(settings: dict[str, str], runs: int) -> dict[str, Any]:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
-    from gpcdc_toolkit.audit import Thresholds, events_frame
-    from gpcdc_toolkit.audit._rules import RULES, prepare
+    from gpcdc_toolkit.audit import Thresholds, audit_events, events_frame
     from gpcdc_toolkit.audit._warm import warm_stream
 
     spark = SparkSession.builder.master("local[2]").appName("bench-audit-repeat").config(map=settings).getOrCreate()
@@ -79,13 +79,13 @@ def child(settings: dict[str, str], runs: int) -> dict[str, Any]:
     try:
         for _ in range(runs):
             classes, cpu, began = compiled.getCount(), _thread_seconds(pid), time.perf_counter()
-            stream = prepare(events_frame(spark, warm_stream()))
-            reduce(DataFrame.unionByName, (rule(stream, thresholds) for rule in RULES)).collect()
+            findings, _ = audit_events(events_frame(spark, warm_stream()), thresholds)
+            findings.collect()
             seconds = time.perf_counter() - began
             after = _thread_seconds(pid)
             out.append({"seconds": seconds, "classes": compiled.getCount() - classes,
                         "cpu": {k: after.get(k, 0.0) - cpu.get(k, 0.0) for k in after}})
-        memory = _memory_mib(jvm)
+        memory = _memory_mib(spark)
     finally:
         spark.stop()
     return {"audits": out, "memory": memory}
