@@ -98,7 +98,23 @@ def pipeline_of(source_sandbox, work_dir, kafka=EmbeddedBroker, replicas=1):
         env.group.start()
         Applier(target.cluster(), config.kafka.topic_prefix).close()  # its tables, to count what it applies
         env.start_replayer(work_dir)
+        wait_until_following(env)
         yield env
+
+
+def wait_until_following(env, timeout=120):
+    """Until the replayer has found its topics and begun (its state row written in the
+    target): a following replayer gives up on topics it cannot find at its start, so
+    faults come after that."""
+    applier = Applier(env.target.cluster(), env.config.kafka.topic_prefix)
+    try:
+        deadline = time.monotonic() + timeout
+        while applier.state() is None:
+            assert env.replayer.poll() is None, env.said()
+            assert time.monotonic() < deadline, f"the replayer had not begun within {timeout} s: {env.said()}"
+            threading.Event().wait(0.1)  # polling the target for the replayer's state row
+    finally:
+        applier.close()
 
 
 @pytest.fixture
