@@ -21,6 +21,7 @@ from hypothesis import settings
 from gpcdc_toolkit.broker import EmbeddedBroker
 from gpcdc_toolkit.cluster import Cluster
 from gpcdc_toolkit.ingest import SparkServer
+from gpcdc_toolkit.replay._spill import _remove_if_abandoned
 from gpcdc_toolkit.sandbox import Sandbox, list_sandboxes
 
 # No per-example deadline: these tests run beside servers, Spark and other suites on a
@@ -49,6 +50,10 @@ def _stop_everything(work_dir: Path) -> None:
     # A Spark server of the work directory, or of one a test made inside it (the demo's).
     for directory in [work_dir, *(p for p in work_dir.iterdir() if p.is_dir())]:
         SparkServer(directory).down()
+    # Replayers the tests killed left their spill directories: none holds its lock now
+    # (a replayer of another run still running does, and keeps its directory).
+    for spill in Path(tempfile.gettempdir()).glob("gpcdc-spill+*"):
+        _remove_if_abandoned(spill)
 
 
 @pytest.fixture(scope="session")
