@@ -53,8 +53,8 @@ def finding(rule: str, severity: str | Column, evidence: Column, **columns: Colu
     out = []
     for name, kind in FINDING_COLUMNS:
         value = given.get(name)
-        # Written as SQL, a column a rule leaves null is one call to a local session's JVM
-        # rather than three (each function call there is three py4j round trips).
+        # A column the rule leaves null, as SQL: one function call rather than a literal, a
+        # cast and an alias, each of which is round trips to a local session's JVM.
         out.append(value.cast(kind).alias(name) if value is not None else F.expr(f"CAST(NULL AS {kind}) AS `{name}`"))
     return out
 
