@@ -1,6 +1,6 @@
 """The work directory's Spark Connect server on a real JVM: `gpcdc spark up|down|status`,
 the commands running their Spark work on it while it runs and on a session of their own
-otherwise, and nothing of it left running."""
+otherwise, sessions handed from one process to the next, and nothing of it left running."""
 
 import os
 import subprocess
@@ -185,5 +185,112 @@ def test_checkpoints_of_results_dropped_are_released_by_a_thread_of_their_own(ar
         done = subprocess.run([sys.executable, "-c", probe, str(work), str(archive)], capture_output=True, text=True,
                               timeout=300, stdin=subprocess.DEVNULL)
         assert done.returncode == 0 and done.stdout.strip() == "released 2", done.stderr[-2000:]
+    finally:
+        server.down()
+
+
+_TURN = """
+import json, os, signal, sys
+from pyspark.errors import PySparkException
+from pyspark.sql import SparkSession
+from pyspark.sql.connect.dataframe import DataFrame
+from pyspark.sql.connect.plan import CachedRemoteRelation
+from gpcdc_toolkit.config import load_config
+from gpcdc_toolkit.ingest.spark import spark_session
+
+work, how, before = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+spark = spark_session(load_config({"work_dir": work}, environ={}))
+seen = {"session": spark.session_id, "partitions": spark.conf.get("spark.sql.shuffle.partitions"),
+        "views": sorted(t.name for t in spark.catalog.listTables() if t.isTemporary)}
+
+def passed_on(batches):
+    yield from batches
+
+# What a holder leaves in its session: a checkpoint it still holds, a view, a setting;
+# and Python workers, which Spark starts for each session.
+held = spark.range(5).mapInArrow(passed_on, "id long").localCheckpoint()
+spark.range(2).createOrReplaceTempView("left_behind")
+spark.conf.set("spark.sql.shuffle.partitions", "7")
+if before:
+    kept = CachedRemoteRelation(before["checkpoint"], spark)  # the last holder's, if this is its session
+    try:
+        DataFrame(kept, spark).count()
+        seen["last_checkpoint"] = "kept"
+    except PySparkException:
+        seen["last_checkpoint"] = "released"
+    finally:
+        kept._relation_id = None
+    url = spark.client._builder.url
+    other = SparkSession.builder.remote(f"sc://{url.netloc}/;session_id={before['session']}").create()
+    try:
+        other.range(1).count()
+        seen["last_session"] = "open"
+    except PySparkException as e:
+        seen["last_session"] = "closed" if "SESSION_CLOSED" in str(e) else str(e)
+    other.release_session_on_close = False
+    other.stop()
+print(json.dumps({**seen, "checkpoint": held._plan._relation_id}), flush=True)
+if how == "killed":
+    os.kill(os.getpid(), signal.SIGKILL)
+if how == "holding":
+    sys.stdin.readline()
+spark.stop()
+"""
+
+
+def test_processes_in_turn_share_one_session_left_tidy_and_a_killed_ones_is_released(tmp_path):
+    import json
+
+    work = tmp_path / "work"
+    server = SparkServer(work)
+
+    def turn(how, before=None):
+        args = [sys.executable, "-c", _TURN, str(work), how, json.dumps(before or {})]
+        if how == "holding":
+            return subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        done = subprocess.run(args, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+        assert done.returncode == (-9 if how == "killed" else 0), done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    def worker_daemons():
+        """The server's daemons of Python workers (each forks the workers of its sessions)."""
+        daemons = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                state, parent = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+                command = (entry / "cmdline").read_bytes().split(b"\0")[-3:-1]
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if int(parent) == status.pid and state != "Z" and command == [b"pyspark.daemon", b"pyspark.worker"]:
+                daemons.append(int(entry.name))
+        return daemons
+
+    try:
+        server.up("local[1]")
+        status = server.status()
+        first = turn("tidy")
+        assert (first["partitions"], first["views"]) == ("4", [])
+        second = turn("tidy", first)
+        # The same session, as a new one is: the last holder's checkpoint, view and setting gone.
+        assert second["session"] == first["session"]
+        assert (second["partitions"], second["views"], second["last_checkpoint"]) == ("4", [], "released")
+        killed = turn("killed", second)
+        assert killed["session"] == first["session"]
+        # Left in use by a holder that was killed: released whole, and another session begun.
+        after_kill = turn("tidy", killed)
+        assert after_kill["session"] != killed["session"] and after_kill["last_session"] == "closed"
+        assert (after_kill["partitions"], after_kill["views"]) == ("4", [])
+        # Side by side, two processes hold two sessions.
+        holding = turn("holding")
+        held = json.loads(holding.stdout.readline())
+        beside = turn("tidy", after_kill)
+        holding.communicate("\n", timeout=300)
+        assert holding.returncode == 0
+        assert held["session"] != beside["session"] and after_kill["session"] in (held["session"], beside["session"])
+        # One daemon of Python workers per session the server has seen, not per process.
+        sessions = {first["session"], after_kill["session"], held["session"], beside["session"]}
+        assert len(sessions) == 3 and len(worker_daemons()) == 3, worker_daemons()
     finally:
         server.down()

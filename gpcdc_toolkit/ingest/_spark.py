@@ -21,8 +21,9 @@ from ..config import Config
 from ..connect import kafka_client_settings
 from ..errors import ConfigError
 from ..protocol import Topics
-from ._release import release_outside_the_collector
-from ._server import SparkServer, SparkServerError
+from ._release import release_checkpoints, release_outside_the_collector
+from ._server import SparkServer, SparkServerError, SparkServerStatus
+from ._sessions import take_slot
 from ._settings import SESSION_SETTINGS
 from ._spark_kafka import connector_jars, kafka_options, parse_kafka_frame
 from ._spark_source import NAME, GpcdcDataSource, plan_start, plan_window
@@ -44,9 +45,9 @@ def spark_session(config: Config, app_name: str = "gpcdc", *, kafka_connector: b
     from pyspark import SparkContext
 
     server = SparkServer(config.work_dir)
-    url = None if SparkContext._active_spark_context is not None else server.url
-    if url is not None:
-        return _remote(url, app_name)
+    status = None if SparkContext._active_spark_context is not None else server.status()
+    if status is not None and status.answers and status.url is not None:
+        return _remote(server, status, app_name)
     if os.environ.get("SPARK_CONNECT_MODE_ENABLED") and not os.environ.get("SPARK_REMOTE"):
         raise SparkServerError(f"this process connected to the Spark server of {config.work_dir}, which no longer "
                                "answers, and PySpark allows it no local session now",
@@ -85,14 +86,64 @@ def command_session(config: Config, name: str) -> Iterator[Any]:
         spark.stop()
 
 
-def _remote(url: str, app_name: str) -> Any:
+def _remote(server: SparkServer, status: SparkServerStatus, app_name: str) -> Any:
+    """A session of the server no other process uses now, reused from an earlier process
+    when one gave it back (``_sessions``); stopping it gives it back, tidied."""
     from pyspark.sql import SparkSession
 
     release_outside_the_collector()
-    # A session of its own (not one this process holds already): stopping it leaves others be.
-    spark = SparkSession.builder.remote(url).appName(app_name).create()
-    register(spark)
+    lease = take_slot(server.path / "sessions", f"{status.pid}:{status.url}")
+    try:
+        if lease.stale_session_id is not None:
+            _release_session(f"{status.url}/;session_id={lease.stale_session_id}")
+        spark: Any = SparkSession.builder.remote(f"{status.url}/;session_id={lease.session_id}").appName(app_name).create()
+        spark.release_session_on_close = False  # kept on the server for the slot's next holder
+        register(spark)
+    except BaseException:
+        lease.give_back(tidy=False)
+        raise
+    stop = spark.stop
+
+    def give_back_then_stop() -> None:
+        tidy = False
+        try:
+            tidy = not lease.given_back and _tidy(spark)
+        finally:
+            lease.give_back(tidy)
+            stop()
+
+    spark.stop = give_back_then_stop  # the library's stop, which would release the session: the slot's instead
     return spark
+
+
+def _tidy(spark: Any) -> bool:
+    """Leave the session as a new one is: whether that worked."""
+    try:
+        if not release_checkpoints(spark, timeout=60.0):
+            return False
+        for query in spark.streams.active:
+            query.stop()
+        spark.catalog.clearCache()
+        for view in spark.catalog.listTables():
+            if view.isTemporary:
+                spark.catalog.dropTempView(view.name)
+        spark.sql("RESET")  # each setting back to the server's
+        return True
+    except Exception:  # noqa: BLE001 (a session that could not be tidied is released by the slot's next holder)
+        return False
+
+
+def _release_session(url: str) -> None:
+    """Release a session an earlier process left in use, with what it held."""
+    from pyspark.sql import SparkSession
+
+    stale: Any = SparkSession.builder.remote(url).create()
+    try:
+        stale.client.release_session()
+    except Exception:  # noqa: BLE001 (gone already: the server's idle timeout released it)
+        pass
+    stale.release_session_on_close = False  # released above, or gone: no second attempt, no warning
+    stale.stop()  # so that it is not the process's active or default session
 
 
 def _session(config: Config, app_name: str, kafka_connector: bool) -> Any:
