@@ -8,10 +8,11 @@ session. Two ways, alternately, ``--runs`` processes each, on one server (``loca
 * new (the baseline): a session of its own each time, as PySpark makes it
   (``SparkSession.builder.remote(url).create()``), stopped after.
 
-Printed: each way's median seconds from the session's start to the job's end (the
-interpreter's start and imports left out), the ratio handed-on ÷ new, and the Python
-processes each way left on the server (its daemons and their workers), with their
-proportional set size, counted after the runs of that way.
+Printed: each way's median seconds from the session's start to its stop (the
+interpreter's start and imports left out; a session handed on is tidied at its stop),
+the ratio handed-on ÷ new, and the Python processes each way left on the server (its
+daemons and their workers), with their proportional set size, counted after the runs of
+that way.
 
     .venv/bin/python bench/bench_server_sessions.py [--runs 5]
 """
@@ -43,8 +44,8 @@ def passed_on(batches):
     yield from batches
 
 rows = spark.range(100_000).mapInArrow(passed_on, "id long").count()
-seconds = time.perf_counter() - start
 spark.stop()
+seconds = time.perf_counter() - start
 print(json.dumps({"seconds": seconds, "rows": rows}))
 """
 

@@ -200,6 +200,7 @@ from gpcdc_toolkit.ingest.spark import spark_session
 
 work, how, before = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 spark = spark_session(load_config({"work_dir": work}, environ={}))
+server = spark.client._builder.url.netloc
 seen = {"session": spark.session_id, "partitions": spark.conf.get("spark.sql.shuffle.partitions"),
         "views": sorted(t.name for t in spark.catalog.listTables() if t.isTemporary)}
 
@@ -220,8 +221,7 @@ if before:
         seen["last_checkpoint"] = "released"
     finally:
         kept._relation_id = None
-    url = spark.client._builder.url
-    other = SparkSession.builder.remote(f"sc://{url.netloc}/;session_id={before['session']}").create()
+    other = SparkSession.builder.remote(f"sc://{server}/;session_id={before['session']}").create()
     try:
         other.range(1).count()
         seen["last_session"] = "open"
@@ -235,10 +235,12 @@ if how == "killed":
 if how == "holding":
     sys.stdin.readline()
 spark.stop()
+if how == "expired":  # after, as the server's idle timeout closes a session no one uses
+    SparkSession.builder.remote(f"sc://{server}/;session_id={seen['session']}").create().stop()
 """
 
 
-def test_processes_in_turn_share_one_session_left_tidy_and_a_killed_ones_is_released(tmp_path):
+def test_processes_in_turn_share_one_session_left_tidy_and_one_killed_or_closed_is_replaced(tmp_path):
     import json
 
     work = tmp_path / "work"
@@ -282,15 +284,22 @@ def test_processes_in_turn_share_one_session_left_tidy_and_a_killed_ones_is_rele
         after_kill = turn("tidy", killed)
         assert after_kill["session"] != killed["session"] and after_kill["last_session"] == "closed"
         assert (after_kill["partitions"], after_kill["views"]) == ("4", [])
+        # Given back, then closed by the server: the next holder begins another.
+        expired = turn("expired", after_kill)
+        assert expired["session"] == after_kill["session"]
+        after_expiry = turn("tidy", expired)
+        assert after_expiry["session"] != expired["session"] and after_expiry["last_session"] == "closed"
         # Side by side, two processes hold two sessions.
         holding = turn("holding")
         held = json.loads(holding.stdout.readline())
-        beside = turn("tidy", after_kill)
+        beside = turn("tidy", after_expiry)
         holding.communicate("\n", timeout=300)
         assert holding.returncode == 0
-        assert held["session"] != beside["session"] and after_kill["session"] in (held["session"], beside["session"])
+        assert held["session"] != beside["session"]
+        assert after_expiry["session"] in (held["session"], beside["session"])
         # One daemon of Python workers per session the server has seen, not per process.
-        sessions = {first["session"], after_kill["session"], held["session"], beside["session"]}
-        assert len(sessions) == 3 and len(worker_daemons()) == 3, worker_daemons()
+        sessions = {first["session"], after_kill["session"], after_expiry["session"], held["session"],
+                    beside["session"]}
+        assert len(sessions) == 4 and len(worker_daemons()) == 4, worker_daemons()
     finally:
         server.down()

@@ -23,27 +23,41 @@ class Slots(RuleBasedStateMachine):
         super().__init__()
         self.root = Path(tempfile.mkdtemp())
         self.directory = self.root / "sessions"
-        # per slot index: (server, session, in use) as the model expects the file to say
+        # per slot index: (server, session, in use) as the model expects the file to say;
+        # a slot with no file is absent
         self.model: dict[int, tuple[str, str, bool]] = {}
+        self.slots = 0  # slots ever taken: their lock files stay
         self.held: dict[int, object] = {}
 
     @rule(target=leases, server=st.sampled_from(["1:sc://127.0.0.1:1", "2:sc://127.0.0.1:1", "1:sc://127.0.0.1:2"]))
     def take(self, server):
         index = next(i for i in range(len(self.held) + 1) if i not in self.held)
+        left_in_use = {i: session for i, (sv, session, in_use) in self.model.items()
+                       if i not in self.held and sv == server and in_use}
         before = self.model.get(index)
         lease = take_slot(self.directory, server)
         assert lease.state_file.name == f"{index}.json"  # the first slot no one holds
-        if before is None or before[0] != server:
-            assert lease.stale_session_id is None
-            assert before is None or lease.session_id != before[1]
-        elif before[2]:  # left in use by a holder that did not give it back
-            assert lease.stale_session_id == before[1] and lease.session_id != before[1]
+        # Every free slot's session left in use is to be released, and only those.
+        assert sorted(lease.stale_session_ids) == sorted(left_in_use.values())
+        if before is not None and before[0] == server and not before[2]:
+            assert lease.session_id == before[1]  # given back tidy: reused
         else:
-            assert (lease.session_id, lease.stale_session_id) == (before[1], None)
-        assert lease.session_id not in {s for i, (_sv, s, _u) in self.model.items() if i != index}
+            assert lease.session_id not in {session for _sv, session, _u in self.model.values()}
+        for i in left_in_use:
+            del self.model[i]
         self.model[index] = (server, lease.session_id, True)
         self.held[index] = lease
+        self.slots = max(self.slots, index + 1)
         return lease
+
+    @rule(lease=leases)
+    def start_anew(self, lease):
+        if not lease.given_back:
+            index = int(lease.state_file.stem)
+            server, session, _in_use = self.model[index]
+            lease.start_anew()
+            assert lease.session_id != session
+            self.model[index] = (server, lease.session_id, True)
 
     @rule(lease=consumes(leases), tidy=st.booleans(), twice=st.booleans())
     def give_back(self, lease, tidy, twice):
@@ -55,17 +69,19 @@ class Slots(RuleBasedStateMachine):
         self.model[index] = (server, session, not tidy)
         del self.held[index]
 
-    @rule(index=st.integers(0, 3))
-    def damage(self, index):
-        """A slot's file half-written or emptied: its next holder starts a new session."""
+    @rule(index=st.integers(0, 3), text=st.sampled_from(['{"server": ', '[]', '{"server": "1:sc://127.0.0.1:1", '
+                                                         '"session": "not a uuid", "in_use": true}']))
+    def damage(self, index, text):
+        """A slot's file half-written, or not the toolkit's: its next holder starts a new session."""
         if index in self.model and index not in self.held:
-            (self.directory / f"{index}.json").write_text("{\"server\": ")
-            self.model[index] = ("", "", False)
+            (self.directory / f"{index}.json").write_text(text)
+            del self.model[index]
 
     @invariant()
     def files_say_what_the_model_says(self):
-        for index, (server, session, in_use) in self.model.items():
-            if server:
+        for index in range(self.slots):
+            if index in self.model:
+                server, session, in_use = self.model[index]
                 assert json.loads((self.directory / f"{index}.json").read_text()) == {
                     "server": server, "session": session, "in_use": in_use}
 

@@ -115,6 +115,11 @@ class SparkServer:
             "spark.connect.grpc.binding.address": "127.0.0.1",
             "spark.connect.grpc.binding.port": str(port),
             **SESSION_SETTINGS,
+            # Sessions pass from process to process (``_sessions``), and those a process left
+            # in use are released by the next. Spark keeps a closed session's Python worker
+            # daemons: with its default of an hour, a pipeline audited less often would leave
+            # one more set on the server at each audit.
+            "spark.connect.session.manager.defaultSessionTimeout": "24h",
             "spark.gpcdc.server": str(self.path),  # so that its command line names this work directory
         }
         command = [str(submit), "--master", master, "--class", MAIN, "--name", "gpcdc-spark-server",

@@ -7,73 +7,130 @@ slow machine, most of a small read) and left three more daemons on the server ea
 (37 processes and 1.4 GB after twelve commands). So the toolkit's processes take their
 sessions from slots kept beside the server: a slot is one session, held by one process
 at a time (an ``flock``, which the kernel drops however the process ends), and a process
-gives it back tidied when it stops its session: its checkpoints released, its cached
-tables, temporary views, streaming queries and settings gone. A slot whose last holder
-ended without giving it back stays marked in use: the next process to take it releases
-that session whole (and with it whatever it held) and starts a new one.
+gives it back tidied when it stops its session: its checkpoints released, its temporary
+views, streaming queries, settings and current database gone. A slot whose last holder
+ended without giving it back stays marked in use: the next process to take a slot
+releases every such session whole (and with it whatever it held), and the slot's next
+holder starts a new one.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import threading
 import uuid
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .._runtime import read_json, write_json
 
+_held: weakref.WeakSet[Lease] = weakref.WeakSet()
 
-@dataclass
+
+@dataclass(eq=False)
 class Lease:
-    """A slot held by this process: the session it stands for, and what to release first."""
+    """A slot held by this process: the session it stands for, and the sessions that
+    holders which ended left in use, to release."""
 
     state_file: Path
     lock_fd: int
+    server: str
     session_id: str
-    stale_session_id: str | None  # left in use by a holder that did not give it back: release it
+    stale_session_ids: list[str]
     given_back: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def start_anew(self) -> None:
+        """The slot's session is gone from the server (its idle timeout closed it): a new one."""
+        self.session_id = str(uuid.uuid4())
+        self._write(in_use=True)
 
     def give_back(self, tidy: bool) -> None:
         """Free the slot (once): for the next holder to reuse the session when ``tidy``,
         else to release it and start another."""
-        if self.given_back:
-            return
-        self.given_back = True
-        try:
-            if tidy:
-                write_json(self.state_file, {**read_json(self.state_file), "in_use": False})
-        finally:
-            os.close(self.lock_fd)
+        with self._lock:
+            if self.given_back:
+                return
+            self.given_back = True
+            try:
+                if tidy:
+                    self._write(in_use=False)
+            finally:
+                os.close(self.lock_fd)
+
+    def _write(self, in_use: bool) -> None:
+        write_json(self.state_file, {"server": self.server, "session": self.session_id, "in_use": in_use})
+
+
+def _forget_in_child() -> None:
+    # A forked child shares the parent's locks: it lets go of its copies (an flock belongs
+    # to the open file, so the parent keeps its slot) and gives nothing back.
+    for lease in list(_held):
+        if not lease.given_back:
+            lease.given_back = True
+            os.close(lease.lock_fd)
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def take_slot(directory: Path, server: str) -> Lease:
     """The first slot in ``directory`` no process holds, for a session of ``server`` (an
-    identity of the server's run: a session of an earlier run is gone with it)."""
+    identity of the server's run: a session of an earlier run is gone with it), with the
+    sessions every free slot was left holding in use."""
     directory.mkdir(parents=True, exist_ok=True)
+    lease: Lease | None = None
+    stale: list[str] = []
     index = 0
-    while True:
-        fd = os.open(directory / f"{index}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            index += 1
-            continue
-        try:
-            return _lease(directory / f"{index}.json", fd, server)
-        except BaseException:
-            os.close(fd)
-            raise
+    while lease is None or (directory / f"{index}.lock").exists():
+        fd = _locked(directory / f"{index}.lock")
+        if fd is not None:
+            try:
+                state_file = directory / f"{index}.json"
+                session, in_use = _state(state_file, server)
+                if session is not None and in_use:
+                    stale.append(session)
+                if lease is None:
+                    lease = Lease(state_file, fd, server, session if session and not in_use else str(uuid.uuid4()),
+                                  stale)
+                    lease._write(in_use=True)
+                elif session is not None and in_use:
+                    state_file.unlink()  # its session is released by this process: the slot's next holder begins anew
+            except BaseException:
+                os.close(fd)
+                raise
+            if lease.lock_fd != fd:
+                os.close(fd)
+        index += 1
+    _held.add(lease)
+    return lease
 
 
-def _lease(state_file: Path, fd: int, server: str) -> Lease:
+def _locked(path: Path) -> int | None:
+    """A descriptor of ``path`` holding its lock, or None when another process holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        state = read_json(state_file)
-    except (OSError, ValueError):
-        state = {}
-    ours = state.get("server") == server and isinstance(state.get("session"), str)
-    stale = state["session"] if ours and state.get("in_use", True) else None
-    session = state["session"] if ours and stale is None else str(uuid.uuid4())
-    write_json(state_file, {"server": server, "session": session, "in_use": True})
-    return Lease(state_file, fd, session, stale)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _state(state_file: Path, server: str) -> tuple[str | None, bool]:
+    """The slot's session of ``server`` and whether it was left in use; (None, False)
+    when it has none (a new slot, another server's, or a file that cannot be read)."""
+    try:
+        state: dict[str, Any] = read_json(state_file)
+        session = str(uuid.UUID(state["session"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None, False
+    if state.get("server") != server:
+        return None, False
+    return session, state.get("in_use") is not False

@@ -38,8 +38,9 @@ def spark_session(config: Config, app_name: str = "gpcdc", *, kafka_connector: b
     Maven Central the first time). With ``jvm_log``, the JVM writes its own output there
     instead of this process's stderr (for commands whose terminal shows their lines alone).
 
-    While the work directory's Spark Connect server runs (``gpcdc spark up``), a new
-    session of it instead: no JVM to start, and the connector is on its classpath. A
+    While the work directory's Spark Connect server runs (``gpcdc spark up``), a session
+    of it instead (one no other process uses now, ``app_name`` aside): no JVM to start,
+    and the connector is on its classpath. A
     process holds one kind or the other (PySpark's rule): one that runs a local session
     keeps it, and one that connected before is refused a local one."""
     from pyspark import SparkContext
@@ -47,7 +48,7 @@ def spark_session(config: Config, app_name: str = "gpcdc", *, kafka_connector: b
     server = SparkServer(config.work_dir)
     status = None if SparkContext._active_spark_context is not None else server.status()
     if status is not None and status.answers and status.url is not None:
-        return _remote(server, status, app_name)
+        return _remote(server, status)
     if os.environ.get("SPARK_CONNECT_MODE_ENABLED") and not os.environ.get("SPARK_REMOTE"):
         raise SparkServerError(f"this process connected to the Spark server of {config.work_dir}, which no longer "
                                "answers, and PySpark allows it no local session now",
@@ -86,19 +87,20 @@ def command_session(config: Config, name: str) -> Iterator[Any]:
         spark.stop()
 
 
-def _remote(server: SparkServer, status: SparkServerStatus, app_name: str) -> Any:
+def _remote(server: SparkServer, status: SparkServerStatus) -> Any:
     """A session of the server no other process uses now, reused from an earlier process
     when one gave it back (``_sessions``); stopping it gives it back, tidied."""
-    from pyspark.sql import SparkSession
-
     release_outside_the_collector()
     lease = take_slot(server.path / "sessions", f"{status.pid}:{status.url}")
     try:
-        if lease.stale_session_id is not None:
-            _release_session(f"{status.url}/;session_id={lease.stale_session_id}")
-        spark: Any = SparkSession.builder.remote(f"{status.url}/;session_id={lease.session_id}").appName(app_name).create()
-        spark.release_session_on_close = False  # kept on the server for the slot's next holder
-        register(spark)
+        for stale in lease.stale_session_ids:
+            _release_session(f"{status.url}/;session_id={stale}")
+        spark = _connect(f"{status.url}/;session_id={lease.session_id}")
+        if spark is None:  # the server closed the slot's session, idle too long
+            lease.start_anew()
+            spark = _connect(f"{status.url}/;session_id={lease.session_id}")
+            assert spark is not None  # a session the server never had cannot be closed
+        where = (spark.catalog.currentCatalog(), spark.catalog.currentDatabase())
     except BaseException:
         lease.give_back(tidy=False)
         raise
@@ -107,29 +109,56 @@ def _remote(server: SparkServer, status: SparkServerStatus, app_name: str) -> An
     def give_back_then_stop() -> None:
         tidy = False
         try:
-            tidy = not lease.given_back and _tidy(spark)
+            tidy = not lease.given_back and _tidy(spark, where)
         finally:
-            lease.give_back(tidy)
-            stop()
+            try:
+                lease.give_back(tidy)
+            finally:
+                stop()
 
     spark.stop = give_back_then_stop  # the library's stop, which would release the session: the slot's instead
     return spark
 
 
-def _tidy(spark: Any) -> bool:
-    """Leave the session as a new one is: whether that worked."""
+_SESSION_CLOSED = "INVALID_HANDLE.SESSION_CLOSED"
+
+
+def _connect(url: str) -> Any:
+    """A session at ``url`` (which names its id), with the gpcdc source registered; None
+    when the server closed that session. (A session handed from process to process has
+    no application name of its own: the server has no UI to show one.)"""
+    from pyspark.errors import PySparkException
+    from pyspark.sql import SparkSession
+
+    spark: Any = SparkSession.builder.remote(url).create()  # no options given: no request yet
+    spark.release_session_on_close = False  # kept on the server for the slot's next holder
     try:
+        register(spark)  # the first request: where a closed session is refused
+    except BaseException as e:
+        spark.stop()  # not left as the process's active session
+        if isinstance(e, PySparkException) and e.getCondition() == _SESSION_CLOSED:
+            return None
+        raise
+    return spark
+
+
+def _tidy(spark: Any, where: tuple[str, str]) -> bool:
+    """Leave the session as a new one is: whether that worked. (Its temporary functions
+    and session variables stay: the toolkit makes none.)"""
+    try:
+        spark.interruptAll()
         if not release_checkpoints(spark, timeout=60.0):
             return False
         for query in spark.streams.active:
             query.stop()
-        spark.catalog.clearCache()
         for view in spark.catalog.listTables():
             if view.isTemporary:
                 spark.catalog.dropTempView(view.name)
         spark.sql("RESET")  # each setting back to the server's
+        spark.catalog.setCurrentCatalog(where[0])
+        spark.catalog.setCurrentDatabase(where[1])
         return True
-    except Exception:  # noqa: BLE001 (a session that could not be tidied is released by the slot's next holder)
+    except Exception:  # noqa: BLE001 (a session that could not be tidied is released by a later process)
         return False
 
 
@@ -137,10 +166,13 @@ def _release_session(url: str) -> None:
     """Release a session an earlier process left in use, with what it held."""
     from pyspark.sql import SparkSession
 
-    stale: Any = SparkSession.builder.remote(url).create()
     try:
-        stale.client.release_session()
-    except Exception:  # noqa: BLE001 (gone already: the server's idle timeout released it)
+        stale: Any = SparkSession.builder.remote(url).create()
+    except Exception:  # noqa: BLE001 (a URL the server refuses names no session to release)
+        return
+    try:
+        stale.client.release_session()  # of a session closed already or never made: nothing
+    except Exception:  # noqa: BLE001 (the server gone: so is the session)
         pass
     stale.release_session_on_close = False  # released above, or gone: no second attempt, no warning
     stale.stop()  # so that it is not the process's active or default session
