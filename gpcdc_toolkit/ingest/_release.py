@@ -24,20 +24,19 @@ log = logging.getLogger(__name__)
 _queued: queue.SimpleQueue[tuple[Callable[[Any], None], Any] | threading.Event] = queue.SimpleQueue()  # put: finalizer-safe
 _installed = threading.Lock()
 _installed_in: int | None = None  # the process whose thread sends (a forked child starts its own)
-_library_release: Callable[[Any], None] | None = None
 
 
 def release_outside_the_collector() -> None:
     """Queue the server-cached relations' releases for a thread of their own (once per
     process)."""
-    global _installed_in, _library_release
+    global _installed_in
     from pyspark.sql.connect.plan import CachedRemoteRelation
 
     with _installed:
         if _installed_in == os.getpid():
             return
         if _installed_in is None:
-            release = _library_release = CachedRemoteRelation.__del__
+            release = CachedRemoteRelation.__del__
 
             def queue_release(relation: Any) -> None:
                 if getattr(relation, "_relation_id", None) is not None:
@@ -72,18 +71,19 @@ def releases_sent(timeout: float) -> bool:
 
 def release_checkpoints(session: Any, timeout: float) -> bool:
     """Release every DataFrame ``session`` checkpointed on the server, those this process
-    still holds too (they are of no use once their session stops); whether all were."""
+    still holds too (they are of no use once their session stops); whether the queued
+    releases were sent in time. A held one whose release fails raises."""
     import gc
 
-    from pyspark.sql.connect.plan import CachedRemoteRelation
+    from pyspark.sql.connect.plan import CachedRemoteRelation, RemoveRemoteCachedRelation
 
     gc.collect()  # the dropped ones: queued by their finalizers
     if not releases_sent(timeout):
         return False
     held: list[Any] = [o for o in gc.get_objects() if isinstance(o, CachedRemoteRelation)
-            and o._spark_session is session and getattr(o, "_relation_id", None) is not None]
+                       and o._spark_session is session and getattr(o, "_relation_id", None) is not None]
     for relation in held:
-        assert _library_release is not None  # installed by the session's start
-        _library_release(relation)
+        # Not the library's finalizer, which logs a failure and goes on: this one must be known.
+        session.client.execute_command(RemoveRemoteCachedRelation(relation).command(session.client))
         relation._relation_id = None
     return True

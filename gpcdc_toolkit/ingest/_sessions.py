@@ -20,26 +20,24 @@ import fcntl
 import os
 import threading
 import uuid
-import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .._runtime import read_json, write_json
 
-_held: weakref.WeakSet[Lease] = weakref.WeakSet()
+_held: set[Lease] = set()  # the slots this process holds, for a forked child to let go of
 
 
 @dataclass(eq=False)
 class Lease:
-    """A slot held by this process: the session it stands for, and the sessions that
-    holders which ended left in use, to release."""
+    """A slot held by this process, and the session it stands for."""
 
     state_file: Path
     lock_fd: int
     server: str
     session_id: str
-    stale_session_ids: list[str]
     given_back: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -55,6 +53,7 @@ class Lease:
             if self.given_back:
                 return
             self.given_back = True
+            _held.discard(self)
             try:
                 if tidy:
                     self._write(in_use=False)
@@ -69,44 +68,59 @@ def _forget_in_child() -> None:
     # A forked child shares the parent's locks: it lets go of its copies (an flock belongs
     # to the open file, so the parent keeps its slot) and gives nothing back.
     for lease in list(_held):
-        if not lease.given_back:
-            lease.given_back = True
-            os.close(lease.lock_fd)
+        lease._lock = threading.Lock()  # a fork amid a give-back copies it held
+        lease.given_back = True
+        os.close(lease.lock_fd)
+    _held.clear()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
-def take_slot(directory: Path, server: str) -> Lease:
+def take_slot(directory: Path, server: str, release: Callable[[str], None]) -> Lease:
     """The first slot in ``directory`` no process holds, for a session of ``server`` (an
-    identity of the server's run: a session of an earlier run is gone with it), with the
-    sessions every free slot was left holding in use."""
+    identity of the server's run: a session of an earlier run is gone with it). First,
+    every session a free slot was left holding in use (its holder ended without giving it
+    back) is passed to ``release``; its slot forgets it only once that returns."""
     directory.mkdir(parents=True, exist_ok=True)
-    lease: Lease | None = None
-    stale: list[str] = []
-    index = 0
-    while lease is None or (directory / f"{index}.lock").exists():
-        fd = _locked(directory / f"{index}.lock")
-        if fd is not None:
-            try:
-                state_file = directory / f"{index}.json"
-                session, in_use = _state(state_file, server)
-                if session is not None and in_use:
-                    stale.append(session)
-                if lease is None:
-                    lease = Lease(state_file, fd, server, session if session and not in_use else str(uuid.uuid4()),
-                                  stale)
-                    lease._write(in_use=True)
-                elif session is not None and in_use:
-                    state_file.unlink()  # its session is released by this process: the slot's next holder begins anew
-            except BaseException:
-                os.close(fd)
-                raise
-            if lease.lock_fd != fd:
-                os.close(fd)
-        index += 1
+    with (directory / "take.lock").open("w") as taking:
+        # Takers take turns, so that one looking over the free slots never makes another
+        # find them held and begin a session in a new slot.
+        fcntl.flock(taking, fcntl.LOCK_EX)
+        lease: Lease | None = None
+        try:
+            index = 0
+            while lease is None or (directory / f"{index}.lock").exists():
+                fd = _locked(directory / f"{index}.lock")
+                if fd is not None:
+                    try:
+                        lease = _visit(directory / f"{index}.json", fd, server, release, lease)
+                    finally:
+                        if lease is None or lease.lock_fd != fd:
+                            os.close(fd)
+                index += 1
+        except BaseException:
+            if lease is not None:
+                lease.give_back(tidy=False)
+            raise
     _held.add(lease)
     return lease
+
+
+def _visit(state_file: Path, fd: int, server: str, release: Callable[[str], None], lease: Lease | None) -> Lease | None:
+    """A free slot, its lock held: the lease when none is taken yet; its session released
+    if it was left in use."""
+    session, in_use = _state(state_file, server)
+    if session is not None and in_use:
+        release(session)
+        session = None
+        if lease is not None:
+            state_file.unlink()  # released: the slot's next holder begins anew
+    if lease is not None:
+        return lease
+    taken = Lease(state_file, fd, server, session or str(uuid.uuid4()))
+    taken._write(in_use=True)
+    return taken
 
 
 def _locked(path: Path) -> int | None:

@@ -9,6 +9,7 @@ same code. Both give the same DataFrame.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from ._spark_kafka import connector_jars, kafka_options, parse_kafka_frame
 from ._spark_source import NAME, GpcdcDataSource, plan_start, plan_window
 
 SOURCES = (NAME, "kafka")
+log = logging.getLogger(__name__)
 
 
 def spark_session(config: Config, app_name: str = "gpcdc", *, kafka_connector: bool = True,
@@ -91,10 +93,9 @@ def _remote(server: SparkServer, status: SparkServerStatus) -> Any:
     """A session of the server no other process uses now, reused from an earlier process
     when one gave it back (``_sessions``); stopping it gives it back, tidied."""
     release_outside_the_collector()
-    lease = take_slot(server.path / "sessions", f"{status.pid}:{status.url}")
+    lease = take_slot(server.path / "sessions", f"{status.pid}:{status.url}",
+                      release=lambda stale: _release_session(f"{status.url}/;session_id={stale}"))
     try:
-        for stale in lease.stale_session_ids:
-            _release_session(f"{status.url}/;session_id={stale}")
         spark = _connect(f"{status.url}/;session_id={lease.session_id}")
         if spark is None:  # the server closed the slot's session, idle too long
             lease.start_anew()
@@ -113,6 +114,8 @@ def _remote(server: SparkServer, status: SparkServerStatus) -> Any:
         finally:
             try:
                 lease.give_back(tidy)
+            except OSError as e:  # the slot stays marked in use: a later process releases the session
+                log.warning("giving back the Spark server's session slot failed: %s", e)
             finally:
                 stop()
 
@@ -146,9 +149,9 @@ def _tidy(spark: Any, where: tuple[str, str]) -> bool:
     """Leave the session as a new one is: whether that worked. (Its temporary functions
     and session variables stay: the toolkit makes none.)"""
     try:
-        spark.interruptAll()
-        if not release_checkpoints(spark, timeout=60.0):
+        if not release_checkpoints(spark, timeout=60.0):  # before any interruption: a release may be under way
             return False
+        spark.interruptAll()
         for query in spark.streams.active:
             query.stop()
         for view in spark.catalog.listTables():
@@ -163,19 +166,16 @@ def _tidy(spark: Any, where: tuple[str, str]) -> bool:
 
 
 def _release_session(url: str) -> None:
-    """Release a session an earlier process left in use, with what it held."""
+    """Release a session an earlier process left in use, with what it held (of a session
+    closed already, or never made, nothing)."""
     from pyspark.sql import SparkSession
 
+    stale: Any = SparkSession.builder.remote(url).create()
+    stale.release_session_on_close = False  # released here, or the error raised: no warning
     try:
-        stale: Any = SparkSession.builder.remote(url).create()
-    except Exception:  # noqa: BLE001 (a URL the server refuses names no session to release)
-        return
-    try:
-        stale.client.release_session()  # of a session closed already or never made: nothing
-    except Exception:  # noqa: BLE001 (the server gone: so is the session)
-        pass
-    stale.release_session_on_close = False  # released above, or gone: no second attempt, no warning
-    stale.stop()  # so that it is not the process's active or default session
+        stale.client.release_session()
+    finally:
+        stale.stop()  # so that it is not the process's active or default session
 
 
 def _session(config: Config, app_name: str, kafka_connector: bool) -> Any:
