@@ -42,9 +42,9 @@ def spark_session(config: Config, app_name: str = "gpcdc", *, kafka_connector: b
 
     While the work directory's Spark Connect server runs (``gpcdc spark up``), a session
     of it instead (one no other process uses now, ``app_name`` aside): no JVM to start,
-    and the connector is on its classpath. A
-    process holds one kind or the other (PySpark's rule): one that runs a local session
-    keeps it, and one that connected before is refused a local one."""
+    and the connector is on its classpath. A process holds one kind or the other
+    (PySpark's rule): one that runs a local session keeps it, and one that connected
+    before is refused a local one."""
     from pyspark import SparkContext
 
     server = SparkServer(config.work_dir)
