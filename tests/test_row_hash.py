@@ -14,6 +14,7 @@ from psycopg import sql
 
 from gpcdc_toolkit.cluster import Session, segment_for
 from gpcdc_toolkit.sandbox import Sandbox
+from gpcdc_toolkit.sandbox._functions import ROW_HASH_SYMBOL
 from gpcdc_toolkit.validate._checksum import ROW_HASHES, ValidationError, compare_checksums
 from gpcdc_toolkit.validate._snapshots import SESSION
 
@@ -233,7 +234,29 @@ def test_the_fastest_hash_both_sides_compute_is_used_and_another_is_refused_in_o
     finally:
         with target.connect_node(node) as conn:
             conn.execute(sql.SQL('CREATE FUNCTION gp_dist.row_hash(VARIADIC "any") RETURNS bigint AS {}, '
-                                 "'gpcdc_row_hash' LANGUAGE C IMMUTABLE PARALLEL SAFE").format(sql.Literal(library)))
+                                 "{} LANGUAGE C IMMUTABLE PARALLEL SAFE").format(sql.Literal(library),
+                                                                                  sql.Literal(ROW_HASH_SYMBOL)))
+
+
+def test_the_rounds_that_name_the_hash_once_let_each_parallel_worker_add_its_share(wide):
+    """The first round (with the placement test) and level 1 in one pass are planned as
+    partial aggregates on each segment: kept whole as a subquery, their rows would all be
+    added by one process while the segment's workers only read them."""
+    from gpcdc_toolkit.validate._checksum import _digests, _row_hash
+    from gpcdc_toolkit.validate._snapshots import Snapshots
+
+    _source, target, *_ = wide
+    info = target.table(WIDE)
+    tests = {node.content: target.misplaced_test(node, info) for node in target.segments}
+    assert all(test is not None for test in tests.values())
+    with Snapshots(target) as side:
+        for level, one_pass, misplaced in ((0, False, tests), (1, True, None)):
+            for conn, query in _digests(side, info, _row_hash(info, "stored"), level, (), misplaced, one_pass=one_pass):
+                for setting in ("parallel_setup_cost = 0", "parallel_tuple_cost = 0",
+                                "min_parallel_table_scan_size = 0", "max_parallel_workers_per_gather = 2"):
+                    conn.execute(f"SET LOCAL {setting}")
+                plan = "\n".join(r[0] for r in conn.execute(sql.SQL("EXPLAIN (COSTS OFF) {}").format(query)))
+                assert "Partial Aggregate" in plan and "Parallel Seq Scan" in plan, (level, plan)
 
 
 def _chunk_digests_in_python(hashes):

@@ -21,6 +21,9 @@ from psycopg import sql
 
 from ..errors import SandboxError
 
+# The row hash's C symbol names its form (gp_dist.c): validation asks a server for the
+# sandbox's row hash only when its library computes this form.
+ROW_HASH_SYMBOL = "gpcdc_row_hash_2"
 _NEEDS = "install a C compiler and PostgreSQL 15's server headers (Debian: gcc postgresql-server-dev-15; `./dev setup` does)"
 
 
@@ -88,8 +91,8 @@ def install_functions(dsn: str, library: Path) -> None:
                      .format(sql.Literal(str(library))))
         # Not strict: a NULL column is part of the row.
         conn.execute(sql.SQL('CREATE FUNCTION gp_dist.row_hash(VARIADIC "any") RETURNS bigint '
-                             "AS {}, 'gpcdc_row_hash' LANGUAGE C IMMUTABLE PARALLEL SAFE")
-                     .format(sql.Literal(str(library))))
+                             "AS {}, {} LANGUAGE C IMMUTABLE PARALLEL SAFE")
+                     .format(sql.Literal(str(library)), sql.Literal(ROW_HASH_SYMBOL)))
         functions = {"add": "(internal, bigint) RETURNS internal", "combine": "(internal, internal) RETURNS internal",
                      "serialize": "(internal) RETURNS bytea STRICT", "deserialize": "(bytea, internal) RETURNS internal "
                      "STRICT", "final": "(internal) RETURNS bytea"}

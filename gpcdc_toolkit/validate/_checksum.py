@@ -30,6 +30,7 @@ from psycopg import sql
 from ..cluster import COORDINATOR, Cluster, Node, TableRef
 from ..cluster._cluster import Table
 from ..errors import GpcdcError
+from ..sandbox._functions import ROW_HASH_SYMBOL
 from ._chunks import EMPTY, LEVELS, MOD, Chunk, Digest, Reply, bisect, differing, first_level, summed
 from ._diff import EXAMPLES, DifferingRow, TableDiff
 from ._snapshots import Snapshots
@@ -117,7 +118,8 @@ _TEXT = ("text", "character varying")
 #           hash functions where those see what the text shows, else by the text;
 #   text:   the row's whole text.
 ROW_HASHES = ("stored", "record", "text")
-_STORED = sql.SQL("""to_regprocedure('gp_dist.row_hash("any")') IS NOT NULL""")
+_STORED = sql.SQL("""(SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure('gp_dist.row_hash("any")')) = {}"""
+                  ).format(sql.Literal(ROW_HASH_SYMBOL))  # the form this toolkit's sandboxes compute
 _CHUNKED = sql.SQL("to_regprocedure('gp_dist.chunk_digests(bigint)') IS NOT NULL")
 _MAX_ARGUMENTS = 100  # PostgreSQL's FUNC_MAX_ARGS: wider rows are hashed in runs of columns
 
@@ -210,14 +212,18 @@ def _digests(side: Snapshots, info: Table, hashed: sql.Composable, level: int,
     shift = 64 - level * 16
     digests = (sql.SQL("gp_dist.chunk_digests(gpcdc_row_hash)") if one_pass else
                sql.SQL("{} AS prefix, count(*), sum(gpcdc_row_hash)::text").format(_prefix(shift)))
+    # Grouped, the hash is named twice (prefix and sum): OFFSET 0 keeps the subquery
+    # whole, or pulled up, its hash would be computed twice. Named once, the subquery is
+    # left to be pulled up, so that each of a segment's parallel workers adds its share:
+    # kept whole, its rows would all be summed by one process.
+    whole = sql.SQL(" OFFSET 0") if level and not one_pass else sql.SQL("")
     queries = []
     for node, conn in side.segments():
         test = (misplaced or {}).get(node.content)
         counted = sql.SQL(", count(*) FILTER (WHERE gpcdc_misplaced)") if test is not None else sql.SQL("")
         tested = sql.SQL(", {} AS gpcdc_misplaced").format(test) if test is not None else sql.SQL("")
-        # OFFSET 0 keeps the subquery whole: pulled up, its hash would be computed twice.
-        query = _within(sql.SQL("SELECT {}{} FROM (SELECT {} AS gpcdc_row_hash{} FROM {} t OFFSET 0) s").format(
-            digests, counted, hashed, tested, side.relation(node, info)), parents)
+        query = _within(sql.SQL("SELECT {}{} FROM (SELECT {} AS gpcdc_row_hash{} FROM {} t{}) s").format(
+            digests, counted, hashed, tested, side.relation(node, info), whole), parents)
         if level and not one_pass:
             query = sql.SQL("{} GROUP BY 1").format(query)
         queries.append((conn, query))
