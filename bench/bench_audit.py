@@ -7,9 +7,9 @@ per part, framed by BEGIN and END; watermarks every 100 parts; one two-phase par
 10,000 dropped, so that the missing-part rule has work. Then, in the same run, each in
 a process of its own (so that each peak is its own):
 
-* Spark (``local[2]``): ``read_archive`` and ``audit_events`` (every rule; the stream's
-  expectations are left out, since pandas has no counterpart here), the findings
-  counted per rule;
+* Spark (``local[2]``, the toolkit's session settings): ``read_archive`` and
+  ``audit_events`` (every rule; the stream's expectations are left out, since pandas
+  has no counterpart here), the findings counted per rule;
 * pandas: the same rules over the same files, with pandas operations (sorts, groupbys,
   merges, shifts), counted per rule.
 
@@ -178,10 +178,11 @@ def spark_audit(path: Path) -> dict[str, Any]:
 
     from gpcdc_toolkit.archive import read_archive
     from gpcdc_toolkit.audit import Thresholds, audit_events
+    from gpcdc_toolkit.ingest._settings import SESSION_SETTINGS
 
-    spark = (SparkSession.builder.master("local[2]").appName("bench-audit").config("spark.ui.enabled", "false")
-             .config("spark.driver.memory", "6g").config("spark.sql.shuffle.partitions", "8")
-             .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+    # The settings of the toolkit's own sessions (`gpcdc audit`), with room for 10M events.
+    spark = (SparkSession.builder.master("local[2]").appName("bench-audit").config(map=SESSION_SETTINGS)
+             .config("spark.driver.memory", "6g").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     try:
         start = time.perf_counter()  # the JVM's start is not the audit's
