@@ -307,3 +307,56 @@ def test_chunk_digests_refuse_a_null_hash_in_one_line(servers):
     with pytest.raises(psycopg.errors.NullValueNotAllowed, match="NULL row hash: a row hash is never NULL"):
         servers[0].execute("SELECT gp_dist.chunk_digests(h) FROM (VALUES (1::bigint), (NULL)) v(h)")
     servers[0].rollback()
+
+
+
+def _folded_alike(value):
+    """Another 64-bit value, from 0 to 2**61, that ``hashint8extended`` folds to the same
+    32 bits as ``value`` (the low half XOR the high half, or its complement below zero)."""
+    low, high = value & 0xFFFFFFFF, (value >> 32) & 0xFFFFFFFF
+    folded = low ^ (high if value >= 0 else ~high & 0xFFFFFFFF)
+    other_high = (high + 1) & 0x1FFFFFFF
+    return (other_high << 32) | (folded ^ other_high)
+
+
+# A 64-bit type, and its value given as microseconds or as the integer itself.
+_SIXTY_FOUR_BITS = {
+    "bigint": "%s::bigint",
+    "timestamp with time zone": "'2000-01-01 00:00:00+00'::timestamptz + (%s || ' microseconds')::interval",
+    "timestamp without time zone": "'2000-01-01 00:00:00'::timestamp + (%s || ' microseconds')::interval",
+}
+
+
+@given(kind=st.sampled_from(sorted(_SIXTY_FOUR_BITS)), value=st.integers(-(2**63), 2**63 - 1))
+@settings(max_examples=60, deadline=None)
+def test_the_record_hash_tells_apart_64_bit_values_that_their_own_hashes_fold_alike(servers, kind, value):
+    from gpcdc_toolkit.cluster._cluster import Table
+    from gpcdc_toolkit.validate._checksum import RECORD_32, _row_hash
+
+    if kind != "bigint":
+        value %= 2**61  # within a timestamp's range
+    other = _folded_alike(value)
+    info = Table("t", ("v",), (kind,), (), ())
+
+    def hashed(form, v):
+        query = sql.SQL("SELECT {} FROM (SELECT " + _SIXTY_FOUR_BITS[kind] + " AS v) t").format(_row_hash(info, form))
+        return servers[0].execute(query, (str(v),)).fetchone()[0]
+
+    assert value != other
+    assert hashed(RECORD_32, value) == hashed(RECORD_32, other)  # what the form of before could not tell apart
+    assert hashed("record", value) != hashed("record", other), (kind, value, other)
+
+
+def test_a_sync_point_record_names_its_row_hash_and_a_record_of_before_is_checked_by_the_form_of_then():
+    from gpcdc_toolkit.errors import GpcdcError
+    from gpcdc_toolkit.validate._checksum import RECORD_32
+    from gpcdc_toolkit.validate._recorded import SyncPointRecord, TableDigest
+
+    table = TableDigest('"T x"', ("public", "T x"), ("id",), ("bigint",), ("id",), 3, 2**64 - 1)
+    for form, name in (("record", "record-2"), ("text", "text"), (RECORD_32, "record")):
+        data = SyncPointRecord(7, "2026-11-28T00:00:00+00:00", form, (table,)).to_json()
+        assert data["hash"] == name
+        assert SyncPointRecord.from_json(data).row_hash == form
+    with pytest.raises(GpcdcError) as raised:
+        SyncPointRecord.from_json({**data, "hash": "md5"})
+    assert "\n" not in str(raised.value) and "'md5', which this version does not know" in str(raised.value)

@@ -16,13 +16,15 @@
  *   (equal bytes print alike, so equal hashes never hide a difference the text would
  *   show), else by its output text: five times cheaper than hashing the text of every
  *   column. The row is one stream of 64-bit words, each column a word saying whether
- *   it is NULL or how long it is, then its bytes: the stream tells every row apart,
- *   whatever its values. The words are folded in by MurmurHash3's 64-bit body and the
- *   row ends with its finalizer, so the sum of rows' hashes is not linear in their
- *   values (values swapped between rows change it). Folding words costs a third of
- *   hashing each column apart with hash_bytes_extended, which sets up and finalizes
- *   for each. The symbol names the form: a server whose library hashes otherwise (an
- *   older sandbox) is not asked for this one.
+ *   it is NULL or how long it is, then its bytes: two rows of the same types make the
+ *   same stream only when their values are alike. The words are folded in by
+ *   xxHash64's round and the row ends with MurmurHash3's finalizer, so the sum of
+ *   rows' hashes is not linear in their values (values swapped between rows change
+ *   it). Like every 64-bit hash here, it guards against chance, not against values
+ *   crafted to collide. Folding words costs two thirds of hashing each column apart
+ *   with hash_bytes_extended, which sets up and finalizes for each. The symbol names
+ *   the form: a server whose library hashes otherwise (an older sandbox) is not asked
+ *   for this one.
  *
  * gp_dist.chunk_digests(bigint) RETURNS bytea, an aggregate of row hashes
  *   Each chunk's digest at validation's first level in one pass: the rows whose hash
@@ -222,19 +224,22 @@ columns_of_call(FunctionCallInfo fcinfo)
 	return out;
 }
 
-/* MurmurHash3's 64-bit body, one lane: the word spread, then folded into the state. */
+/*
+ * xxHash64's round: the word is added to the state before the rotation and the
+ * multiplication, so what a word does depends, through the carries, on the state it
+ * meets. (MurmurHash3's body mixes the word alone and then XORs it in: two words can
+ * then be chosen to cancel each other's difference from any state, whatever the row's
+ * other values.)
+ */
 static inline uint64
 fold(uint64 state, uint64 word)
 {
-	word *= UINT64CONST(0x87C37B91114253D5);
-	word = (word << 31) | (word >> 33);
-	word *= UINT64CONST(0x4CF5AD432745937F);
-	state ^= word;
-	state = (state << 27) | (state >> 37);
-	return state * 5 + 0x52DCE729;
+	state += word * UINT64CONST(0xC2B2AE3D27D4EB4F);
+	state = (state << 31) | (state >> 33);
+	return state * UINT64CONST(0x9E3779B185EBCA87);
 }
 
-/* Its finalizer: every bit of the state reaches every bit of the hash. */
+/* MurmurHash3's finalizer: every bit of the state reaches every bit of the hash. */
 static inline uint64
 finalize(uint64 state)
 {

@@ -106,8 +106,12 @@ def _row(info: Table) -> sql.Composable:
 # equal: floats and numerics (1.0 and 1.00), jsonb and arrays (whose hashes ignore
 # nesting and bounds), json, character(n), intervals... Text is hashed under "C", in
 # case a column's collation is nondeterministic.
-_HASHED_AS_IS = ("smallint", "integer", "bigint", "boolean", "date", "uuid", "bytea",
-                 "timestamp without time zone", "timestamp with time zone")
+_HASHED_AS_IS = ("smallint", "integer", "boolean", "date", "uuid", "bytea")
+# 64-bit types whose own hash folds the value to 32 bits before hashing it
+# (``hashint8extended``: 1 and 4294967296 hash alike): hashed by the 8 bytes their send
+# function gives.
+_HASHED_SENT = {"bigint": "int8send", "timestamp without time zone": "timestamp_send",
+                "timestamp with time zone": "timestamptz_send"}
 _TEXT = ("text", "character varying")
 
 # How a row is hashed, fastest first; a comparison uses the first that every segment of
@@ -118,16 +122,22 @@ _TEXT = ("text", "character varying")
 #           hash functions where those see what the text shows, else by the text;
 #   text:   the row's whole text.
 ROW_HASHES = ("stored", "record", "text")
+# ``record`` as sync points were recorded until 2026-11-28: 64-bit integers and
+# timestamps by their own hashes, the row's hash hashed again by ``hashint8extended``,
+# each folding 64 bits to 32. Computed only to check such a record; never offered.
+RECORD_32 = "record-32"
 _STORED = sql.SQL("""(SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure('gp_dist.row_hash("any")')) = {}"""
                   ).format(sql.Literal(ROW_HASH_SYMBOL))  # the form this toolkit's sandboxes compute
 _CHUNKED = sql.SQL("to_regprocedure('gp_dist.chunk_digests(bigint)') IS NOT NULL")
 _MAX_ARGUMENTS = 100  # PostgreSQL's FUNC_MAX_ARGS: wider rows are hashed in runs of columns
 
 
-def _column_for_hash(column: str, type_name: str) -> sql.Composable:
+def _column_for_hash(column: str, type_name: str, form: str) -> sql.Composable:
     base = type_name.split("(")[0]
-    if base in _HASHED_AS_IS:
+    if base in _HASHED_AS_IS or (form == RECORD_32 and base in _HASHED_SENT):
         return sql.Identifier(column)
+    if base in _HASHED_SENT:
+        return sql.SQL("{}({})").format(sql.SQL(_HASHED_SENT[base]), sql.Identifier(column))
     if base in _TEXT:
         return sql.SQL('{} COLLATE "C"').format(sql.Identifier(column))
     return sql.SQL("{}::text").format(sql.Identifier(column))
@@ -155,12 +165,13 @@ def first_level_in_one_pass(side: Snapshots) -> bool:
 
 
 def _row_hash(info: Table, form: str) -> sql.Composable:
-    """A row's 64-bit hash, as ``form`` (one of ``ROW_HASHES``) computes it.
+    """A row's 64-bit hash, as ``form`` (one of ``ROW_HASHES``, or ``RECORD_32``)
+    computes it.
 
     ``hash_record_extended`` is linear (31 times the hash so far, plus the next
     column's), so sums of it over rows would not see values swapped between rows: each
-    row's hash is hashed again before it is summed. ``gp_dist.row_hash`` seeds each
-    column's hash with the hash so far, which is not linear."""
+    row's hash is hashed again, as 8 bytes, before it is summed. ``gp_dist.row_hash``
+    folds the whole row into one state and finalizes it, which is not linear."""
     if form == "stored" and not info.columns:  # a function needs an argument: ROW() has none
         form = "record"
     if form == "stored":
@@ -170,9 +181,12 @@ def _row_hash(info: Table, form: str) -> sql.Composable:
             hashed = sql.SQL("gp_dist.row_hash({})").format(
                 sql.SQL(", ").join([hashed, *columns[start:start + _MAX_ARGUMENTS - 1]]))
         return hashed
-    if form == "record":
-        columns = [_column_for_hash(c, t) for c, t in zip(info.columns, info.types)]
-        return sql.SQL("hashint8extended(hash_record_extended(ROW({}), 0), 0)").format(sql.SQL(", ").join(columns))
+    if form in ("record", RECORD_32):
+        columns = [_column_for_hash(c, t, form) for c, t in zip(info.columns, info.types)]
+        record = sql.SQL("hash_record_extended(ROW({}), 0)").format(sql.SQL(", ").join(columns))
+        if form == RECORD_32:
+            return sql.SQL("hashint8extended({}, 0)").format(record)
+        return sql.SQL("hash_record_extended(ROW(int8send({})), 0)").format(record)
     if form == "text":
         return sql.SQL("hashtextextended({}, 0)").format(_row(info))
     raise ValueError(f"a row hash is one of {', '.join(ROW_HASHES)}, not {form!r}")

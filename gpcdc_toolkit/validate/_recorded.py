@@ -26,7 +26,7 @@ from ..cluster import Cluster, Table
 from ..config import Config
 from ..connect import open_cluster
 from ..errors import GpcdcError
-from ._checksum import whole_digest
+from ._checksum import RECORD_32, whole_digest
 from ._chunks import Digest
 from ._snapshots import Snapshots
 from ._syncpoint import SyncPoint
@@ -34,6 +34,9 @@ from ._syncpoint import SyncPoint
 RECORD_HASH = 140000  # servers from this version hash rows by their columns' types (``_row_hash``)
 # Records keep to the hashes every PostgreSQL computes, not the sandbox's own
 # (``gp_dist.row_hash``): a target rebuilt elsewhere must be able to compute them.
+# A record names its row hash: the ``_row_hash`` form -> its name in the record's file.
+# "record" in a file is the form of the records of before 2026-11-28 (``RECORD_32``).
+_HASH_NAMES = {"record": "record-2", RECORD_32: "record", "text": "text"}
 
 
 @dataclass(frozen=True)
@@ -51,31 +54,36 @@ class TableDigest:
 class SyncPointRecord:
     gxid: int
     taken_at: str
-    by_record: bool  # rows hashed by their columns' types (True) or by their text
+    row_hash: str  # how rows were hashed: "record" or "text" (or RECORD_32), as ``_row_hash`` names it
     tables: tuple[TableDigest, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {"syncpoint": self.gxid, "taken_at": self.taken_at, "hash": "record" if self.by_record else "text",
+        return {"syncpoint": self.gxid, "taken_at": self.taken_at, "hash": _HASH_NAMES[self.row_hash],
                 "tables": [{"table": t.table, "parts": list(t.parts), "columns": list(t.columns),
                             "types": list(t.types), "primary_key": list(t.primary_key), "rows": t.rows,
                             "checksum": str(t.checksum)} for t in self.tables]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SyncPointRecord:
-        return cls(int(data["syncpoint"]), data["taken_at"], data["hash"] == "record", tuple(
+        forms = {name: form for form, name in _HASH_NAMES.items()}
+        if data["hash"] not in forms:
+            raise GpcdcError(f"sync point {data['syncpoint']}'s record hashes rows by {data['hash']!r}, which this "
+                             f"version does not know (it knows {', '.join(forms)})",
+                             fix="check it with the version of the toolkit that recorded it")
+        return cls(int(data["syncpoint"]), data["taken_at"], forms[data["hash"]], tuple(
             TableDigest(t["table"], tuple(t["parts"]), tuple(t["columns"]), tuple(t["types"]),
                         tuple(t["primary_key"]), int(t["rows"]), int(t["checksum"])) for t in data["tables"]))
 
 
 def record_syncpoint(point: SyncPoint, tables: Sequence[Table], directory: Path) -> SyncPointRecord:
     """Digest ``tables`` as of the sync point's cut and keep the record in ``directory``."""
-    by_record = point.source.server_version >= RECORD_HASH
+    row_hash = "record" if point.source.server_version >= RECORD_HASH else "text"
     digests = []
     for info in tables:
-        digest = whole_digest(point.source, info, "record" if by_record else "text")
+        digest = whole_digest(point.source, info, row_hash)
         digests.append(TableDigest(info.name, info.parts, info.columns, info.types, info.primary_key, digest.rows,
                                    digest.checksum))
-    record = SyncPointRecord(point.gxid, point.taken_at, by_record, tuple(digests))
+    record = SyncPointRecord(point.gxid, point.taken_at, row_hash, tuple(digests))
     directory.mkdir(parents=True, exist_ok=True)
     write_json(directory / f"{point.gxid}.json", record.to_json())
     return record
@@ -113,14 +121,14 @@ def compare_record(record: SyncPointRecord, target: Cluster | Snapshots) -> list
     """Each recorded table against the target as it is now."""
     # A caller's Snapshots are used as they are, and left open.
     with Snapshots(target) if isinstance(target, Cluster) else contextlib.nullcontext(target) as side:
-        if record.by_record and side.server_version < RECORD_HASH:
+        if record.row_hash != "text" and side.server_version < RECORD_HASH:
             raise GpcdcError(f"sync point {record.gxid} was digested by a server of version 14 or later, which "
                              f"hashes rows by their columns' types; the target's oldest segment is "
                              f"{side.server_version}", fix="rebuild into a PostgreSQL 14 or later target")
-        return [_compare(t, side, record.by_record) for t in record.tables]
+        return [_compare(t, side, record.row_hash) for t in record.tables]
 
 
-def _compare(recorded: TableDigest, side: Snapshots, by_record: bool) -> RecordedResult:
+def _compare(recorded: TableDigest, side: Snapshots, row_hash: str) -> RecordedResult:
     try:
         info = side.cluster.table(recorded.parts)
     except GpcdcError:
@@ -132,7 +140,7 @@ def _compare(recorded: TableDigest, side: Snapshots, by_record: bool) -> Recorde
                               f"{list(info.primary_key)} on the target, "
                               f"{list(zip(recorded.columns, recorded.types))} with primary key "
                               f"{list(recorded.primary_key)} at the sync point")
-    digest = whole_digest(side, info, "record" if by_record else "text")
+    digest = whole_digest(side, info, row_hash)
     if digest == Digest(recorded.rows, recorded.checksum):
         return RecordedResult(recorded.table, recorded.rows, digest.rows, True)
     what = (f"{digest.rows} rows where the source had {recorded.rows}" if digest.rows != recorded.rows
