@@ -23,7 +23,7 @@ from ..errors import SandboxError
 
 # The row hash's C symbol names its form (gp_dist.c): validation asks a server for the
 # sandbox's row hash only when its library computes this form.
-ROW_HASH_SYMBOL = "gpcdc_row_hash_2"
+ROW_HASH_SYMBOL = "gpcdc_row_hash_3"
 _NEEDS = "install a C compiler and PostgreSQL 15's server headers (Debian: gcc postgresql-server-dev-15; `./dev setup` does)"
 
 

@@ -10,7 +10,7 @@
  *             costs ten times the scan of a row);
  *   segment:  Lamping and Veach's jump consistent hash of it over the segments.
  *
- * gp_dist.row_hash(VARIADIC "any") RETURNS bigint  (C symbol gpcdc_row_hash_2)
+ * gp_dist.row_hash(VARIADIC "any") RETURNS bigint  (C symbol gpcdc_row_hash_3)
  *   A row's 64-bit hash for checksum validation, its columns given in order. Each value
  *   is hashed by the bytes it is stored as where the type's stored form is its value
  *   (equal bytes print alike, so equal hashes never hide a difference the text would
@@ -47,7 +47,7 @@
 PG_MODULE_MAGIC;
 
 PG_FUNCTION_INFO_V1(gpcdc_segment_of);
-PG_FUNCTION_INFO_V1(gpcdc_row_hash_2);
+PG_FUNCTION_INFO_V1(gpcdc_row_hash_3);
 PG_FUNCTION_INFO_V1(gpcdc_chunks_add);
 PG_FUNCTION_INFO_V1(gpcdc_chunks_combine);
 PG_FUNCTION_INFO_V1(gpcdc_chunks_serialize);
@@ -229,7 +229,8 @@ columns_of_call(FunctionCallInfo fcinfo)
  * multiplication, so what a word does depends, through the carries, on the state it
  * meets. (MurmurHash3's body mixes the word alone and then XORs it in: two words can
  * then be chosen to cancel each other's difference from any state, whatever the row's
- * other values.)
+ * other values. Here such a pair works from about half the states: harder to craft,
+ * not impossible, as with any hash that is not cryptographic.)
  */
 static inline uint64
 fold(uint64 state, uint64 word)
@@ -275,7 +276,7 @@ fold_bytes(uint64 state, const char *bytes, Size length)
 }
 
 Datum
-gpcdc_row_hash_2(PG_FUNCTION_ARGS)
+gpcdc_row_hash_3(PG_FUNCTION_ARGS)
 {
 	Columns    *columns = (Columns *) fcinfo->flinfo->fn_extra;
 	uint64		state = UINT64CONST(0x9E3779B97F4A7C15);
