@@ -50,7 +50,7 @@ class Pipeline_:
     replayer: subprocess.Popen | None = None
     recoveries: dict = field(default_factory=dict)  # fault -> seconds to recover, each time
     extra: int = 0  # transactions written outside the workload (negative account ids)
-    frozen: list = field(default_factory=list)  # when the broker was frozen, then thawed (epoch seconds)
+    outages: list = field(default_factory=list)  # (from, to) in epoch seconds: Kafka away, until the slot moved again
 
     def start_replayer(self, work_dir):
         self.replayer = subprocess.Popen(replay_command(work_dir, self.target, self.config), env=ENV,
@@ -157,11 +157,13 @@ def kill_replayer(env, source, work_dir):
 
 
 def kill_broker(env, source, work_dir):
+    away = time.time()
     env.broker.kill()
     threading.Event().wait(random.uniform(0.5, 2.0))  # the outage: how long the broker stays away
     began = time.monotonic()
     env.broker.up()
     wait_until_acknowledged(source, env.pipeline.slot, timeout=120)
+    env.outages.append((away, time.time()))
     return time.monotonic() - began
 
 
@@ -172,15 +174,15 @@ def freeze_broker(env, source, work_dir):
     """The broker stops answering (SIGSTOP: its connections stay open) for longer than
     any of the producer's timeouts. Requests time out in flight and are sent again; no
     message may time out while later ones of its partition get through (a gap)."""
-    env.frozen = [time.time()]
+    away = time.time()
     os.kill(env.broker.pid, signal.SIGSTOP)
     try:
         threading.Event().wait(FROZEN_FOR)  # the outage itself
     finally:
         os.kill(env.broker.pid, signal.SIGCONT)
-        env.frozen.append(time.time())
     began = time.monotonic()
     wait_until_acknowledged(source, env.pipeline.slot, timeout=120)
+    env.outages.append((away, time.time()))
     return time.monotonic() - began
 
 
@@ -202,6 +204,7 @@ def kill_leader_then_a_second_broker(env, source, work_dir):
     SIGKILLed for a while (one node left: below min.insync.replicas, no controller
     quorum); then both started again."""
     cluster = env.broker
+    away = time.time()
     cluster.node(most_leading(env.config)).kill()
     wait_until_acknowledged(source, env.pipeline.slot, timeout=120)  # written with two replicas in sync
     cluster.node(random.choice([node for node in range(1, 4) if cluster.node(node).pid is not None])).kill()
@@ -209,6 +212,7 @@ def kill_leader_then_a_second_broker(env, source, work_dir):
     began = time.monotonic()
     cluster.up()
     wait_until_acknowledged(source, env.pipeline.slot, timeout=180)
+    env.outages.append((away, time.time()))
     return time.monotonic() - began
 
 
@@ -285,9 +289,23 @@ def applied_once_each(env, figures):
 
 
 def audit_findings(spark, env):
-    """The audit's warnings and errors: (rule, severity, evidence); none on a clean stream."""
+    """The audit's warnings and errors: (rule, severity, evidence); none on a clean stream
+    but for the silences the faults made. While Kafka is away a capture worker waits for
+    it and sends no watermark, so a node's watermarks may rightly show a gap across an
+    outage (how long depends on how fast Kafka comes back): such a gap is left out, any
+    other finding is kept."""
     result = run_audit(spark, env.config, write=False)
-    return [(r.rule, r.severity, r.evidence) for r in result.findings.where("severity != 'info'").collect()]
+    findings = [(r.rule, r.severity, r.evidence) for r in result.findings.where("severity != 'info'").collect()]
+    return [f for f in findings if not silent_across(env.outages, *f)]
+
+
+def silent_across(outages, rule, severity, evidence):
+    """Whether a finding is a node's watermark gap that overlaps one of ``outages``."""
+    if rule != "watermark_gap":
+        return False
+    since, until = (datetime.datetime.fromisoformat(t).replace(tzinfo=datetime.UTC).timestamp()
+                    for t in re.search(r"\(from (.+) to (.+)\)", evidence).groups())
+    return any(since <= to and until >= away for away, to in outages)
 
 
 def test_each_fault_once_while_writing_loses_nothing(spark, source, work_dir, running):
@@ -319,7 +337,7 @@ def test_a_kafka_cluster_losing_the_leader_then_a_second_broker_loses_nothing(sp
     """Three Kafka nodes, topics of replication factor 3 and min.insync.replicas 2:
     the leader dies under a workload, then a second node for a while. Nothing
     acknowledged to a slot is lost, nothing applied twice, the target equals the
-    source, the audit finds nothing."""
+    source, the audit finds nothing but the nodes' silence while Kafka was away."""
     with pipeline_of(source_sandbox, work_dir, kafka=EmbeddedCluster, replicas=3) as env:
         assert {len(p.replicas) for p in topic_partitions(env.config)} == {3}
         figures = run_scenario(env, source_sandbox.cluster(), work_dir, list(KAFKA_CLUSTER_FAULTS), seconds=10.0,
@@ -346,15 +364,10 @@ def test_a_broker_frozen_past_every_client_timeout_loses_nothing_and_no_worker_s
         assert set(restarts.values()) == {0}, restarts
         assert applied_once_each(env, figures)
         # The nodes' watermarks may show them silent, but only across the freeze.
-        findings = audit_findings(spark, env)
-        assert {rule for rule, _, _ in findings} <= {"watermark_gap"}, findings
-        for _, _, evidence in findings:
-            since, until = (datetime.datetime.fromisoformat(t).replace(tzinfo=datetime.UTC).timestamp()
-                            for t in re.search(r"\(from (.+) to (.+)\)", evidence).groups())
-            assert since <= env.frozen[1] and until >= env.frozen[0], (evidence, env.frozen)
+        assert audit_findings(spark, env) == []
         env.replayer.terminate()
         assert env.replayer.wait(60) == 0, env.said()
-        print("FROZEN-BROKER", json.dumps({**figures, "recovery_s": env.recoveries, "silences": len(findings)}))
+        print("FROZEN-BROKER", json.dumps({**figures, "recovery_s": env.recoveries}))
 
 
 @pytest.mark.changes
