@@ -107,6 +107,7 @@ def served(topics, tmp_path):
         server.down()
 
 
+@pytest.mark.spark_server
 def test_the_command_exits_0_when_clean_1_on_findings_and_2_when_it_cannot_run(served, tmp_path):
     config, kafka, b = served
     b.record(1, [0, 1], 10, 1000).part(0, 1, 100, 1001).part(1, 1, 100, 1001)

@@ -20,6 +20,9 @@ from gpcdc_toolkit.protocol import Topics
 from ._audit_stream import StreamBuilder
 from .test_cli import gpcdc
 
+# Each test starts a JVM or two of its own: a suite of its own (`./dev test-spark-server`).
+pytestmark = pytest.mark.spark_server
+
 
 def group_members(pgid: int) -> list[int]:
     """Processes of the process group ``pgid`` (the server's JVM and its Python workers)
