@@ -30,13 +30,14 @@ settings.register_profile("gpcdc", deadline=None)
 settings.load_profile("gpcdc")
 
 # Fixtures that start servers; a test using any of them is marked `servers`, so that
-# `pytest -m "not servers"` runs the pure tests alone, in seconds.
+# `pytest -m "not servers"` runs the pure tests alone, in seconds. (The Spark server's
+# suite starts its JVMs itself.)
 SERVER_FIXTURES = {"work_dir", "source_sandbox", "source", "broker", "spark", "replay_target"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("spark_server"):
             item.add_marker(pytest.mark.servers)
 
 

@@ -108,7 +108,7 @@ def served(topics, tmp_path):
 
 
 @pytest.mark.spark_server
-def test_the_command_exits_0_when_clean_1_on_findings_and_2_when_it_cannot_run(served, tmp_path):
+def test_the_command_exits_0_when_clean_and_1_on_findings(served, tmp_path):
     config, kafka, b = served
     b.record(1, [0, 1], 10, 1000).part(0, 1, 100, 1001).part(1, 1, 100, 1001)
     watermarks(b, 5000)
@@ -130,6 +130,11 @@ def test_the_command_exits_0_when_clean_1_on_findings_and_2_when_it_cannot_run(s
     rows = [json.loads(line) for line in open(os.path.join(out, "findings.json"))]
     assert [(r["rule"], r["gxid"], r["segments"]) for r in rows] == [("late_part", 2, [2])]
     assert os.path.isdir(os.path.join(out, "findings.parquet"))
+
+
+def test_the_command_exits_2_in_one_line_when_it_cannot_run(topics, tmp_path):
+    """Each refused before any Spark session: no server needed."""
+    config, _kafka, _b = topics
     nothing = gpcdc(config, "audit", "--archive", str(tmp_path / "none"))
     assert nothing.returncode == 2
     assert nothing.stderr.strip().splitlines() == [

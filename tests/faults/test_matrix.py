@@ -51,6 +51,7 @@ class Pipeline_:
     recoveries: dict = field(default_factory=dict)  # fault -> seconds to recover, each time
     extra: int = 0  # transactions written outside the workload (negative account ids)
     outages: list = field(default_factory=list)  # (from, to) in epoch seconds: Kafka away, until the slot moved again
+    silences: list = field(default_factory=list)  # the audit's watermark gaps the outages account for
 
     def start_replayer(self, work_dir):
         self.replayer = subprocess.Popen(replay_command(work_dir, self.target, self.config), env=ENV,
@@ -292,20 +293,28 @@ def audit_findings(spark, env):
     """The audit's warnings and errors: (rule, severity, evidence); none on a clean stream
     but for the silences the faults made. While Kafka is away a capture worker waits for
     it and sends no watermark, so a node's watermarks may rightly show a gap across an
-    outage (how long depends on how fast Kafka comes back): such a gap is left out, any
-    other finding is kept."""
+    outage (how long depends on how fast Kafka comes back). A gap is left out (kept in
+    ``env.silences``) when the outages account for it: without the time they cover, it
+    would not have been long enough to be a finding. Any other finding is kept."""
     result = run_audit(spark, env.config, write=False)
     findings = [(r.rule, r.severity, r.evidence) for r in result.findings.where("severity != 'info'").collect()]
-    return [f for f in findings if not silent_across(env.outages, *f)]
+    silence = env.config.audit.silence_ms / 1000
+    explained = [f for f in findings if f[0] == "watermark_gap" and silent_beyond(env.outages, f[2]) <= silence]
+    env.silences += [evidence for _rule, _severity, evidence in explained]
+    return [f for f in findings if f not in explained]
 
 
-def silent_across(outages, rule, severity, evidence):
-    """Whether a finding is a node's watermark gap that overlaps one of ``outages``."""
-    if rule != "watermark_gap":
-        return False
-    since, until = (datetime.datetime.fromisoformat(t).replace(tzinfo=datetime.UTC).timestamp()
-                    for t in re.search(r"\(from (.+) to (.+)\)", evidence).groups())
-    return any(since <= to and until >= away for away, to in outages)
+def silent_beyond(outages, evidence):
+    """Seconds of a watermark gap's evidence ("... (from T to T)") outside ``outages``."""
+    times = re.search(r"\(from (.+) to (.+)\)$", evidence)
+    assert times, f"a watermark gap's evidence names no times: {evidence!r}"
+    since, until = (datetime.datetime.fromisoformat(t).replace(tzinfo=datetime.UTC).timestamp() for t in times.groups())
+    covered, start = 0.0, since
+    for away, to in sorted(outages):  # the gap's time within the union of the outages
+        away, to = max(away, start), min(to, until)
+        if to > away:
+            covered, start = covered + to - away, to
+    return until - since - covered
 
 
 def test_each_fault_once_while_writing_loses_nothing(spark, source, work_dir, running):
@@ -347,7 +356,7 @@ def test_a_kafka_cluster_losing_the_leader_then_a_second_broker_loses_nothing(sp
         assert audit_findings(spark, env) == []
         env.replayer.terminate()
         assert env.replayer.wait(60) == 0, env.said()
-        print("KAFKA-CLUSTER", json.dumps({**figures, "recovery_s": env.recoveries}))
+        print("KAFKA-CLUSTER", json.dumps({**figures, "recovery_s": env.recoveries, "silences": env.silences}))
 
 
 @pytest.mark.changes
@@ -367,7 +376,7 @@ def test_a_broker_frozen_past_every_client_timeout_loses_nothing_and_no_worker_s
         assert audit_findings(spark, env) == []
         env.replayer.terminate()
         assert env.replayer.wait(60) == 0, env.said()
-        print("FROZEN-BROKER", json.dumps({**figures, "recovery_s": env.recoveries}))
+        print("FROZEN-BROKER", json.dumps({**figures, "recovery_s": env.recoveries, "silences": env.silences}))
 
 
 @pytest.mark.changes
