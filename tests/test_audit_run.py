@@ -132,9 +132,9 @@ def test_the_command_exits_0_when_clean_and_1_on_findings(served, tmp_path):
     assert os.path.isdir(os.path.join(out, "findings.parquet"))
 
 
-def test_the_command_exits_2_in_one_line_when_it_cannot_run(topics, tmp_path):
-    """Each refused before any Spark session: no server needed."""
+def test_the_command_exits_2_in_one_line_when_it_cannot_run_before_any_spark_session(topics, tmp_path):
     config, _kafka, _b = topics
+    config = dataclasses.replace(config, work_dir=tmp_path / "work")
     nothing = gpcdc(config, "audit", "--archive", str(tmp_path / "none"))
     assert nothing.returncode == 2
     assert nothing.stderr.strip().splitlines() == [
@@ -147,6 +147,10 @@ def test_the_command_exits_2_in_one_line_when_it_cannot_run(topics, tmp_path):
     assert elsewhere.returncode == 2
     assert elsewhere.stderr.strip().splitlines()[-1].startswith(
         "gpcdc: audit could not run: cannot read topic 'nosuch.changes'")
+    backwards = gpcdc(config, "audit", "--from", "2026-01-02T00:00:00", "--to", "2026-01-01T00:00:00")
+    assert backwards.returncode == 2 and "give a --to later than --from" in backwards.stderr
+    # No session was started: a local one writes its JVM's output to the command's log.
+    assert not (config.work_dir / "logs" / "gpcdc-audit.log").exists()
 
 
 def test_the_stream_invariants_join_the_findings_as_failed_expectations(spark, topics):

@@ -6,7 +6,8 @@ history, and to rebuild a target as of any sync point without Kafka.
 """
 
 from ._layout import ArchiveError, check_continuous
-from ._read import ArchivedStream, read_archive
+from ._read import ArchivedStream, archive_runs, read_archive
 from ._write import ArchiveRun, write_archive
 
-__all__ = ["ArchiveError", "ArchiveRun", "ArchivedStream", "check_continuous", "read_archive", "write_archive"]
+__all__ = ["ArchiveError", "ArchiveRun", "ArchivedStream", "archive_runs", "check_continuous", "read_archive",
+           "write_archive"]

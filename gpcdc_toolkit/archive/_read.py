@@ -33,12 +33,17 @@ def bounds_of(path: Path) -> list[RunBounds]:
     return out
 
 
-def read_archive(spark: Any, path: Path) -> Any:
-    """Every message of an archive, in the ingest schema."""
+def archive_runs(path: Path) -> list[Path]:
+    """An archive's runs, in order; a directory with none (or no directory) is refused."""
     runs = runs_of(path) if path.is_dir() else []
     if not runs:
         raise ArchiveError(f"{path} holds no archive runs", fix="write one with `gpcdc archive --to PATH` first")
-    return spark.read.schema(SCHEMA_DDL).parquet(*(str(run) for run in runs))
+    return runs
+
+
+def read_archive(spark: Any, path: Path) -> Any:
+    """Every message of an archive, in the ingest schema."""
+    return spark.read.schema(SCHEMA_DDL).parquet(*(str(run) for run in archive_runs(path)))
 
 
 Message = tuple[int, int, bytes | None]  # (partition, COORDINATOR for the coordinator's topic; offset; value)

@@ -16,19 +16,19 @@ from ._findings import ADVICE, FINDING_COLUMNS, FINDINGS_DDL, SEVERITIES, Thresh
 
 __getattr__ = lazy_exports(__name__, {
     "_rules": ("RULES", "Stream", "prepare", "watermark_delay"),
-    "_run": ("AuditResult", "AuditState", "audit_events", "events_frame", "latest_findings", "run_audit",
-              "thresholds_of"),
+    "_run": ("AuditResult", "AuditState", "audit_events", "check_request", "events_frame", "latest_findings",
+             "run_audit", "thresholds_of"),
     "_warm": ("warm_up",),
 })
 
 if TYPE_CHECKING:
     from ._rules import RULES, Stream, prepare, watermark_delay
-    from ._run import AuditResult, AuditState, audit_events, events_frame, latest_findings, run_audit, thresholds_of
+    from ._run import AuditResult, AuditState, audit_events, check_request, events_frame, latest_findings, run_audit, thresholds_of
     from ._warm import warm_up
 
 __all__ = [
     "ADVICE", "advice", "FINDING_COLUMNS", "FINDINGS_DDL", "SEVERITIES", "Thresholds", "at_or_above", "summary_table",
     "RULES", "Stream", "prepare", "watermark_delay",
-    "AuditResult", "AuditState", "audit_events", "events_frame", "latest_findings", "run_audit",
+    "AuditResult", "AuditState", "audit_events", "check_request", "events_frame", "latest_findings", "run_audit",
     "thresholds_of", "warm_up",
 ]

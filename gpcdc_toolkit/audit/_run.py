@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 
 from .._expect import load_suites
 from .._runtime import read_json, write_json
-from ..archive import read_archive
+from ..archive import archive_runs, read_archive
 from ..archive._layout import Offsets
 from ..broker import check_reachable
 from ..config import Config
@@ -167,16 +167,38 @@ def _window_of_archive(events: DataFrame, start: Offsets | None, start_ms: int |
     return events, end
 
 
-def run_audit(spark: Any, config: Config, *, since_last: bool = False, start_ms: int | None = None,
-              end_ms: int | None = None, archive: Path | None = None, write: bool = True) -> AuditResult:
-    """Audit the pipeline's stream (its Kafka topics, or ``archive``) in a window: all of
-    it, ``start_ms``..``end_ms`` (Kafka time), or ``since_last`` scheduled run."""
+def _check_window(since_last: bool, start_ms: int | None, end_ms: int | None) -> None:
     if since_last and (start_ms is not None or end_ms is not None):
         raise ConfigError("a scheduled audit (--since-last) reads from where the last one ended",
                           fix="give either --since-last or --from/--to")
     if start_ms is not None and end_ms is not None and end_ms <= start_ms:
         raise ConfigError(f"the window ends ({end_ms}) where or before it starts ({start_ms})",
                           fix="give a --to later than --from")
+
+
+def check_request(config: Config, *, since_last: bool = False, start_ms: int | None = None,
+                  end_ms: int | None = None, archive: Path | None = None) -> None:
+    """What an audit refuses before it needs a Spark session (whose start can take half a
+    minute): a window given two ways or ending where it starts, an archive with no runs,
+    a broker that does not answer, a topic that does not exist."""
+    _check_window(since_last, start_ms, end_ms)
+    if archive is not None:
+        archive_runs(archive)
+        return
+    from ..ingest import end_offsets
+
+    kafka = kafka_client_settings(config)
+    check_reachable(kafka)
+    topics = Topics(config.kafka.topic_prefix)
+    for topic in (topics.changes, topics.dtx):
+        end_offsets(kafka, topic)
+
+
+def run_audit(spark: Any, config: Config, *, since_last: bool = False, start_ms: int | None = None,
+              end_ms: int | None = None, archive: Path | None = None, write: bool = True) -> AuditResult:
+    """Audit the pipeline's stream (its Kafka topics, or ``archive``) in a window: all of
+    it, ``start_ms``..``end_ms`` (Kafka time), or ``since_last`` scheduled run."""
+    _check_window(since_last, start_ms, end_ms)
     suites = load_suites(Path(config.audit.expectations_dir) if config.audit.expectations_dir else None)
     state = AuditState(config)
     start = state.offsets("resume") if since_last else None

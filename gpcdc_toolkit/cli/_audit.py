@@ -46,15 +46,16 @@ class Audit(Command):
         # Exit 2 whatever stopped the audit: 1 is kept for "it ran, and found something".
         try:
             from .._expect import preload
+            from ..audit import check_request, run_audit, summary_table
             from ..ingest.spark import command_session
 
+            window = {"since_last": args.since_last, "start_ms": args.start, "end_ms": args.end,
+                      "archive": args.archive}
+            check_request(config, **window)  # bad input refused before a Spark session starts
             preload()  # the stream's suites run last
 
             with command_session(config, "gpcdc-audit") as spark:
-                from ..audit import run_audit, summary_table
-
-                result = run_audit(spark, config, since_last=args.since_last, start_ms=args.start, end_ms=args.end,
-                                   archive=args.archive)
+                result = run_audit(spark, config, **window)
                 say(summary_table(result.summary))
                 say(f"{result.events} messages audited; findings in {result.output}")
         except Exception as e:  # noqa: BLE001 (any cause is reported in one line)
