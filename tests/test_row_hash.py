@@ -400,7 +400,13 @@ def _record_hash_of_before(columns, types):
 # Columns of the types the form of before hashed each way, named as the catalog names them.
 _ROW_OF_BEFORE = [
     ("bigint", TYPES[0][1]),
+    ("smallint", dict(TYPES)["smallint"]),
+    ("integer", st.integers(-(2**31), 2**31 - 1).map(str)),
+    ("date", dict(TYPES)["date"]),
+    ("bytea", dict(TYPES)["bytea"]),
     ("timestamp with time zone", dict(TYPES)["timestamptz"]),
+    ("timestamp without time zone", st.sampled_from(["2024-01-01 00:00:00", "2024-01-01 00:00:00.5", "infinity"])),
+    ("timestamp(3) with time zone", dict(TYPES)["timestamptz"]),
     ("text", dict(TYPES)["text"]),
     ("character varying(12)", _text),
     ("numeric", dict(TYPES)["numeric"]),

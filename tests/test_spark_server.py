@@ -5,6 +5,7 @@ otherwise, sessions handed from one process to the next, and nothing of it left 
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ def group_members(pgid: int) -> list[int]:
 def archive(broker, tmp_path):
     """A small stream (one distributed transaction with a part missing) as an archive."""
     config = load_config({"work_dir": str(tmp_path / "writer"), "kafka.bootstrap_servers": broker.bootstrap_servers,
-                          "kafka.topic_prefix": f"s{os.getpid()}"}, environ={})
+                          "kafka.topic_prefix": f"s{uuid.uuid4().hex[:8]}"}, environ={})
     kafka = kafka_client_settings(config)
     ensure_topics(kafka, Topics(config.kafka.topic_prefix), 3)
     b = StreamBuilder(config.kafka.topic_prefix)

@@ -208,6 +208,8 @@ def kill_leader_then_a_second_broker(env, source, work_dir):
     away = time.time()
     cluster.node(most_leading(env.config)).kill()
     wait_until_acknowledged(source, env.pipeline.slot, timeout=120)  # written with two replicas in sync
+    env.outages.append((away, time.time()))  # the new leaders' election
+    away = time.time()
     cluster.node(random.choice([node for node in range(1, 4) if cluster.node(node).pid is not None])).kill()
     threading.Event().wait(random.uniform(2.0, 5.0))  # the outage: how long the cluster stays below its minimum
     began = time.monotonic()
