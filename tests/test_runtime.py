@@ -19,6 +19,10 @@ def test_a_free_port_is_outside_the_ephemeral_range_and_can_be_listened_on():
         port = free_port()
         assert 20000 <= port <= 65535 and not low <= port <= high
         with socket.socket() as s:
+            # As the servers listen (PostgreSQL, Kafka's and Spark's JVMs all set it): a port
+            # whose last server's connections linger in TIME_WAIT is free to them, and only
+            # a bind without SO_REUSEADDR would be refused it.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", port))
             s.listen()
 
