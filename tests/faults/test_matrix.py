@@ -157,14 +157,24 @@ def kill_replayer(env, source, work_dir):
     return time.monotonic() - began
 
 
-def kill_broker(env, source, work_dir):
+@contextlib.contextmanager
+def kafka_away(env):
+    """The block's time, from the fault to the slot acknowledged again, recorded as an
+    outage of Kafka (see ``audit_findings``)."""
     away = time.time()
-    env.broker.kill()
-    threading.Event().wait(random.uniform(0.5, 2.0))  # the outage: how long the broker stays away
-    began = time.monotonic()
-    env.broker.up()
-    wait_until_acknowledged(source, env.pipeline.slot, timeout=120)
-    env.outages.append((away, time.time()))
+    try:
+        yield
+    finally:
+        env.outages.append((away, time.time()))
+
+
+def kill_broker(env, source, work_dir):
+    with kafka_away(env):
+        env.broker.kill()
+        threading.Event().wait(random.uniform(0.5, 2.0))  # the outage: how long the broker stays away
+        began = time.monotonic()
+        env.broker.up()
+        wait_until_acknowledged(source, env.pipeline.slot, timeout=120)
     return time.monotonic() - began
 
 
@@ -175,15 +185,14 @@ def freeze_broker(env, source, work_dir):
     """The broker stops answering (SIGSTOP: its connections stay open) for longer than
     any of the producer's timeouts. Requests time out in flight and are sent again; no
     message may time out while later ones of its partition get through (a gap)."""
-    away = time.time()
-    os.kill(env.broker.pid, signal.SIGSTOP)
-    try:
-        threading.Event().wait(FROZEN_FOR)  # the outage itself
-    finally:
-        os.kill(env.broker.pid, signal.SIGCONT)
-    began = time.monotonic()
-    wait_until_acknowledged(source, env.pipeline.slot, timeout=120)
-    env.outages.append((away, time.time()))
+    with kafka_away(env):
+        os.kill(env.broker.pid, signal.SIGSTOP)
+        try:
+            threading.Event().wait(FROZEN_FOR)  # the outage itself
+        finally:
+            os.kill(env.broker.pid, signal.SIGCONT)
+        began = time.monotonic()
+        wait_until_acknowledged(source, env.pipeline.slot, timeout=120)
     return time.monotonic() - began
 
 
@@ -205,17 +214,15 @@ def kill_leader_then_a_second_broker(env, source, work_dir):
     SIGKILLed for a while (one node left: below min.insync.replicas, no controller
     quorum); then both started again."""
     cluster = env.broker
-    away = time.time()
-    cluster.node(most_leading(env.config)).kill()
-    wait_until_acknowledged(source, env.pipeline.slot, timeout=120)  # written with two replicas in sync
-    env.outages.append((away, time.time()))  # the new leaders' election
-    away = time.time()
-    cluster.node(random.choice([node for node in range(1, 4) if cluster.node(node).pid is not None])).kill()
-    threading.Event().wait(random.uniform(2.0, 5.0))  # the outage: how long the cluster stays below its minimum
-    began = time.monotonic()
-    cluster.up()
-    wait_until_acknowledged(source, env.pipeline.slot, timeout=180)
-    env.outages.append((away, time.time()))
+    with kafka_away(env):  # the new leaders' election
+        cluster.node(most_leading(env.config)).kill()
+        wait_until_acknowledged(source, env.pipeline.slot, timeout=120)  # written with two replicas in sync
+    with kafka_away(env):
+        cluster.node(random.choice([node for node in range(1, 4) if cluster.node(node).pid is not None])).kill()
+        threading.Event().wait(random.uniform(2.0, 5.0))  # the outage: how long the cluster stays below its minimum
+        began = time.monotonic()
+        cluster.up()
+        wait_until_acknowledged(source, env.pipeline.slot, timeout=180)
     return time.monotonic() - began
 
 
