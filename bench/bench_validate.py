@@ -148,7 +148,8 @@ def validation(source: Cluster, target: Cluster, rows: int, spark: object) -> No
     by_spark = timed_spark(spark, source, target, name) if rows <= 2_000_000 else None
     print(f"{rows:>10} rows: count(*) {baseline:6.2f} s; checksum {fast:6.2f} s ({fast / baseline:5.1f}x count), "
           f"with placement {placed:6.2f} s ({placed / baseline:5.1f}x), 100 rows changed {differing:6.2f} s "
-          f"({differing / baseline:5.1f}x, {result.rounds} rounds, {result.fetched} rows fetched)"  # type: ignore[attr-defined]
+          f"({differing / baseline:5.1f}x, {result.rounds} rounds, {result.settled} chunks settled by key, "  # type: ignore[attr-defined]
+          f"{result.fetched} rows fetched)"  # type: ignore[attr-defined]
           + (f"; full pull {pulled:6.2f} s (checksum {fast / pulled:.3f}x of it)" if pulled else "")
           + (f"; spark mode {by_spark:6.2f} s ({by_spark / pulled:.2f}x the pull)" if by_spark and pulled else ""),
           flush=True)

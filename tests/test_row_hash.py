@@ -259,24 +259,24 @@ def test_the_rounds_that_name_the_hash_once_let_each_parallel_worker_add_its_sha
                 assert "Partial Aggregate" in plan and "Parallel Seq Scan" in plan, (level, plan)
 
 
-def _chunk_digests_in_python(hashes):
+def _chunk_digests_in_python(hashes, keys=None):
     chunks = {}
-    for h in hashes:
+    for h, k in zip(hashes, keys or [0] * len(hashes)):
         unsigned = h % 2**64
-        rows, total = chunks.get(unsigned >> 48, (0, 0))
-        chunks[unsigned >> 48] = (rows + 1, (total + unsigned) % 2**64)
-    return b"".join(struct.pack(">HqQ", p, rows, total) for p, (rows, total) in sorted(chunks.items()))
+        rows, total, xor = chunks.get(unsigned >> 48, (0, 0, 0))
+        chunks[unsigned >> 48] = (rows + 1, (total + unsigned) % 2**64, xor ^ (k % 2**64))
+    return b"".join(struct.pack(">HqQQ", p, *digest) for p, digest in sorted(chunks.items()))
 
 
-_hashes = st.lists(st.integers(-(2**63), 2**63 - 1) | st.sampled_from([-(2**63), 2**63 - 1, 0, -1, 1 << 48, -(1 << 48)]),
-                   max_size=60)
+_bigint = st.integers(-(2**63), 2**63 - 1) | st.sampled_from([-(2**63), 2**63 - 1, 0, -1, 1 << 48, -(1 << 48)])
 
 
-@given(hashes=_hashes)
+@given(rows=st.lists(st.tuples(_bigint, _bigint), max_size=60))
 @settings(max_examples=60, deadline=None)
-def test_chunk_digests_count_and_sum_each_chunk_modulo_two_to_the_64(servers, hashes):
-    query = "SELECT gp_dist.chunk_digests(h) FROM unnest(%s::bigint[]) h"
-    assert servers[0].execute(query, (hashes,)).fetchone()[0] == _chunk_digests_in_python(hashes)
+def test_chunk_digests_count_sum_and_xor_each_chunk_modulo_two_to_the_64(servers, rows):
+    hashes, keys = [h for h, _ in rows], [k for _, k in rows]
+    query = "SELECT gp_dist.chunk_digests(h, k) FROM unnest(%s::bigint[], %s::bigint[]) r(h, k)"
+    assert servers[0].execute(query, (hashes, keys)).fetchone()[0] == _chunk_digests_in_python(hashes, keys)
 
 
 def test_chunk_digests_add_partial_states_of_parallel_workers(servers):
@@ -284,28 +284,32 @@ def test_chunk_digests_add_partial_states_of_parallel_workers(servers):
     conn = servers[0]
     table = sql.Identifier(f"hashes {uuid.uuid4().hex[:6]}")  # not temporary: workers cannot read those
     conn.execute(sql.SQL("CREATE TABLE {} WITH (parallel_workers = 2) AS "
-                         "SELECT (random() * 2^64 - 2^63)::bigint AS h FROM generate_series(1, 200000)").format(table))
+                         "SELECT (random() * 2^64 - 2^63)::bigint AS h, (random() * 2^64 - 2^63)::bigint AS k "
+                         "FROM generate_series(1, 200000)").format(table))
     try:
         with conn.transaction():
             for setting in ("force_parallel_mode = on", "parallel_setup_cost = 0", "parallel_tuple_cost = 0",
                             "min_parallel_table_scan_size = 0", "max_parallel_workers_per_gather = 2"):
                 conn.execute(f"SET LOCAL {setting}")
-            query = sql.SQL("SELECT gp_dist.chunk_digests(h) FROM {}").format(table)
+            query = sql.SQL("SELECT gp_dist.chunk_digests(h, k) FROM {}").format(table)
             plan = "\n".join(r[0] for r in conn.execute(sql.SQL("EXPLAIN (ANALYZE, COSTS OFF) {}").format(query)))
             assert "Partial Aggregate" in plan and "Workers Launched: 2" in plan, plan
             parallel = conn.execute(query).fetchone()[0]
-            hashes = [h for (h,) in conn.execute(sql.SQL("SELECT h FROM {}").format(table))]
-            assert len(hashes) == 200000 and parallel == _chunk_digests_in_python(hashes)
+            hashes, keys = zip(*conn.execute(sql.SQL("SELECT h, k FROM {}").format(table)))
+            assert len(hashes) == 200000 and parallel == _chunk_digests_in_python(list(hashes), list(keys))
             assert conn.execute(sql.SQL("{} WHERE false").format(query)).fetchone()[0] == b""
     finally:
         conn.execute(sql.SQL("DROP TABLE {}").format(table))
 
 
-def test_chunk_digests_refuse_a_null_hash_in_one_line(servers):
+def test_chunk_digests_refuse_a_null_hash_or_key_in_one_line(servers):
     import psycopg
 
     with pytest.raises(psycopg.errors.NullValueNotAllowed, match="NULL row hash: a row hash is never NULL"):
-        servers[0].execute("SELECT gp_dist.chunk_digests(h) FROM (VALUES (1::bigint), (NULL)) v(h)")
+        servers[0].execute("SELECT gp_dist.chunk_digests(h, 0) FROM (VALUES (1::bigint), (NULL)) v(h)")
+    servers[0].rollback()
+    with pytest.raises(psycopg.errors.NullValueNotAllowed, match="NULL key: give the key column, or 0 for a table"):
+        servers[0].execute("SELECT gp_dist.chunk_digests(1, k) FROM (VALUES (1::bigint), (NULL)) v(k)")
     servers[0].rollback()
 
 

@@ -193,6 +193,56 @@ def test_a_sandbox_target_with_a_changed_row_has_the_first_level_measured_in_one
     assert compare_checksums(source, target, TABLE).equal
 
 
+def _hashes(cluster):
+    """Each row's key and the unsigned row hash validation computes for it, on every segment."""
+    from gpcdc_toolkit.validate._checksum import _row_hash
+
+    query = sql.SQL('SELECT id, {} FROM "Order Items"').format(_row_hash(cluster.table(TABLE), "stored"))
+    hashes = {}
+    for segment in cluster.segments:
+        with cluster.connect_node(segment) as conn:
+            hashes.update((key, h % 2**64) for key, h in conn.execute(query))
+    return hashes
+
+
+def test_a_chunk_one_row_apart_is_settled_by_its_key_and_a_crowded_one_bisected(clusters):
+    source, target = clusters
+    hashes = _hashes(source)
+    by_chunk = {}
+    for key, h in sorted(hashes.items()):
+        by_chunk.setdefault(h >> 48, []).append(key)
+    crowded = next(keys[:2] for keys in by_chunk.values() if len(keys) >= 2 and 11 not in keys and 12 not in keys)
+    changed = [11, *crowded]
+    for key in changed:
+        on_segment(target, TABLE, key, "UPDATE {} SET \"select\" = 'changed ' || id WHERE id = %s", (key,))
+    on_segment(target, TABLE, 12, "DELETE FROM {} WHERE id = 12")
+    on_segment(target, TABLE, 10**6 + 1, "INSERT INTO {} (id, \"select\") VALUES (1000001, 'extra')")
+    try:
+        after = _hashes(target)
+        versions = [h >> 48 for side in (hashes, after) for key, h in side.items()
+                    if hashes.get(key) != after.get(key)]
+        lone = {chunk for chunk in versions if versions.count(chunk) == 1}
+        result = compare_checksums(source, target, TABLE, fetch_rows=50)
+        diff = result.diff
+        assert (diff.missing, diff.extra, diff.changed) == (1, 1, 3), diff.examples
+        assert {row.key for row in diff.rows} == {("11",), ("12",), ("1000001",), *((str(k),) for k in crowded)}
+        # Every chunk one row apart is settled by its key; the two rows sharing a source chunk are not.
+        assert result.settled == len(lone) and hashes[crowded[0]] >> 48 not in lone
+        assert result.chunks >= 1
+        apply(target, result)
+        assert compare_checksums(source, target, TABLE).equal
+    finally:  # the target as the source has it, whatever happened above
+        for key in [*changed, 12, 10**6 + 1]:
+            on_segment(target, TABLE, key, "DELETE FROM {} WHERE id = %s", (key,))
+        for key in [*changed, 12]:
+            with source.connect_node(source.segments[segment_for([key], source.segment_count)]) as conn:
+                row = conn.execute('SELECT id, "select", amount::text, ratio::text, tags::text, doc::text, raw '
+                                   'FROM "Order Items" WHERE id = %s', (key,)).fetchone()
+            on_segment(target, TABLE, key, "INSERT INTO {} VALUES (%s, %s, %s::numeric, %s::float8, %s::int[], "
+                                           "%s::jsonb, %s)", row)
+    assert compare_checksums(source, target, TABLE).equal
+
+
 def test_a_column_default_that_differs_is_a_difference_with_its_fix(clusters):
     source, target = clusters
     with Session(source) as session:

@@ -6,10 +6,23 @@ import hashlib
 import struct
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpcdc_toolkit.validate._chunks import BITS, LEVELS, MOD, Chunk, Digest, bisect, differing, first_level, summed
+from gpcdc_toolkit.validate._chunks import (
+    BITS,
+    LEVELS,
+    MOD,
+    Chunk,
+    Digest,
+    LoneRow,
+    bisect,
+    differing,
+    first_level,
+    settled,
+    summed,
+    without,
+)
 
 
 def h64(text):
@@ -32,8 +45,10 @@ def digests(table, level, parents):
 
 
 def one_pass(per_node):
-    """A node's first-level digests as ``gp_dist.chunk_digests`` returns them."""
-    return b"".join(struct.pack(">HqQ", prefix, rows, total % MOD) for prefix, rows, total in sorted(per_node))
+    """A node's first-level digests as ``gp_dist.chunk_digests`` returns them: (prefix,
+    rows, sum) or (prefix, rows, sum, XOR of keys)."""
+    return b"".join(struct.pack(">HqQQ", prefix, rows, total % MOD, keys[0] % MOD if keys else 0)
+                    for prefix, rows, total, *keys in sorted(per_node))
 
 
 def nodes_of(table, nodes):
@@ -109,10 +124,10 @@ def test_the_first_level_in_one_pass_sums_nodes_modulo_two_to_the_64_and_keeps_w
 
 
 @pytest.mark.parametrize("reply, said", [
-    (b"\x00" * 17, "node 0's chunk digests hold 17 bytes, not a multiple of 18"),
-    (struct.pack(">HqQHqQ", 5, 1, 1, 5, 1, 1), "not one per chunk holding rows, in prefix order"),
-    (struct.pack(">HqQHqQ", 6, 1, 1, 5, 1, 1), "not one per chunk holding rows, in prefix order"),
-    (struct.pack(">HqQ", 5, 0, 0), "not one per chunk holding rows, in prefix order"),
+    (b"\x00" * 25, "node 0's chunk digests hold 25 bytes, not a multiple of 26"),
+    (struct.pack(">HqQQHqQQ", 5, 1, 1, 0, 5, 1, 1, 0), "not one per chunk holding rows, in prefix order"),
+    (struct.pack(">HqQQHqQQ", 6, 1, 1, 0, 5, 1, 1, 0), "not one per chunk holding rows, in prefix order"),
+    (struct.pack(">HqQQ", 5, 0, 0, 0), "not one per chunk holding rows, in prefix order"),
 ])
 def test_malformed_chunk_digests_are_refused(reply, said):
     with pytest.raises(ValueError, match=said):
@@ -126,3 +141,87 @@ def test_chunks_and_bisection_refuse_what_cannot_be():
         Chunk(1, 1 << 16)
     with pytest.raises(ValueError, match="fetch_rows must be at least 1, not 0"):
         next(bisect(0))
+
+
+# -- lone rows: a chunk's one extra row looked up by its key ------------------------------
+
+def crowded_hash(table, key, chunks):
+    """A row's hash whose chunk is one of the first ``chunks``: chunks crowded with
+    differences, where the XOR of keys is often several keys' and names another row."""
+    low = row_hash(table, key) & ((1 << (64 - BITS)) - 1)
+    return (row_hash(table, key) % chunks) << (64 - BITS) | low
+
+
+def keyed_nodes(table, chunks, nodes):
+    """Each node's first-level digests with the XOR of its keys, rows dealt out by key."""
+    per_node = []
+    for n in range(nodes):
+        digests = {}
+        for key in table:
+            if key % nodes == n:
+                h = crowded_hash(table, key, chunks)
+                rows, total, keys = digests.get(h >> (64 - BITS), (0, 0, 0))
+                digests[h >> (64 - BITS)] = (rows + 1, (total + h) % MOD, keys ^ (key % MOD))
+        per_node.append(one_pass((p, *d) for p, d in digests.items()))
+    return per_node
+
+
+def looked_up(table, chunks, keys):
+    """What a side's nodes hold under each key looked up: the rows' hashes."""
+    return {k: [crowded_hash(table, k, chunks)] for k in keys if k in table}
+
+
+# Small keys, whose XORs are often other keys of the table; and the extremes of bigint.
+integer_tables = st.dictionaries(st.integers(0, 15) | st.integers(-8, 40) | st.sampled_from([-(2**63), 2**63 - 1]),
+                                 st.integers(0, 3), max_size=40)
+
+
+@settings(max_examples=400)
+@given(integer_tables, st.data(), st.integers(1, 8))
+def test_a_settled_chunk_differs_by_its_lone_row_alone_and_every_differing_key_is_found(source, data, chunks):
+    target = dict(source)
+    for key in data.draw(st.lists(st.sampled_from(sorted(source)), max_size=8)) if source else []:
+        if data.draw(st.booleans()):
+            target.pop(key, None)
+        else:
+            target[key] = source[key] + 1
+    for key in data.draw(st.lists(st.integers(-8, 60), max_size=4)):
+        target.setdefault(key, 9)
+    measured = first_level(keyed_nodes(source, chunks, 3), keyed_nodes(target, chunks, 2), keyed=True)
+    asked = {row.key for row in measured.lone.values()}
+    done = settled(measured.lone, (looked_up(source, chunks, asked), looked_up(target, chunks, asked)))
+    sides = (source, target)
+    for prefix in done:  # the proof holds: that row taken away, the chunk is alike on both sides
+        row = measured.lone[prefix]
+        inside = [{k: v for k, v in side.items() if crowded_hash(side, k, chunks) >> (64 - BITS) == prefix}
+                  for side in sides]
+        assert row.key in inside[row.side] and crowded_hash(sides[row.side], row.key, chunks) == row.hash
+        del inside[row.side][row.key]
+        assert inside[0] == inside[1]
+    # Every differing key is settled (looked up on both sides) or has each version in a
+    # chunk still differing, which bisection goes on with.
+    left = without(measured.reply, done)
+    remaining = set(differing(*left))
+    found = {measured.lone[p].key for p in done}
+    for key in {k for k in set(source) | set(target) if source.get(k) != target.get(k)}:
+        assert key in found or all(crowded_hash(side, key, chunks) >> (64 - BITS) in remaining
+                                   for side in sides if key in side)
+    assert set(differing(*measured.reply)) == remaining | done
+
+
+def test_lone_rows_are_worked_out_only_for_a_keyed_table_and_only_one_row_apart():
+    source = [one_pass([(1, 2, 10, 5 ^ 6), (2, 1, 7, 3), (3, 3, 9, 1)])]
+    target = [one_pass([(1, 1, 4, 6), (2, 2, 7 + 11, 3 ^ 4), (3, 1, 2, 1)])]
+    measured = first_level(source, target, keyed=True)
+    # Chunk 1: the source holds key 5 more, hash 6; chunk 2: the target key 4, hash 11; chunk 3: two rows apart.
+    assert measured.lone == {1: LoneRow(0, 5, 6), 2: LoneRow(1, 4, 11)}
+    assert first_level(source, target).lone == {}
+    negative = first_level([one_pass([(1, 1, 5, -3)])], [b""], keyed=True)
+    assert negative.lone == {1: LoneRow(0, -3, 5)}
+    # Proven only by the row the key names, with the chunk's difference as its hash, in that chunk.
+    lone = {1: LoneRow(0, 5, 6 | 1 << 48)}
+    assert settled(lone, ({5: [6 | 1 << 48]}, {})) == {1}
+    assert settled(lone, ({5: [7 | 1 << 48]}, {})) == set()  # another hash: other rows differ too
+    assert settled(lone, ({5: [6 | 1 << 48, 6 | 1 << 48]}, {})) == set()  # the key twice on that side
+    assert settled(lone, ({}, {5: [6 | 1 << 48]})) == set()  # on the other side
+    assert settled({2: LoneRow(0, 5, 6 | 1 << 48)}, ({5: [6 | 1 << 48]}, {})) == set()  # the row is in chunk 1

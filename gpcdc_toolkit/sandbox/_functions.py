@@ -82,7 +82,7 @@ def _build(source: bytes, include: Path, compiler: list[str], cache: Path, built
 
 def install_functions(dsn: str, library: Path) -> None:
     """``gp_dist.segment_of(segments, VARIADIC key text[])``,
-    ``gp_dist.row_hash(VARIADIC "any")`` and the aggregate ``gp_dist.chunk_digests(bigint)``
+    ``gp_dist.row_hash(VARIADIC "any")`` and the aggregate ``gp_dist.chunk_digests(bigint, bigint)``
     on one server."""
     with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
         conn.execute("CREATE SCHEMA IF NOT EXISTS gp_dist")
@@ -93,13 +93,13 @@ def install_functions(dsn: str, library: Path) -> None:
         conn.execute(sql.SQL('CREATE FUNCTION gp_dist.row_hash(VARIADIC "any") RETURNS bigint '
                              "AS {}, {} LANGUAGE C IMMUTABLE PARALLEL SAFE")
                      .format(sql.Literal(str(library)), sql.Literal(ROW_HASH_SYMBOL)))
-        functions = {"add": "(internal, bigint) RETURNS internal", "combine": "(internal, internal) RETURNS internal",
+        functions = {"add": "(internal, bigint, bigint) RETURNS internal", "combine": "(internal, internal) RETURNS internal",
                      "serialize": "(internal) RETURNS bytea STRICT", "deserialize": "(bytea, internal) RETURNS internal "
                      "STRICT", "final": "(internal) RETURNS bytea"}
         for name, signature in functions.items():
             conn.execute(sql.SQL("CREATE FUNCTION gp_dist.{}{} AS {}, {} LANGUAGE C IMMUTABLE PARALLEL SAFE").format(
                 sql.Identifier(f"chunks_{name}"), sql.SQL(signature), sql.Literal(str(library)),
                 sql.Literal(f"gpcdc_chunks_{name}")))
-        conn.execute("CREATE AGGREGATE gp_dist.chunk_digests(bigint) (SFUNC = gp_dist.chunks_add, STYPE = internal, "
-                     "SSPACE = 1048576, COMBINEFUNC = gp_dist.chunks_combine, SERIALFUNC = gp_dist.chunks_serialize, "
+        conn.execute("CREATE AGGREGATE gp_dist.chunk_digests(hash bigint, key bigint) (SFUNC = gp_dist.chunks_add, "
+                     "STYPE = internal, SSPACE = 1572864, COMBINEFUNC = gp_dist.chunks_combine, SERIALFUNC = gp_dist.chunks_serialize, "
                      "DESERIALFUNC = gp_dist.chunks_deserialize, FINALFUNC = gp_dist.chunks_final, PARALLEL = SAFE)")

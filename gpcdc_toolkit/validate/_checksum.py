@@ -31,7 +31,7 @@ from ..cluster import COORDINATOR, Cluster, Node, TableRef
 from ..cluster._cluster import Table
 from ..errors import GpcdcError
 from ..sandbox._functions import ROW_HASH_SYMBOL
-from ._chunks import EMPTY, LEVELS, MOD, Chunk, Digest, Reply, bisect, differing, first_level, summed
+from ._chunks import EMPTY, LEVELS, MOD, Chunk, Digest, LoneRow, Reply, bisect, differing, first_level, settled, summed, without
 from ._diff import EXAMPLES, DifferingRow, TableDiff
 from ._snapshots import Snapshots
 
@@ -54,6 +54,7 @@ class ChecksumResult:
     schema: tuple[str, ...] = ()  # how the target's definition differs beyond its rows (column defaults)
     levels: tuple[tuple[int, int, int], ...] = ()  # per bisection round: (level, chunks measured, chunks differing)
     parts: tuple[str, str] = ("", "")  # (schema, name) as the catalog has them
+    settled: int = 0  # first-level chunks whose one differing row was looked up by its key
     columns: tuple[str, ...] = ()  # of the rows in diff.rows
     key_columns: tuple[str, ...] = ()  # of their keys: the primary key, or every column
 
@@ -128,7 +129,9 @@ ROW_HASHES = ("stored", "record", "text")
 RECORD_32 = "record-32"
 _STORED = sql.SQL("""(SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure('gp_dist.row_hash("any")')) = {}"""
                   ).format(sql.Literal(ROW_HASH_SYMBOL))  # the form this toolkit's sandboxes compute
-_CHUNKED = sql.SQL("to_regprocedure('gp_dist.chunk_digests(bigint)') IS NOT NULL")
+_CHUNKED = sql.SQL("to_regprocedure('gp_dist.chunk_digests(bigint,bigint)') IS NOT NULL")
+# A key the first level's digests XOR together (``_chunks.LoneRow``): one column of these.
+_INTEGER_KEYS = ("smallint", "integer", "bigint")
 _MAX_ARGUMENTS = 100  # PostgreSQL's FUNC_MAX_ARGS: wider rows are hashed in runs of columns
 
 
@@ -156,6 +159,14 @@ def row_hashes(side: Snapshots) -> tuple[str, ...]:
 def _on_every_segment(side: Snapshots, test: sql.Composable) -> bool:
     return all(conn.execute(sql.SQL("SELECT {}").format(test)).fetchone()[0]  # type: ignore[index]
                for _node, conn in side.segments())
+
+
+def _integer_key(info: Table) -> str | None:
+    """The table's key where it is one integer column, whose value the first level's
+    digests carry: a chunk's lone row is then looked up by it."""
+    if len(info.primary_key) == 1 and info.types[info.columns.index(info.primary_key[0])] in _INTEGER_KEYS:
+        return info.primary_key[0]
+    return None
 
 
 def first_level_in_one_pass(side: Snapshots) -> bool:
@@ -220,12 +231,14 @@ def _digests(side: Snapshots, info: Table, hashed: sql.Composable, level: int,
              parents: tuple[Chunk, ...], misplaced: Mapping[int, sql.Composable | None] | None = None,
              one_pass: bool = False) -> list[Query]:
     """Each segment's query for its chunks' digests at ``level``: rows (prefix, count,
-    sum of hashes), or with ``one_pass`` (level 1) one row of ``gp_dist.chunk_digests``;
-    and, given ``misplaced`` (a segment's test of a row's
-    placement), a last column: how many rows the test found misplaced."""
+    sum of hashes), or with ``one_pass`` (level 1) one row of ``gp_dist.chunk_digests``
+    (with the rows' integer key, else 0); and, given ``misplaced`` (a segment's test of a
+    row's placement), a last column: how many rows the test found misplaced."""
     shift = 64 - level * 16
-    digests = (sql.SQL("gp_dist.chunk_digests(gpcdc_row_hash)") if one_pass else
+    key = _integer_key(info)
+    digests = (sql.SQL("gp_dist.chunk_digests(gpcdc_row_hash, gpcdc_key)") if one_pass else
                sql.SQL("{} AS prefix, count(*), sum(gpcdc_row_hash)::text").format(_prefix(shift)))
+    keyed = sql.SQL(", {}::bigint AS gpcdc_key").format(sql.Identifier(key) if key else sql.SQL("0"))
     # Grouped, the hash is named twice (prefix and sum): OFFSET 0 keeps the subquery
     # whole, or pulled up, its hash would be computed twice. Named once, the subquery is
     # left to be pulled up, so that each of a segment's parallel workers adds its share:
@@ -236,8 +249,9 @@ def _digests(side: Snapshots, info: Table, hashed: sql.Composable, level: int,
         test = (misplaced or {}).get(node.content)
         counted = sql.SQL(", count(*) FILTER (WHERE gpcdc_misplaced)") if test is not None else sql.SQL("")
         tested = sql.SQL(", {} AS gpcdc_misplaced").format(test) if test is not None else sql.SQL("")
-        query = _within(sql.SQL("SELECT {}{} FROM (SELECT {} AS gpcdc_row_hash{} FROM {} t{}) s").format(
-            digests, counted, hashed, tested, side.relation(node, info), whole), parents)
+        query = _within(sql.SQL("SELECT {}{} FROM (SELECT {} AS gpcdc_row_hash{}{} FROM {} t{}) s").format(
+            digests, counted, hashed, keyed if one_pass else sql.SQL(""), tested,
+            side.relation(node, info), whole), parents)
         if level and not one_pass:
             query = sql.SQL("{} GROUP BY 1").format(query)
         queries.append((conn, query))
@@ -259,6 +273,7 @@ def _digest_rows(level: int, rows: list[tuple[Any, ...]]) -> list[tuple[int, int
 
 
 Query = tuple[psycopg.Connection[Any], sql.Composed]
+Fetched = list[tuple[int, tuple[str | None, ...], str]]  # (node content, the row's columns as text, its text)
 
 
 def _run_all(queries: list[Query]) -> list[list[tuple[Any, ...]]]:
@@ -287,11 +302,45 @@ def _fetch(side: Snapshots, info: Table, hashed: sql.Composable,
     return queries
 
 
-def _fetched(side: Snapshots, chunks: list[Chunk],
-             results: list[list[tuple[Any, ...]]]) -> list[tuple[int, tuple[str | None, ...], str]]:
+def _fetched(side: Snapshots, chunks: list[Chunk], results: list[list[tuple[Any, ...]]]) -> Fetched:
     """(node content, the row's columns as text, the row's text) from ``_fetch``'s results."""
     nodes = [node.content for _shift in sorted({c.shift for c in chunks}) for node in side.cluster.segments]
     return [(node, tuple(row[:-1]), row[-1]) for node, rows in zip(nodes, results) for row in rows]
+
+
+def _settle(sides: tuple[Snapshots, Snapshots], infos: tuple[Table, Table], hashes: tuple[sql.Composable, sql.Composable],
+            lone: dict[int, LoneRow]) -> tuple[set[int], tuple[Fetched, Fetched]]:
+    """The lone rows looked up by their keys on every node of both sides (through the
+    key's index, not by reading the table): the chunks ``settled`` proves, and each
+    side's rows under those chunks' keys."""
+    key = _integer_key(infos[0])
+    assert key is not None  # lone rows are worked out for such tables alone
+    at = infos[0].columns.index(key)
+    keys = sql.Literal("{" + ",".join(str(k) for k in sorted({row.key for row in lone.values()})) + "}")
+    queries = [[(conn, sql.SQL("SELECT {}, {}, {} FROM {} t WHERE {} = ANY({}::bigint[])").format(
+                    sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.columns),
+                    _row(info), hashed, side.relation(node, info), sql.Identifier(key), keys))
+                for node, conn in side.segments()] for side, info, hashed in zip(sides, infos, hashes)]
+    results = iter(_run_all(queries[0] + queries[1]))
+    found: tuple[dict[int, list[int]], dict[int, list[int]]] = ({}, {})
+    rows: tuple[Fetched, Fetched] = ([], [])
+    for side in (0, 1):
+        for node, _conn in sides[side].segments():
+            for *columns, text, row_hash in next(results):
+                found[side].setdefault(int(columns[at]), []).append(row_hash % MOD)
+                rows[side].append((node.content, tuple(columns), text))
+    done = settled(lone, found)
+    keys_settled = {str(lone[prefix].key) for prefix in done}
+    source_rows, target_rows = ([r for r in side_rows if r[1][at] in keys_settled] for side_rows in rows)
+    return done, (source_rows, target_rows)
+
+
+def _joined(fetched: Fetched, looked_up: Fetched) -> Fetched:
+    """Rows of fetched chunks and rows looked up by key, each row once: a looked-up row may
+    be in a fetched chunk too. (Only a keyed table's rows are looked up, and under a key
+    a node holds one row, so no two rows of a looked-up table's node are alike.)"""
+    have = set(fetched)
+    return fetched + [row for row in looked_up if row not in have]
 
 
 def _check_shapes(source: Table, target: Table) -> None:
@@ -363,6 +412,9 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
     request = next(steps)
     rounds, totals = 0, (0, 0)
     levels: list[tuple[int, int, int]] = []
+    src: Fetched = []  # rows fetched, each side's
+    tgt: Fetched = []
+    lone_settled = 0
     # Placement is tested in the first round's scan where the target's nodes can; the
     # rows themselves are then looked for only on the nodes that found some.
     tests = {node.content: target.cluster.misplaced_test(node, target_info) for node in target.cluster.segments}
@@ -379,7 +431,8 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
             source_rows, target_rows = results[:len(queries[0])], results[len(queries[0]):]
             reply: Reply
             if aggregated:
-                measured = first_level([rows[0][0] for rows in source_rows], [rows[0][0] for rows in target_rows])
+                measured = first_level([rows[0][0] for rows in source_rows], [rows[0][0] for rows in target_rows],
+                                       keyed=_integer_key(info) is not None)
                 reply, chunks_measured = measured.reply, measured.chunks
             else:
                 reply = (summed(_digest_rows(level, rows) for rows in source_rows),
@@ -392,21 +445,22 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
                              if tests[node.content] is not None and rows and rows[0][-1]]
             rounds += 1
             levels.append((level, chunks_measured, len(differing(*reply))))
+            if aggregated and measured.lone:
+                done, (src, tgt) = _settle((source, target), (info, target_info), (hashed, target_hashed), measured.lone)
+                reply, lone_settled = without(reply, done), len(done)
             request = steps.send(reply)
     except StopIteration as done:
         chunks: list[Chunk] = done.value
-    src: list[tuple[int, tuple[str | None, ...], str]] = []
-    tgt: list[tuple[int, tuple[str | None, ...], str]] = []
     if chunks:
         fetches = (_fetch(source, info, hashed, chunks), _fetch(target, target_info, target_hashed, chunks))
         results = _run_all(fetches[0] + fetches[1])
-        src = _fetched(source, chunks, results[:len(fetches[0])])
-        tgt = _fetched(target, chunks, results[len(fetches[0]):])
+        src = _joined(_fetched(source, chunks, results[:len(fetches[0])]), src)
+        tgt = _joined(_fetched(target, chunks, results[len(fetches[0]):]), tgt)
     diff, fix = (_by_key if info.primary_key else _as_multiset)(info, target, src, tgt)
     misplaced = _misplaced(target, target_info, suspects)
     result = finish(info, target, target_info, diff, fix, misplaced, totals, rounds=rounds, chunks=len(chunks),
                     fetched=len(src) + len(tgt), started=started)
-    return dataclasses.replace(result, levels=tuple(levels))
+    return dataclasses.replace(result, levels=tuple(levels), settled=lone_settled)
 
 
 def finish(info: Table, target: Snapshots, target_info: Table, diff: TableDiff, fix: dict[int, list[str]],

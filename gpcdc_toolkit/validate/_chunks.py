@@ -19,13 +19,19 @@ to fetch and diff. Equal tables take one round: one digest per node.
 Where every node computes the first level's digests in one pass (the sandbox's
 ``gp_dist.chunk_digests``), they arrive as bytes (:data:`CHUNK_DIGEST`), are summed
 over the nodes as arrays, and only the chunks that differ are sent to bisection
-(:func:`first_level`).
+(:func:`first_level`). Each digest there also holds the XOR of its rows' keys, for a
+table keyed by one integer column: where one side's chunk holds exactly one row more
+than the other's, that row is likely the chunk's only difference, and both sides' XORs
+together are its key (:class:`LoneRow`). The row is then looked up by its key on both
+sides, and the guess proven by its hash: its chunk's digests, that row taken away,
+are equal (:func:`settled`). Such chunks leave bisection, and their rows are never
+looked for by reading the table again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -110,22 +116,34 @@ def bisect(fetch_rows: int) -> Generator[Request, Reply, list[Chunk]]:
 
 
 # A node's digests of the first level's chunks that hold rows, as ``gp_dist.chunk_digests``
-# returns them: 18 bytes each, in network order.
-CHUNK_DIGEST = np.dtype([("prefix", ">u2"), ("rows", ">i8"), ("sum", ">u8")])
+# returns them: 26 bytes each, in network order.
+CHUNK_DIGEST = np.dtype([("prefix", ">u2"), ("rows", ">i8"), ("sum", ">u8"), ("keys", ">u8")])
+
+
+class LoneRow(NamedTuple):
+    """What a first-level chunk's digests say of its one extra row, if it has no other
+    difference: the side that holds it (0 the source, 1 the target), its key, its hash."""
+
+    side: int
+    key: int  # as the key column holds it: signed 64 bits
+    hash: int  # unsigned
 
 
 @dataclass(frozen=True)
 class FirstLevel:
     """Both sides' first-level digests, summed over their nodes: what bisection is sent,
-    reduced to the chunks that differ, and how many chunks hold rows on either side."""
+    reduced to the chunks that differ, how many chunks hold rows on either side, and,
+    for a keyed table, the chunks where one side holds one row more (:class:`LoneRow`)."""
 
     reply: Reply
     chunks: int
+    lone: dict[int, LoneRow] = field(default_factory=dict)
 
 
-def _dense(replies: Iterable[bytes]) -> tuple[np.ndarray, np.ndarray]:
+def _dense(replies: Iterable[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rows = np.zeros(1 << BITS, dtype=np.int64)
     sums = np.zeros(1 << BITS, dtype=np.uint64)
+    keys = np.zeros(1 << BITS, dtype=np.uint64)
     for node, reply in enumerate(replies):
         if len(reply) % CHUNK_DIGEST.itemsize:
             raise ValueError(f"node {node}'s chunk digests hold {len(reply)} bytes, not a multiple of "
@@ -135,13 +153,44 @@ def _dense(replies: Iterable[bytes]) -> tuple[np.ndarray, np.ndarray]:
             raise ValueError(f"node {node}'s chunk digests are not one per chunk holding rows, in prefix order")
         rows[digests["prefix"]] += digests["rows"]
         sums[digests["prefix"]] += digests["sum"]  # unsigned: modulo 2**64
-    return rows, sums
+        keys[digests["prefix"]] ^= digests["keys"]
+    return rows, sums, keys
 
 
-def first_level(source: Iterable[bytes], target: Iterable[bytes]) -> FirstLevel:
-    """Each side's nodes' replies of ``gp_dist.chunk_digests`` summed, compared."""
-    (source_rows, source_sums), (target_rows, target_sums) = _dense(source), _dense(target)
+def _signed(value: int) -> int:
+    return value - MOD if value >= 1 << 63 else value
+
+
+def first_level(source: Iterable[bytes], target: Iterable[bytes], keyed: bool = False) -> FirstLevel:
+    """Each side's nodes' replies of ``gp_dist.chunk_digests`` summed, compared;
+    ``keyed``: the digests' keys are a key column's, and the lone rows are worked out."""
+    (source_rows, source_sums, source_keys), (target_rows, target_sums, target_keys) = _dense(source), _dense(target)
     differ = np.flatnonzero((source_rows != target_rows) | (source_sums != target_sums))
     reply = tuple({int(p): Digest(int(rows[p]), int(sums[p])) for p in differ if rows[p]}
                   for rows, sums in ((source_rows, source_sums), (target_rows, target_sums)))
-    return FirstLevel((reply[0], reply[1]), int(np.count_nonzero(source_rows + target_rows)))
+    lone = {}
+    if keyed:
+        for p in differ[np.abs(source_rows[differ] - target_rows[differ]) == 1]:
+            side = 0 if source_rows[p] > target_rows[p] else 1
+            more, less = (source_sums[p], target_sums[p]) if side == 0 else (target_sums[p], source_sums[p])
+            lone[int(p)] = LoneRow(side, _signed(int(source_keys[p] ^ target_keys[p])), (int(more) - int(less)) % MOD)
+    return FirstLevel((reply[0], reply[1]), int(np.count_nonzero(source_rows + target_rows)), lone)
+
+
+def settled(lone: Mapping[int, LoneRow], found: tuple[Mapping[int, list[int]], Mapping[int, list[int]]]) -> set[int]:
+    """The chunks of ``lone`` proven to differ by their lone row alone. ``found``: per
+    side, the hashes of the rows its nodes hold under each key looked up. A chunk is
+    settled when the side that holds one row more holds exactly one row under the key,
+    in this chunk, whose hash is the chunk's difference of sums: that row taken away,
+    the chunk's count and sum are equal on both sides, the test every other chunk
+    passes. A chunk with other differences gives a key made of several rows' keys,
+    which names no row or one that fails the test."""
+    return {prefix for prefix, row in lone.items()
+            if found[row.side].get(row.key) == [row.hash] and row.hash >> (64 - BITS) == prefix}
+
+
+def without(reply: Reply, prefixes: Iterable[int]) -> Reply:
+    """``reply`` with ``prefixes`` left out of both sides: agreed on, to bisection."""
+    gone = set(prefixes)
+    source, target = ({p: d for p, d in side.items() if p not in gone} for side in reply)
+    return source, target

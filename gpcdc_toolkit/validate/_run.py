@@ -2,8 +2,8 @@
 as both are now; results and fix statements written under ``work_dir``.
 
 A run's directory, ``<work_dir>/validate/<prefix>/runs/<UTC time>/``, holds
-``results.parquet`` and ``results.json`` (one row per table: rows on each side, chunks,
-rows fetched, rows missing, extra, changed, misplaced, seconds), ``expectations.json``
+``results.parquet`` and ``results.json`` (one row per table: rows on each side, chunks
+fetched and settled by key, rows fetched, rows missing, extra, changed, misplaced, seconds), ``expectations.json``
 (each great-expectations outcome on the target's tables), ``summary.json`` (the sync
 point, its stall, the verdict) and, when something differs, ``fix.sql``.
 """
@@ -46,7 +46,7 @@ def _rows_schema() -> Any:
 
 
 RESULT_COLUMNS = ("table", "equal", "source_rows", "target_rows", "missing", "extra", "changed", "misplaced",
-                  "chunks", "rounds", "fetched", "seconds", "examples", "schema", "levels")
+                  "chunks", "settled", "rounds", "fetched", "seconds", "examples", "schema", "levels")
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,8 @@ class Validation:
         """One record per table, with the fields of RESULT_COLUMNS."""
         return [{"table": r.table, "equal": r.equal, "source_rows": r.diff.expected, "target_rows": r.diff.actual,
                  "missing": r.diff.missing, "extra": r.diff.extra, "changed": r.diff.changed,
-                 "misplaced": r.diff.misplaced, "chunks": r.chunks, "rounds": r.rounds, "fetched": r.fetched,
+                 "misplaced": r.diff.misplaced, "chunks": r.chunks, "settled": r.settled, "rounds": r.rounds,
+                 "fetched": r.fetched,
                  "seconds": round(r.seconds, 3), "examples": list(r.diff.examples), "schema": list(r.schema),
                  "levels": [{"level": lv, "measured": m, "differing": d} for lv, m, d in r.levels]}
                 for r in self.results]
@@ -110,7 +111,9 @@ class Validation:
         out = [f"{len(self.results)} tables compared {at}, {self.mode} mode, in {self.seconds:.1f} s"]
         for r in self.results:
             first, *schema = r.lines()
-            out += [first + (f"; {r.chunks} chunks, {r.fetched} rows fetched" if not r.diff.equal else ""), *schema]
+            settled = f" ({r.settled} settled by key)" if r.settled else ""
+            out += [first + (f"; {r.chunks} chunks{settled}, {r.fetched} rows fetched" if not r.diff.equal else ""),
+                    *schema]
         if self.expectations:
             out.append(f"great-expectations: {len(self.expectations)} expectations on the target, "
                        f"{len(self.failed_expectations)} failed")
