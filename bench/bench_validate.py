@@ -1,8 +1,9 @@
 """Validation cost against count(*) and against pulling every row, and the writers'
 stall at sync points, all measured in the same run.
 
-1. A source (1+3 segments) and a target (1+2) hold the same table of N rows (id,
-   text, numeric, float, int[], jsonb), each row on the segment its key names. Per N:
+1. A source (1+3 segments) and a target (1+2; or with ``--target postgres``, a plain
+   PostgreSQL server, compared through its front door) hold the same table of N rows
+   (id, text, numeric, float, int[], jsonb), each row on the segment its key names. Per N:
    - baseline: count(*) on every segment of both clusters, all at once;
    - checksum validation of the equal tables, without and with the placement check
      (each target segment asked for its rows that its routing sends elsewhere); ratio
@@ -17,7 +18,7 @@ stall at sync points, all measured in the same run.
    writers' commit latency p99 with sync points every 50 ms against without, in the
    same run.
 
-    .venv/bin/python bench/bench_validate.py [--rows 1000000,10000000] [--syncpoints 200]
+    .venv/bin/python bench/bench_validate.py [--rows 1000000,10000000] [--syncpoints 200] [--target postgres]
 
 The sandboxes and their tables are kept under --data and reused by later runs.
 """
@@ -214,12 +215,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1000000,10000000")
     parser.add_argument("--syncpoints", type=int, default=200)
+    parser.add_argument("--target", choices=("greenplum", "postgres"), default="greenplum")
     # The servers run as another OS user: a directory every user can enter.
     parser.add_argument("--data", type=Path, default=Path("/var/tmp/gpcdc-bench-validate"))
     args = parser.parse_args()
-    source_box, target_box = Sandbox("source", args.data), Sandbox("target", args.data)
+    source_box = Sandbox("source", args.data)
+    target_box = Sandbox("target" if args.target == "greenplum" else f"target-{args.target}", args.data)
     source_box.up(segments=3)
-    target_box.up(segments=2)
+    target_box.up(segments=2, flavour=args.target)
     from gpcdc_toolkit.config import load_config
     from gpcdc_toolkit.ingest.spark import spark_session
 

@@ -31,7 +31,23 @@ from ..cluster import COORDINATOR, Cluster, Node, TableRef
 from ..cluster._cluster import Table
 from ..errors import GpcdcError
 from ..sandbox._functions import ROW_HASH_SYMBOL
-from ._chunks import EMPTY, LEVELS, MOD, Chunk, Digest, LoneRow, Reply, bisect, differing, first_level, settled, summed, without
+from ._chunks import (
+    EMPTY,
+    LEVELS,
+    MOD,
+    Chunk,
+    Digest,
+    LoneRow,
+    Reply,
+    bisect,
+    differing,
+    first_level,
+    lone_rows,
+    settled,
+    summed,
+    without,
+    xored,
+)
 from ._diff import EXAMPLES, DifferingRow, TableDiff
 from ._snapshots import Snapshots
 
@@ -169,6 +185,12 @@ def _integer_key(info: Table) -> str | None:
     return None
 
 
+def _keyed(source: Snapshots, target: Snapshots, info: Table) -> bool:
+    """Whether the first level's digests carry the XOR of the rows' keys: an integer key,
+    and servers that XOR (``bit_xor``, PostgreSQL 14+; the sandbox's aggregate)."""
+    return _integer_key(info) is not None and min(source.server_version, target.server_version) >= 140000
+
+
 def first_level_in_one_pass(side: Snapshots) -> bool:
     """Whether every segment of ``side`` computes the first level's chunk digests in one
     pass (``gp_dist.chunk_digests``, the sandbox's), rather than by grouping."""
@@ -229,16 +251,19 @@ def _within(query: sql.Composed, chunks: Sequence[Chunk]) -> sql.Composed:
 
 def _digests(side: Snapshots, info: Table, hashed: sql.Composable, level: int,
              parents: tuple[Chunk, ...], misplaced: Mapping[int, sql.Composable | None] | None = None,
-             one_pass: bool = False) -> list[Query]:
+             one_pass: bool = False, keyed: bool = False) -> list[Query]:
     """Each segment's query for its chunks' digests at ``level``: rows (prefix, count,
-    sum of hashes), or with ``one_pass`` (level 1) one row of ``gp_dist.chunk_digests``
-    (with the rows' integer key, else 0); and, given ``misplaced`` (a segment's test of a
-    row's placement), a last column: how many rows the test found misplaced."""
+    sum of hashes), with ``keyed`` the XOR of the rows' integer keys too; or with
+    ``one_pass`` (level 1) one row of ``gp_dist.chunk_digests`` (of the keys, or of 0);
+    and, given ``misplaced`` (a segment's test of a row's placement), a last column: how
+    many rows the test found misplaced."""
     shift = 64 - level * 16
-    key = _integer_key(info)
     digests = (sql.SQL("gp_dist.chunk_digests(gpcdc_row_hash, gpcdc_key)") if one_pass else
-               sql.SQL("{} AS prefix, count(*), sum(gpcdc_row_hash)::text").format(_prefix(shift)))
-    keyed = sql.SQL(", {}::bigint AS gpcdc_key").format(sql.Identifier(key) if key else sql.SQL("0"))
+               sql.SQL("{} AS prefix, count(*), sum(gpcdc_row_hash)::text{}").format(
+                   _prefix(shift), sql.SQL(", bit_xor(gpcdc_key)") if keyed else sql.SQL("")))
+    key = _integer_key(info)
+    carried = (sql.SQL(", {}::bigint AS gpcdc_key").format(sql.Identifier(key) if keyed and key else sql.SQL("0"))
+               if one_pass or keyed else sql.SQL(""))
     # Grouped, the hash is named twice (prefix and sum): OFFSET 0 keeps the subquery
     # whole, or pulled up, its hash would be computed twice. Named once, the subquery is
     # left to be pulled up, so that each of a segment's parallel workers adds its share:
@@ -250,7 +275,7 @@ def _digests(side: Snapshots, info: Table, hashed: sql.Composable, level: int,
         counted = sql.SQL(", count(*) FILTER (WHERE gpcdc_misplaced)") if test is not None else sql.SQL("")
         tested = sql.SQL(", {} AS gpcdc_misplaced").format(test) if test is not None else sql.SQL("")
         query = _within(sql.SQL("SELECT {}{} FROM (SELECT {} AS gpcdc_row_hash{}{} FROM {} t{}) s").format(
-            digests, counted, hashed, keyed if one_pass else sql.SQL(""), tested,
+            digests, counted, hashed, carried, tested,
             side.relation(node, info), whole), parents)
         if level and not one_pass:
             query = sql.SQL("{} GROUP BY 1").format(query)
@@ -410,6 +435,7 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
     one_pass = first_level_in_one_pass(source) and first_level_in_one_pass(target)
     steps = bisect(fetch_rows)
     request = next(steps)
+    keyed = _keyed(source, target, info)
     rounds, totals = 0, (0, 0)
     levels: list[tuple[int, int, int]] = []
     src: Fetched = []  # rows fetched, each side's
@@ -424,20 +450,23 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
             level, parents = request
             first = not rounds  # the first round covers the whole table
             aggregated = one_pass and level == 1  # within the whole table: level 0 has one chunk
-            queries = (_digests(source, info, hashed, level, parents, one_pass=aggregated),
+            carries_keys = keyed and level == 1  # where a chunk's lone row is looked for
+            queries = (_digests(source, info, hashed, level, parents, one_pass=aggregated, keyed=carries_keys),
                        _digests(target, target_info, target_hashed, level, parents,
-                                tests if placement and first else None, one_pass=aggregated))
+                                tests if placement and first else None, one_pass=aggregated, keyed=carries_keys))
             results = _run_all(queries[0] + queries[1])
             source_rows, target_rows = results[:len(queries[0])], results[len(queries[0]):]
             reply: Reply
             if aggregated:
                 measured = first_level([rows[0][0] for rows in source_rows], [rows[0][0] for rows in target_rows],
-                                       keyed=_integer_key(info) is not None)
-                reply, chunks_measured = measured.reply, measured.chunks
+                                       keyed=carries_keys)
+                reply, chunks_measured, lone = measured.reply, measured.chunks, measured.lone
             else:
                 reply = (summed(_digest_rows(level, rows) for rows in source_rows),
                          summed(_digest_rows(level, rows) for rows in target_rows))
                 chunks_measured = len(reply[0].keys() | reply[1].keys())
+                lone = (lone_rows(reply, xored([(row[0], row[3]) for row in rows] for rows in source_rows + target_rows))
+                        if carries_keys else {})
                 if first:
                     totals = (sum(d.rows for d in reply[0].values()), sum(d.rows for d in reply[1].values()))
             if first and placement:
@@ -445,8 +474,8 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
                              if tests[node.content] is not None and rows and rows[0][-1]]
             rounds += 1
             levels.append((level, chunks_measured, len(differing(*reply))))
-            if aggregated and measured.lone:
-                done, (src, tgt) = _settle((source, target), (info, target_info), (hashed, target_hashed), measured.lone)
+            if lone:
+                done, (src, tgt) = _settle((source, target), (info, target_info), (hashed, target_hashed), lone)
                 reply, lone_settled = without(reply, done), len(done)
             request = steps.send(reply)
     except StopIteration as done:

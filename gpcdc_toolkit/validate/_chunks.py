@@ -168,13 +168,33 @@ def first_level(source: Iterable[bytes], target: Iterable[bytes], keyed: bool = 
     differ = np.flatnonzero((source_rows != target_rows) | (source_sums != target_sums))
     reply = tuple({int(p): Digest(int(rows[p]), int(sums[p])) for p in differ if rows[p]}
                   for rows, sums in ((source_rows, source_sums), (target_rows, target_sums)))
+    both: Reply = (reply[0], reply[1])
+    lone = lone_rows(both, {int(p): int(source_keys[p] ^ target_keys[p]) for p in differ}) if keyed else {}
+    return FirstLevel(both, int(np.count_nonzero(source_rows + target_rows)), lone)
+
+
+def xored(per_node: Iterable[Iterable[tuple[int, int]]]) -> dict[int, int]:
+    """The XOR of the keys of every node's rows, chunk by chunk: (prefix, XOR of its
+    keys) pairs, of one side's nodes or of both sides'."""
+    keys: dict[int, int] = {}
+    for pairs in per_node:
+        for prefix, xor in pairs:
+            keys[prefix] = keys.get(prefix, 0) ^ (xor % MOD)
+    return keys
+
+
+def lone_rows(reply: Reply, keys: Mapping[int, int]) -> dict[int, LoneRow]:
+    """The chunks of ``reply`` where one side holds exactly one row more than the other,
+    with what their digests say of that row if it is the chunk's only difference.
+    ``keys``: per chunk, the XOR of both sides' keys (unsigned)."""
     lone = {}
-    if keyed:
-        for p in differ[np.abs(source_rows[differ] - target_rows[differ]) == 1]:
-            side = 0 if source_rows[p] > target_rows[p] else 1
-            more, less = (source_sums[p], target_sums[p]) if side == 0 else (target_sums[p], source_sums[p])
-            lone[int(p)] = LoneRow(side, _signed(int(source_keys[p] ^ target_keys[p])), (int(more) - int(less)) % MOD)
-    return FirstLevel((reply[0], reply[1]), int(np.count_nonzero(source_rows + target_rows)), lone)
+    for prefix in differing(*reply):
+        source, target = reply[0].get(prefix, EMPTY), reply[1].get(prefix, EMPTY)
+        apart = source.rows - target.rows
+        if apart in (1, -1):
+            lone[prefix] = LoneRow(0 if apart == 1 else 1, _signed(keys.get(prefix, 0)),
+                                   (source.checksum - target.checksum) * apart % MOD)
+    return lone
 
 
 def settled(lone: Mapping[int, LoneRow], found: tuple[Mapping[int, list[int]], Mapping[int, list[int]]]) -> set[int]:
