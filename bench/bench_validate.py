@@ -53,7 +53,7 @@ def load(cluster: Cluster, rows: int) -> None:
     with cluster.coordinator_connection() as conn:
         if conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,)).fetchone()[0]:  # type: ignore[index]
             return
-    with Session(cluster) as session:
+    with cluster.session() as session:  # a plain target's through its front door
         session.ddl(f"CREATE TABLE {name} {COLUMNS} DISTRIBUTED BY (id)")
     per_segment: dict[int, list[int]] = {s.content: [] for s in cluster.segments}
     for i in range(1, rows + 1):

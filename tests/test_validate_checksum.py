@@ -243,6 +243,64 @@ def test_a_chunk_one_row_apart_is_settled_by_its_key_and_a_crowded_one_bisected(
     assert compare_checksums(source, target, TABLE).equal
 
 
+def test_differences_each_alone_in_their_chunks_are_found_by_their_keys_with_no_chunk_fetched(clusters):
+    source, target = clusters
+    hashes = _hashes(source)
+    on_segment(target, TABLE, 13, "UPDATE {} SET ratio = -ratio WHERE id = 13")
+    on_segment(target, TABLE, 14, "DELETE FROM {} WHERE id = 14")
+    try:
+        after = _hashes(target)
+        versions = [hashes[13] >> 48, after[13] >> 48, hashes[14] >> 48]
+        assert len(set(versions)) == 3  # the seeded rows' three versions fall in three chunks
+        result = compare_checksums(source, target, TABLE, fetch_rows=50)
+        assert (result.diff.missing, result.diff.extra, result.diff.changed) == (1, 0, 1), result.diff.examples
+        # Both versions of 13 and the source's 14, each once: looked up, no chunk's rows read.
+        assert (result.settled, result.chunks, result.fetched) == (3, 0, 3)
+        apply(target, result)
+        assert compare_checksums(source, target, TABLE).equal
+    finally:
+        on_segment(target, TABLE, 13, "UPDATE {} SET ratio = abs(ratio) WHERE id = 13")  # the seeded ratios are >= 0
+        with source.connect_node(source.segments[segment_for([14], source.segment_count)]) as conn:
+            row = conn.execute('SELECT id, "select", amount::text, ratio::text, tags::text, doc::text, raw '
+                               'FROM "Order Items" WHERE id = 14').fetchone()
+        on_segment(target, TABLE, 14, "INSERT INTO {} VALUES (%s, %s, %s::numeric, %s::float8, %s::int[], %s::jsonb, %s) "
+                                      "ON CONFLICT DO NOTHING", row)
+
+
+def test_a_key_held_twice_on_a_segment_is_an_extra_copy_not_merged_into_one_row(clusters):
+    """A segment whose table lost its key's unique index holds a row twice: the copy is
+    extra (its chunk one row apart, but the key names two rows there: never settled),
+    and a lone change beside it is settled by its key (a smallint key, negative)."""
+    source, target = clusters
+    table = ("public", "Twice Keyed")
+    rows = [{"k": k, "v": f"v{k}"} for k in range(-300, 300)]
+    for cluster in (source, target):
+        with Session(cluster) as session:
+            session.ddl('CREATE TABLE "Twice Keyed" ("k" smallint PRIMARY KEY, "v" text) DISTRIBUTED BY ("k")')
+            with session.transaction() as tx:
+                tx.insert(table, rows)
+    try:
+        home = target.segments[segment_for([-7], target.segment_count)]
+        with target.connect_node(home) as conn:
+            [name] = conn.execute("""SELECT conname FROM pg_constraint WHERE conrelid = '"Twice Keyed"'::regclass """
+                                  "AND contype = 'p'").fetchone()
+            conn.execute(sql.SQL('ALTER TABLE "Twice Keyed" DROP CONSTRAINT {}').format(sql.Identifier(name)))
+            conn.execute('INSERT INTO "Twice Keyed" VALUES (-7, %s)', ("v-7",))
+        on_segment(target, table, -8, "UPDATE {} SET v = 'changed' WHERE k = -8")
+        result = compare_checksums(source, target, table, fetch_rows=50)
+        assert not result.equal and (result.diff.missing, result.diff.extra, result.diff.changed) == (0, 1, 1)
+        assert [(row.kind, row.key, row.target) for row in result.diff.rows] == [
+            ("changed", ("-8",), ("-8", "changed")), ("extra", ("-7",), ("-7", "v-7"))]
+        assert result.settled >= 1
+        apply(target, result)
+        again = compare_checksums(source, target, table)
+        assert again.equal and again.diff.actual == 600, again.diff.line()
+    finally:
+        for cluster in (source, target):
+            with Session(cluster) as session:
+                session.ddl('DROP TABLE IF EXISTS "Twice Keyed"')
+
+
 def test_a_column_default_that_differs_is_a_difference_with_its_fix(clusters):
     source, target = clusters
     with Session(source) as session:

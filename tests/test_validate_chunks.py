@@ -22,6 +22,7 @@ from gpcdc_toolkit.validate._chunks import (
     settled,
     summed,
     without,
+    xored,
 )
 
 
@@ -225,3 +226,8 @@ def test_lone_rows_are_worked_out_only_for_a_keyed_table_and_only_one_row_apart(
     assert settled(lone, ({5: [6 | 1 << 48, 6 | 1 << 48]}, {})) == set()  # the key twice on that side
     assert settled(lone, ({}, {5: [6 | 1 << 48]})) == set()  # on the other side
     assert settled({2: LoneRow(0, 5, 6 | 1 << 48)}, ({5: [6 | 1 << 48]}, {})) == set()  # the row is in chunk 1
+
+
+def test_keys_are_xored_over_nodes_and_sides_modulo_two_to_the_64():
+    assert xored([[(1, 5), (2, -1)], [(1, 3)], []]) == {1: 6, 2: MOD - 1}
+    assert xored([[(7, -(2**63))], [(7, -(2**63))]]) == {7: 0}  # a key on both sides cancels

@@ -68,7 +68,8 @@ class ChecksumResult:
     seconds: float
     fix: dict[int, list[str]] = field(default_factory=dict)  # target node content -> statements
     schema: tuple[str, ...] = ()  # how the target's definition differs beyond its rows (column defaults)
-    levels: tuple[tuple[int, int, int], ...] = ()  # per bisection round: (level, chunks measured, chunks differing)
+    # Per bisection round: (level, chunks measured, chunks differing, at level 1 the settled ones too).
+    levels: tuple[tuple[int, int, int], ...] = ()
     parts: tuple[str, str] = ("", "")  # (schema, name) as the catalog has them
     settled: int = 0  # first-level chunks whose one differing row was looked up by its key
     columns: tuple[str, ...] = ()  # of the rows in diff.rows
@@ -185,10 +186,10 @@ def _integer_key(info: Table) -> str | None:
     return None
 
 
-def _keyed(source: Snapshots, target: Snapshots, info: Table) -> bool:
-    """Whether the first level's digests carry the XOR of the rows' keys: an integer key,
-    and servers that XOR (``bit_xor``, PostgreSQL 14+; the sandbox's aggregate)."""
-    return _integer_key(info) is not None and min(source.server_version, target.server_version) >= 140000
+def _keyed(source: Snapshots, target: Snapshots, info: Table) -> str | None:
+    """The integer key whose XOR the first level's digests carry, where both sides can
+    XOR it (the sandbox's aggregate; ``bit_xor``, PostgreSQL 14+)."""
+    return _integer_key(info) if min(source.server_version, target.server_version) >= 140000 else None
 
 
 def first_level_in_one_pass(side: Snapshots) -> bool:
@@ -251,19 +252,21 @@ def _within(query: sql.Composed, chunks: Sequence[Chunk]) -> sql.Composed:
 
 def _digests(side: Snapshots, info: Table, hashed: sql.Composable, level: int,
              parents: tuple[Chunk, ...], misplaced: Mapping[int, sql.Composable | None] | None = None,
-             one_pass: bool = False, keyed: bool = False) -> list[Query]:
+             one_pass: bool = False, key: str | None = None) -> list[Query]:
     """Each segment's query for its chunks' digests at ``level``: rows (prefix, count,
-    sum of hashes), with ``keyed`` the XOR of the rows' integer keys too; or with
-    ``one_pass`` (level 1) one row of ``gp_dist.chunk_digests`` (of the keys, or of 0);
-    and, given ``misplaced`` (a segment's test of a row's placement), a last column: how
-    many rows the test found misplaced."""
+    sum of hashes), given an integer ``key`` column the XOR of the rows' keys too; or
+    with ``one_pass`` (level 1) one row of ``gp_dist.chunk_digests`` (of the keys, or of
+    0); and, given ``misplaced`` (a segment's test of a row's placement), a last column:
+    how many rows the test found misplaced."""
     shift = 64 - level * 16
     digests = (sql.SQL("gp_dist.chunk_digests(gpcdc_row_hash, gpcdc_key)") if one_pass else
                sql.SQL("{} AS prefix, count(*), sum(gpcdc_row_hash)::text{}").format(
-                   _prefix(shift), sql.SQL(", bit_xor(gpcdc_key)") if keyed else sql.SQL("")))
-    key = _integer_key(info)
-    carried = (sql.SQL(", {}::bigint AS gpcdc_key").format(sql.Identifier(key) if keyed and key else sql.SQL("0"))
-               if one_pass or keyed else sql.SQL(""))
+                   _prefix(shift), sql.SQL(", bit_xor(gpcdc_key)") if key else sql.SQL("")))
+    # A NULL key (only where a segment's table lost its NOT NULL) counts as 0: its chunk's
+    # guess is then wrong, fails its proof and is bisected.
+    carried = (sql.SQL(", {} AS gpcdc_key").format(
+        sql.SQL("coalesce({}::bigint, 0)").format(sql.Identifier(key)) if key else sql.SQL("0::bigint"))
+        if one_pass or key else sql.SQL(""))
     # Grouped, the hash is named twice (prefix and sum): OFFSET 0 keeps the subquery
     # whole, or pulled up, its hash would be computed twice. Named once, the subquery is
     # left to be pulled up, so that each of a segment's parallel workers adds its share:
@@ -354,16 +357,16 @@ def _settle(sides: tuple[Snapshots, Snapshots], infos: tuple[Table, Table], hash
             for *columns, text, row_hash in next(results):
                 found[side].setdefault(int(columns[at]), []).append(row_hash % MOD)
                 rows[side].append((node.content, tuple(columns), text))
-    done = settled(lone, found)
-    keys_settled = {str(lone[prefix].key) for prefix in done}
+    proven = settled(lone, found)
+    keys_settled = {str(lone[prefix].key) for prefix in proven}
     source_rows, target_rows = ([r for r in side_rows if r[1][at] in keys_settled] for side_rows in rows)
-    return done, (source_rows, target_rows)
+    return proven, (source_rows, target_rows)
 
 
 def _joined(fetched: Fetched, looked_up: Fetched) -> Fetched:
     """Rows of fetched chunks and rows looked up by key, each row once: a looked-up row may
-    be in a fetched chunk too. (Only a keyed table's rows are looked up, and under a key
-    a node holds one row, so no two rows of a looked-up table's node are alike.)"""
+    be in a fetched chunk too. Copies of one row on one node (where a node holds a key
+    twice) are alike and so in the same chunk, fetched or not: ``fetched`` keeps them all."""
     have = set(fetched)
     return fetched + [row for row in looked_up if row not in have]
 
@@ -435,12 +438,12 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
     one_pass = first_level_in_one_pass(source) and first_level_in_one_pass(target)
     steps = bisect(fetch_rows)
     request = next(steps)
-    keyed = _keyed(source, target, info)
+    key = _keyed(source, target, info)
     rounds, totals = 0, (0, 0)
     levels: list[tuple[int, int, int]] = []
-    src: Fetched = []  # rows fetched, each side's
+    src: Fetched = []  # each side's rows: looked up by key, then of the chunks fetched
     tgt: Fetched = []
-    lone_settled = 0
+    settled_chunks = 0
     # Placement is tested in the first round's scan where the target's nodes can; the
     # rows themselves are then looked for only on the nodes that found some.
     tests = {node.content: target.cluster.misplaced_test(node, target_info) for node in target.cluster.segments}
@@ -450,23 +453,23 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
             level, parents = request
             first = not rounds  # the first round covers the whole table
             aggregated = one_pass and level == 1  # within the whole table: level 0 has one chunk
-            carries_keys = keyed and level == 1  # where a chunk's lone row is looked for
-            queries = (_digests(source, info, hashed, level, parents, one_pass=aggregated, keyed=carries_keys),
+            level_key = key if level == 1 else None  # where a chunk's lone row is looked for
+            queries = (_digests(source, info, hashed, level, parents, one_pass=aggregated, key=level_key),
                        _digests(target, target_info, target_hashed, level, parents,
-                                tests if placement and first else None, one_pass=aggregated, keyed=carries_keys))
+                                tests if placement and first else None, one_pass=aggregated, key=level_key))
             results = _run_all(queries[0] + queries[1])
             source_rows, target_rows = results[:len(queries[0])], results[len(queries[0]):]
             reply: Reply
             if aggregated:
                 measured = first_level([rows[0][0] for rows in source_rows], [rows[0][0] for rows in target_rows],
-                                       keyed=carries_keys)
+                                       keyed=level_key is not None)
                 reply, chunks_measured, lone = measured.reply, measured.chunks, measured.lone
             else:
                 reply = (summed(_digest_rows(level, rows) for rows in source_rows),
                          summed(_digest_rows(level, rows) for rows in target_rows))
                 chunks_measured = len(reply[0].keys() | reply[1].keys())
-                lone = (lone_rows(reply, xored([(row[0], row[3]) for row in rows] for rows in source_rows + target_rows))
-                        if carries_keys else {})
+                prefix_and_keys = ([(row[0], row[3]) for row in rows] for rows in source_rows + target_rows)
+                lone = lone_rows(reply, xored(prefix_and_keys)) if level_key else {}
                 if first:
                     totals = (sum(d.rows for d in reply[0].values()), sum(d.rows for d in reply[1].values()))
             if first and placement:
@@ -475,8 +478,8 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
             rounds += 1
             levels.append((level, chunks_measured, len(differing(*reply))))
             if lone:
-                done, (src, tgt) = _settle((source, target), (info, target_info), (hashed, target_hashed), lone)
-                reply, lone_settled = without(reply, done), len(done)
+                proven, (src, tgt) = _settle((source, target), (info, target_info), (hashed, target_hashed), lone)
+                reply, settled_chunks = without(reply, proven), len(proven)
             request = steps.send(reply)
     except StopIteration as done:
         chunks: list[Chunk] = done.value
@@ -489,7 +492,7 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
     misplaced = _misplaced(target, target_info, suspects)
     result = finish(info, target, target_info, diff, fix, misplaced, totals, rounds=rounds, chunks=len(chunks),
                     fetched=len(src) + len(tgt), started=started)
-    return dataclasses.replace(result, levels=tuple(levels), settled=lone_settled)
+    return dataclasses.replace(result, levels=tuple(levels), settled=settled_chunks)
 
 
 def finish(info: Table, target: Snapshots, target_info: Table, diff: TableDiff, fix: dict[int, list[str]],
@@ -568,7 +571,40 @@ def _insert(info: Table, target: Snapshots, row: tuple[str | None, ...]) -> tupl
     return node, statement
 
 
-def _by_key(info: Table, target: Snapshots, src: list[Any], tgt: list[Any]) -> tuple[TableDiff, dict[int, list[str]]]:
+def _by_key(info: Table, target: Snapshots, src: Fetched, tgt: Fetched) -> tuple[TableDiff, dict[int, list[str]]]:
+    """The rows compared by primary key. A key that a side holds more than once (on a
+    segment without the key's unique index, or on two segments) has its rows compared
+    as a multiset, so that no copy is merged into another and passes for equal."""
+    key = [info.columns.index(c) for c in info.primary_key]
+
+    def key_of(fetched: tuple[int, tuple[str | None, ...], str]) -> tuple[str | None, ...]:
+        return tuple(fetched[1][i] for i in key)
+
+    held = Counter(map(key_of, src)) | Counter(map(key_of, tgt))  # the most either side holds
+    twice = {k for k, n in held.items() if n > 1}
+    if not twice:
+        return _by_unique_key(info, target, src, tgt)
+    unique = _by_unique_key(info, target, [r for r in src if key_of(r) not in twice],
+                            [r for r in tgt if key_of(r) not in twice])
+    copies = _as_multiset(info, target, [r for r in src if key_of(r) in twice], [r for r in tgt if key_of(r) in twice],
+                          key)
+    return _merged(unique, copies)
+
+
+def _merged(*parts: tuple[TableDiff, dict[int, list[str]]]) -> tuple[TableDiff, dict[int, list[str]]]:
+    """Row differences of disjoint sets of rows of one table, and their fixes, as one."""
+    diffs = [diff for diff, _fix in parts]
+    fix: dict[int, list[str]] = {}
+    for _diff, statements in parts:
+        for node, said in statements.items():
+            fix.setdefault(node, []).extend(said)
+    return TableDiff(diffs[0].table, sum(d.expected for d in diffs), sum(d.actual for d in diffs),
+                     sum(d.missing for d in diffs), sum(d.extra for d in diffs), sum(d.changed for d in diffs),
+                     tuple(e for d in diffs for e in d.examples)[:2 * EXAMPLES],
+                     rows=tuple(r for d in diffs for r in d.rows)), fix
+
+
+def _by_unique_key(info: Table, target: Snapshots, src: Fetched, tgt: Fetched) -> tuple[TableDiff, dict[int, list[str]]]:
     key = [info.columns.index(c) for c in info.primary_key]
     expected = {tuple(r[i] for i in key): r for _, r, _ in src}
     actual = {tuple(r[i] for i in key): (node, r) for node, r, _ in tgt}
@@ -605,7 +641,14 @@ def _by_key(info: Table, target: Snapshots, src: list[Any], tgt: list[Any]) -> t
     return diff, _rendered(target, statements)
 
 
-def _as_multiset(info: Table, target: Snapshots, src: list[Any], tgt: list[Any]) -> tuple[TableDiff, dict[int, list[str]]]:
+def _as_multiset(info: Table, target: Snapshots, src: Fetched, tgt: Fetched,
+                 key: Sequence[int] = ()) -> tuple[TableDiff, dict[int, list[str]]]:
+    """The rows compared as a multiset; each differing row known by the columns at
+    ``key``, or by all of them."""
+
+    def known(row: tuple[str | None, ...]) -> tuple[str | None, ...]:
+        return tuple(row[i] for i in key) if key else row
+
     want = Counter(r for _, r, _ in src)
     have = Counter(r for _, r, _ in tgt)
     where = {r: (node, text) for node, r, text in tgt}
@@ -614,7 +657,7 @@ def _as_multiset(info: Table, target: Snapshots, src: list[Any], tgt: list[Any])
         statements += [_insert(info, target, row)] * n
     for row, n in sorted((have - want).items(), key=repr):
         node, text = where[row]
-        # No key: delete n copies of the row, by its text.
+        # Copies alike under no key (or one key): delete n of them, by the row's text.
         # The distribution key matched by equality too, outside and inside, so that a front
         # door (Citus) sends the statement to the one shard that holds the row.
         pin = sql.SQL("").join(sql.SQL("{} AND ").format(_equal(info, c, row[info.columns.index(c)]))
@@ -626,9 +669,9 @@ def _as_multiset(info: Table, target: Snapshots, src: list[Any], tgt: list[Any])
     examples = [f"missing {r!r}" for r in sorted(missing, key=repr)[:EXAMPLES]]
     examples += [f"extra {r!r}" for r in sorted(extra, key=repr)[:EXAMPLES]]
     source_node = {r: node for node, r, _ in src}
-    rows = [DifferingRow("missing", r, source=r, source_segment=source_node[r])
+    rows = [DifferingRow("missing", known(r), source=r, source_segment=source_node[r])
             for r, n in sorted(missing.items(), key=repr) for _ in range(n)]
-    rows += [DifferingRow("extra", r, target=r, target_segment=where[r][0])
+    rows += [DifferingRow("extra", known(r), target=r, target_segment=where[r][0])
              for r, n in sorted(extra.items(), key=repr) for _ in range(n)]
     diff = TableDiff(info.name, sum(want.values()), sum(have.values()), sum(missing.values()), sum(extra.values()),
                      examples=tuple(examples), rows=tuple(rows))

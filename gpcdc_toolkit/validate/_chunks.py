@@ -157,7 +157,7 @@ def _dense(replies: Iterable[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return rows, sums, keys
 
 
-def _signed(value: int) -> int:
+def _int64(value: int) -> int:
     return value - MOD if value >= 1 << 63 else value
 
 
@@ -192,7 +192,7 @@ def lone_rows(reply: Reply, keys: Mapping[int, int]) -> dict[int, LoneRow]:
         source, target = reply[0].get(prefix, EMPTY), reply[1].get(prefix, EMPTY)
         apart = source.rows - target.rows
         if apart in (1, -1):
-            lone[prefix] = LoneRow(0 if apart == 1 else 1, _signed(keys.get(prefix, 0)),
+            lone[prefix] = LoneRow(0 if apart == 1 else 1, _int64(keys.get(prefix, 0)),
                                    (source.checksum - target.checksum) * apart % MOD)
     return lone
 
