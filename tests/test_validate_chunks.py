@@ -76,16 +76,23 @@ def run(source, target, fetch_rows, one_pass=False):
 tables = st.dictionaries(st.text(max_size=6), st.integers(0, 3), max_size=300)
 
 
-@given(tables, st.data(), st.integers(1, 50), st.booleans())
-def test_bisection_hands_out_every_differing_row_in_small_chunks(source, data, fetch_rows, one_pass):
+def edited(source, data, new_keys, edits, added):
+    """The target: the source with up to ``edits`` rows deleted or changed, and up to
+    ``added`` rows of ``new_keys`` added."""
     target = dict(source)
-    for key in data.draw(st.lists(st.sampled_from(sorted(source)), max_size=5)) if source else []:
+    for key in data.draw(st.lists(st.sampled_from(sorted(source)), max_size=edits)) if source else []:
         if data.draw(st.booleans()):
             target.pop(key, None)
         else:
             target[key] = source[key] + 1
-    for key in data.draw(st.lists(st.text(max_size=6), max_size=3)):
+    for key in data.draw(st.lists(new_keys, max_size=added)):
         target.setdefault(key, 9)
+    return target
+
+
+@given(tables, st.data(), st.integers(1, 50), st.booleans())
+def test_bisection_hands_out_every_differing_row_in_small_chunks(source, data, fetch_rows, one_pass):
+    target = edited(source, data, st.text(max_size=6), edits=5, added=3)
     chunks = run(source, target, fetch_rows, one_pass)
     changed = {k for k in set(source) | set(target) if source.get(k) != target.get(k)}
     # Every version of a differing row, on either side, is in a chunk handed out.
@@ -180,14 +187,7 @@ integer_tables = st.dictionaries(st.integers(0, 15) | st.integers(-8, 40) | st.s
 @settings(max_examples=400)
 @given(integer_tables, st.data(), st.integers(1, 8))
 def test_a_settled_chunk_differs_by_its_lone_row_alone_and_every_differing_key_is_found(source, data, chunks):
-    target = dict(source)
-    for key in data.draw(st.lists(st.sampled_from(sorted(source)), max_size=8)) if source else []:
-        if data.draw(st.booleans()):
-            target.pop(key, None)
-        else:
-            target[key] = source[key] + 1
-    for key in data.draw(st.lists(st.integers(-8, 60), max_size=4)):
-        target.setdefault(key, 9)
+    target = edited(source, data, st.integers(-8, 60), edits=8, added=4)
     measured = first_level(keyed_nodes(source, chunks, 3), keyed_nodes(target, chunks, 2), keyed=True)
     asked = {row.key for row in measured.lone.values()}
     done = settled(measured.lone, (looked_up(source, chunks, asked), looked_up(target, chunks, asked)))
