@@ -270,7 +270,8 @@ def test_differences_each_alone_in_their_chunks_are_found_by_their_keys_with_no_
 def test_a_key_held_twice_on_a_segment_is_an_extra_copy_not_merged_into_one_row(clusters):
     """A segment whose table lost its key's unique index holds a row twice: the copy is
     extra (its chunk one row apart, but the key names two rows there: never settled),
-    and a lone change beside it is settled by its key (a smallint key, negative)."""
+    and a lone change beside it is settled by its key (a smallint key, negative). A row
+    whose key is NULL there (the column's NOT NULL lost too) is extra, and its fix finds it."""
     source, target = clusters
     table = ("public", "Twice Keyed")
     rows = [{"k": k, "v": f"v{k}"} for k in range(-300, 300)]
@@ -280,17 +281,18 @@ def test_a_key_held_twice_on_a_segment_is_an_extra_copy_not_merged_into_one_row(
             with session.transaction() as tx:
                 tx.insert(table, rows)
     try:
-        home = target.segments[segment_for([-7], target.segment_count)]
-        with target.connect_node(home) as conn:
-            [name] = conn.execute("""SELECT conname FROM pg_constraint WHERE conrelid = '"Twice Keyed"'::regclass """
-                                  "AND contype = 'p'").fetchone()
-            conn.execute(sql.SQL('ALTER TABLE "Twice Keyed" DROP CONSTRAINT {}').format(sql.Identifier(name)))
-            conn.execute('INSERT INTO "Twice Keyed" VALUES (-7, %s)', ("v-7",))
+        for key, value in ((-7, "v-7"), (None, "ghost")):  # each on the segment its key names
+            with target.connect_node(target.segments[segment_for([key], target.segment_count)]) as conn:
+                if held := conn.execute("""SELECT conname FROM pg_constraint WHERE conrelid = '"Twice Keyed"'::regclass """
+                                        "AND contype = 'p'").fetchone():
+                    conn.execute(sql.SQL('ALTER TABLE "Twice Keyed" DROP CONSTRAINT {}').format(sql.Identifier(held[0])))
+                    conn.execute('ALTER TABLE "Twice Keyed" ALTER COLUMN "k" DROP NOT NULL')
+                conn.execute('INSERT INTO "Twice Keyed" VALUES (%s, %s)', (key, value))
         on_segment(target, table, -8, "UPDATE {} SET v = 'changed' WHERE k = -8")
         result = compare_checksums(source, target, table, fetch_rows=50)
-        assert not result.equal and (result.diff.missing, result.diff.extra, result.diff.changed) == (0, 1, 1)
-        assert [(row.kind, row.key, row.target) for row in result.diff.rows] == [
-            ("changed", ("-8",), ("-8", "changed")), ("extra", ("-7",), ("-7", "v-7"))]
+        assert not result.equal and (result.diff.missing, result.diff.extra, result.diff.changed) == (0, 2, 1)
+        assert {(row.kind, row.key, row.target) for row in result.diff.rows} == {
+            ("changed", ("-8",), ("-8", "changed")), ("extra", ("-7",), ("-7", "v-7")), ("extra", (None,), (None, "ghost"))}
         assert result.settled >= 1
         apply(target, result)
         again = compare_checksums(source, target, table)

@@ -366,7 +366,8 @@ def _settle(sides: tuple[Snapshots, Snapshots], infos: tuple[Table, Table], hash
 def _joined(fetched: Fetched, looked_up: Fetched) -> Fetched:
     """Rows of fetched chunks and rows looked up by key, each row once: a looked-up row may
     be in a fetched chunk too. Copies of one row on one node (where a node holds a key
-    twice) are alike and so in the same chunk, fetched or not: ``fetched`` keeps them all."""
+    twice) hash alike, so they are in the same chunk, whose fetch brings every node's
+    rows of it: ``fetched`` holds them all, and only looked-up rows are dropped."""
     have = set(fetched)
     return fetched + [row for row in looked_up if row not in have]
 
@@ -558,7 +559,11 @@ def _equal(info: Table, column: str, text: str | None) -> sql.Composable:
 
 
 def _where(info: Table, columns: tuple[str, ...], row: tuple[str | None, ...]) -> sql.Composable:
-    return sql.SQL(" AND ").join(_equal(info, c, row[info.columns.index(c)]) for c in columns)
+    """``row``'s values in ``columns`` matched: a NULL (a key column whose NOT NULL a
+    segment lost) by IS NULL, which ``=`` never matches."""
+    return sql.SQL(" AND ").join(
+        _equal(info, c, row[info.columns.index(c)]) if row[info.columns.index(c)] is not None
+        else sql.SQL("{} IS NULL").format(sql.Identifier(c)) for c in columns)
 
 
 def _insert(info: Table, target: Snapshots, row: tuple[str | None, ...]) -> tuple[int, sql.Composable]:
@@ -592,7 +597,8 @@ def _by_key(info: Table, target: Snapshots, src: Fetched, tgt: Fetched) -> tuple
 
 
 def _merged(*parts: tuple[TableDiff, dict[int, list[str]]]) -> tuple[TableDiff, dict[int, list[str]]]:
-    """Row differences of disjoint sets of rows of one table, and their fixes, as one."""
+    """Row differences of disjoint sets of rows of one table, and their fixes, as one
+    (its row counts are the parts', which ``finish`` replaces by the tables' own)."""
     diffs = [diff for diff, _fix in parts]
     fix: dict[int, list[str]] = {}
     for _diff, statements in parts:
@@ -600,7 +606,7 @@ def _merged(*parts: tuple[TableDiff, dict[int, list[str]]]) -> tuple[TableDiff, 
             fix.setdefault(node, []).extend(said)
     return TableDiff(diffs[0].table, sum(d.expected for d in diffs), sum(d.actual for d in diffs),
                      sum(d.missing for d in diffs), sum(d.extra for d in diffs), sum(d.changed for d in diffs),
-                     tuple(e for d in diffs for e in d.examples)[:2 * EXAMPLES],
+                     tuple(e for d in diffs for e in d.examples),
                      rows=tuple(r for d in diffs for r in d.rows)), fix
 
 
@@ -657,7 +663,7 @@ def _as_multiset(info: Table, target: Snapshots, src: Fetched, tgt: Fetched,
         statements += [_insert(info, target, row)] * n
     for row, n in sorted((have - want).items(), key=repr):
         node, text = where[row]
-        # Copies alike under no key (or one key): delete n of them, by the row's text.
+        # Rows alike (a table without a key, or copies under one key): delete n of them, by the row's text.
         # The distribution key matched by equality too, outside and inside, so that a front
         # door (Citus) sends the statement to the one shard that holds the row.
         pin = sql.SQL("").join(sql.SQL("{} AND ").format(_equal(info, c, row[info.columns.index(c)]))
