@@ -68,7 +68,8 @@ class ChecksumResult:
     seconds: float
     fix: dict[int, list[str]] = field(default_factory=dict)  # target node content -> statements
     schema: tuple[str, ...] = ()  # how the target's definition differs beyond its rows (column defaults)
-    # Per bisection round: (level, chunks measured, chunks differing, at level 1 the settled ones too).
+    # Per bisection round: (level, chunks measured, chunks differing); at level 1 the
+    # differing include the chunks then settled by key.
     levels: tuple[tuple[int, int, int], ...] = ()
     parts: tuple[str, str] = ("", "")  # (schema, name) as the catalog has them
     settled: int = 0  # first-level chunks whose one differing row was looked up by its key
@@ -301,7 +302,8 @@ def _digest_rows(level: int, rows: list[tuple[Any, ...]]) -> list[tuple[int, int
 
 
 Query = tuple[psycopg.Connection[Any], sql.Composed]
-Fetched = list[tuple[int, tuple[str | None, ...], str]]  # (node content, the row's columns as text, its text)
+FetchedRow = tuple[int, tuple[str | None, ...], str]  # (node content, the row's columns as text, its text)
+Fetched = list[FetchedRow]
 
 
 def _run_all(queries: list[Query]) -> list[list[tuple[Any, ...]]]:
@@ -337,12 +339,10 @@ def _fetched(side: Snapshots, chunks: list[Chunk], results: list[list[tuple[Any,
 
 
 def _settle(sides: tuple[Snapshots, Snapshots], infos: tuple[Table, Table], hashes: tuple[sql.Composable, sql.Composable],
-            lone: dict[int, LoneRow]) -> tuple[set[int], tuple[Fetched, Fetched]]:
-    """The lone rows looked up by their keys on every node of both sides (through the
-    key's index, not by reading the table): the chunks ``settled`` proves, and each
-    side's rows under those chunks' keys."""
-    key = _integer_key(infos[0])
-    assert key is not None  # lone rows are worked out for such tables alone
+            key: str, lone: dict[int, LoneRow]) -> tuple[set[int], tuple[Fetched, Fetched]]:
+    """The lone rows looked up by their ``key`` column on every node of both sides
+    (through the key's index, not by reading the table): the chunks ``settled`` proves,
+    and each side's rows under those chunks' keys."""
     at = infos[0].columns.index(key)
     keys = sql.Literal("{" + ",".join(str(k) for k in sorted({row.key for row in lone.values()})) + "}")
     queries = [[(conn, sql.SQL("SELECT {}, {}, {} FROM {} t WHERE {} = ANY({}::bigint[])").format(
@@ -469,6 +469,7 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
                 reply = (summed(_digest_rows(level, rows) for rows in source_rows),
                          summed(_digest_rows(level, rows) for rows in target_rows))
                 chunks_measured = len(reply[0].keys() | reply[1].keys())
+                # Each node's rows: (prefix, count, sum, XOR of the keys).
                 prefix_and_keys = ([(row[0], row[3]) for row in rows] for rows in source_rows + target_rows)
                 lone = lone_rows(reply, xored(prefix_and_keys)) if level_key else {}
                 if first:
@@ -478,8 +479,9 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
                              if tests[node.content] is not None and rows and rows[0][-1]]
             rounds += 1
             levels.append((level, chunks_measured, len(differing(*reply))))
-            if lone:
-                proven, (src, tgt) = _settle((source, target), (info, target_info), (hashed, target_hashed), lone)
+            if lone and level_key:
+                proven, (src, tgt) = _settle((source, target), (info, target_info), (hashed, target_hashed), level_key,
+                                             lone)
                 reply, settled_chunks = without(reply, proven), len(proven)
             request = steps.send(reply)
     except StopIteration as done:
@@ -582,7 +584,7 @@ def _by_key(info: Table, target: Snapshots, src: Fetched, tgt: Fetched) -> tuple
     as a multiset, so that no copy is merged into another and passes for equal."""
     key = [info.columns.index(c) for c in info.primary_key]
 
-    def key_of(fetched: tuple[int, tuple[str | None, ...], str]) -> tuple[str | None, ...]:
+    def key_of(fetched: FetchedRow) -> tuple[str | None, ...]:
         return tuple(fetched[1][i] for i in key)
 
     held = Counter(map(key_of, src)) | Counter(map(key_of, tgt))  # the most either side holds
