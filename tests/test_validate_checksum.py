@@ -267,6 +267,38 @@ def test_differences_each_alone_in_their_chunks_are_found_by_their_keys_with_no_
                                       "ON CONFLICT DO NOTHING", row)
 
 
+def test_a_misplaced_row_that_is_extra_or_changed_too_is_counted_once_and_its_fix_leaves_no_stray(clusters, compare):
+    """An extra row on a segment its key does not name is deleted there and nowhere
+    inserted; a changed row there is deleted and the source's version goes home."""
+    source, target = clusters
+    stray, moved = 10**6 + 2, 15
+    with target.connect_node(target.segments[1 - segment_for([stray], target.segment_count)]) as conn:
+        conn.execute('INSERT INTO "Order Items" (id, "select") VALUES (%s, %s)', (stray, "stray"))
+    home = segment_for([moved], target.segment_count)
+    columns = 'id, "select", amount::text, ratio::text, tags::text, doc::text, raw'
+    with target.connect_node(target.segments[home]) as conn:
+        row = list(conn.execute(f'DELETE FROM "Order Items" WHERE id = %s RETURNING {columns}', (moved,)).fetchone())
+    row[1] = "moved and changed"
+    with target.connect_node(target.segments[1 - home]) as conn:
+        conn.execute('INSERT INTO "Order Items" VALUES (%s, %s, %s::numeric, %s::float8, %s::int[], %s::jsonb, %s)', row)
+    try:
+        result = compare(source, target, TABLE, fetch_rows=50)
+        diff = result.diff
+        assert (diff.missing, diff.extra, diff.changed, diff.misplaced) == (0, 1, 1, 0), diff.examples
+        assert {(r.kind, r.key) for r in diff.rows} == {("extra", (str(stray),)), ("changed", (str(moved),))}
+        apply(target, result)
+        again = compare(source, target, TABLE)
+        assert again.equal, again.diff.examples
+    finally:  # the target as the source has it, whatever happened above
+        for segment in target.segments:
+            with target.connect_node(segment) as conn:
+                conn.execute('DELETE FROM "Order Items" WHERE id = ANY(%s)', ([stray, moved],))
+        with source.connect_node(source.segments[segment_for([moved], source.segment_count)]) as conn:
+            row = conn.execute(f'SELECT {columns} FROM "Order Items" WHERE id = %s', (moved,)).fetchone()
+        on_segment(target, TABLE, moved, "INSERT INTO {} VALUES (%s, %s, %s::numeric, %s::float8, %s::int[], "
+                                         "%s::jsonb, %s)", row)
+
+
 def test_a_key_held_twice_on_a_segment_is_an_extra_copy_not_merged_into_one_row(clusters):
     """A segment whose table lost its key's unique index holds a row twice: the copy is
     extra (its chunk one row apart, but the key names two rows there: never settled),

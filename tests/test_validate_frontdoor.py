@@ -299,6 +299,29 @@ def test_a_row_in_a_shard_its_hash_does_not_name_is_found_by_the_worker_and_move
     assert compare(source, target, TABLE).equal
 
 
+@pytest.mark.parametrize("door", [pytest.param("citus", marks=pytest.mark.citus)], indirect=True)
+def test_a_changed_row_in_a_shard_its_hash_does_not_name_is_counted_once_and_its_fix_leaves_no_stray(door, compare):
+    """The worker deletes it from the wrong shard; the source's version goes in at the door."""
+    source, target = door
+    info = target.table(TABLE)
+    placements = target._placements(info)
+    with target.coordinator_connection() as conn:
+        shard = conn.execute("SELECT shardid FROM pg_dist_shard WHERE logicalrelid = %s::regclass AND "
+                             "worker_hash(13::bigint) BETWEEN shardminvalue::int AND shardmaxvalue::int",
+                             (info.name,)).fetchone()[0]
+    home = next(p for p in placements if p[1].as_string(None).endswith(f'_{shard}"'))
+    wrong = next(p for p in placements if p[0] != home[0])
+    with target.connect_node(target.segments[home[0]]) as conn:
+        row = conn.execute(sql.SQL('DELETE FROM {} WHERE "Id" = 13 RETURNING *').format(home[1])).fetchone()
+    with target.connect_node(target.segments[wrong[0]]) as conn:
+        conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s)").format(wrong[1]),
+                     [row[0], "moved and changed", *row[2:4], psycopg.types.json.Jsonb(row[4])])
+    result = compare(source, target, TABLE)
+    assert (result.diff.missing, result.diff.extra, result.diff.changed, result.diff.misplaced) == (0, 0, 1, 0)
+    apply(target, result)
+    assert compare(source, target, TABLE).equal
+
+
 @pytest.mark.parametrize("replay_target", ["postgres", pytest.param("citus", marks=pytest.mark.citus)],
                          indirect=True)
 def test_a_sync_point_taken_while_writers_run_verifies_a_front_door_target(source, replay_target, work_dir):

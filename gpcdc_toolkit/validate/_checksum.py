@@ -502,9 +502,17 @@ def finish(info: Table, target: Snapshots, target_info: Table, diff: TableDiff, 
            misplaced: list[tuple[int, sql.Composable, tuple[str | None, ...], str]], totals: tuple[int, int], *, rounds: int,
            chunks: int, fetched: int, started: float) -> ChecksumResult:
     """A table's result from its row differences (either mode's): misplaced rows and
-    schema differences added, with their fix statements."""
-    for node, statements in _moves(target, target_info, misplaced).items():
-        fix.setdefault(node, []).extend(statements)
+    schema differences added, with their fix statements.
+
+    A misplaced row that the diff names too (extra, or a changed version) is counted
+    once, by the diff. Its move comes first in its node's statements: it is deleted where
+    it is, so the diff's own statement for it (by key) finds nothing there, and what goes
+    to its home is the source's version, or nothing for an extra row."""
+    named = {(r.target_segment, r.target): r for r in diff.rows if r.kind in ("extra", "changed")}
+    moves = [(row, named.get((row[0], row[2]))) for row in misplaced]
+    for node, statements in _moves(target, target_info, moves).items():
+        fix[node] = statements + fix.get(node, [])
+    misplaced = [row for row, by_diff in moves if by_diff is None]
     examples = diff.examples + tuple(f"row {row!r} on segment {node}, which its distribution key does not name"
                                      for node, _relation, row, _ in misplaced[:EXAMPLES])
     key = [info.columns.index(c) for c in info.primary_key] or range(len(info.columns))
@@ -541,13 +549,17 @@ def _misplaced(target: Snapshots, info: Table,
         return [row for rows in pool.map(on, pairs) for row in rows]
 
 
-def _moves(target: Snapshots, info: Table, misplaced: list[Any]) -> dict[int, list[str]]:
-    """Each misplaced row deleted where it is and inserted where it belongs."""
+def _moves(target: Snapshots, info: Table, misplaced: list[tuple[Any, DifferingRow | None]]) -> dict[int, list[str]]:
+    """Each misplaced row deleted where it is and inserted where it belongs: itself, or
+    where the diff names it too (``DifferingRow``), the source's version (none for an
+    extra row)."""
     statements: list[tuple[int, sql.Composable]] = []
-    for node, relation, row, text in misplaced:  # deleted where it is, on that node, whatever the door
+    for (node, relation, row, text), by_diff in misplaced:  # deleted where it is, on that node, whatever the door
         statements.append((node, sql.SQL("DELETE FROM {} WHERE ctid IN (SELECT ctid FROM {} t WHERE {} = {} LIMIT 1)")
                            .format(relation, relation, _row(info), sql.Literal(text))))
-        statements.append(_insert(info, target, row))
+        home = row if by_diff is None else by_diff.source
+        if home is not None:
+            statements.append(_insert(info, target, home))
     return _rendered(target, statements)
 
 
