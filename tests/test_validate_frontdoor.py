@@ -275,26 +275,33 @@ def test_target_suites_run_on_names_with_quotes_case_and_percent_signs(door):
     assert found["expect_column_values_to_match_regex(col)"] == (True, "0 of 2 values unexpected")
 
 
-@pytest.mark.parametrize("door", [pytest.param("citus", marks=pytest.mark.citus)], indirect=True)
-def test_a_row_in_a_shard_its_hash_does_not_name_is_found_by_the_worker_and_moved(door, compare):
-    source, target = door
+def _moved_to_another_shard(target, key, select=None):
+    """The row of ``key`` taken out of its Citus shard and put into a shard on the other
+    worker (with ``select`` its new value there, if given): that worker's content."""
     info = target.table(TABLE)
     placements = target._placements(info)
     with target.coordinator_connection() as conn:
         shard = conn.execute("SELECT shardid FROM pg_dist_shard WHERE logicalrelid = %s::regclass AND "
-                             "worker_hash(11::bigint) BETWEEN shardminvalue::int AND shardmaxvalue::int",
-                             (info.name,)).fetchone()[0]
+                             "worker_hash(%s::bigint) BETWEEN shardminvalue::int AND shardmaxvalue::int",
+                             (info.name, key)).fetchone()[0]
     home = next(p for p in placements if p[1].as_string(None).endswith(f'_{shard}"'))
-    wrong = next(p for p in placements if p[0] != home[0])  # a shard on the other worker
+    wrong = next(p for p in placements if p[0] != home[0])
     with target.connect_node(target.segments[home[0]]) as conn:
-        row = conn.execute(sql.SQL('DELETE FROM {} WHERE "Id" = 11 RETURNING *').format(home[1])).fetchone()
+        row = conn.execute(sql.SQL('DELETE FROM {} WHERE "Id" = %s RETURNING *').format(home[1]), (key,)).fetchone()
     with target.connect_node(target.segments[wrong[0]]) as conn:
         conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s)").format(wrong[1]),
-                     [*row[:4], psycopg.types.json.Jsonb(row[4])])
+                     [row[0], row[1] if select is None else select, *row[2:4], psycopg.types.json.Jsonb(row[4])])
+    return wrong[0]
+
+
+@pytest.mark.parametrize("door", [pytest.param("citus", marks=pytest.mark.citus)], indirect=True)
+def test_a_row_in_a_shard_its_hash_does_not_name_is_found_by_the_worker_and_moved(door, compare):
+    source, target = door
+    wrong = _moved_to_another_shard(target, 11)
     result = compare(source, target, TABLE)
     assert (result.diff.missing, result.diff.extra, result.diff.changed, result.diff.misplaced) == (0, 0, 0, 1)
     assert any("which its distribution key does not name" in e for e in result.diff.examples)
-    assert set(result.fix) == {wrong[0], COORDINATOR}  # deleted on that worker, inserted at the door
+    assert set(result.fix) == {wrong, COORDINATOR}  # deleted on that worker, inserted at the door
     apply(target, result)
     assert compare(source, target, TABLE).equal
 
@@ -303,19 +310,7 @@ def test_a_row_in_a_shard_its_hash_does_not_name_is_found_by_the_worker_and_move
 def test_a_changed_row_in_a_shard_its_hash_does_not_name_is_counted_once_and_its_fix_leaves_no_stray(door, compare):
     """The worker deletes it from the wrong shard; the source's version goes in at the door."""
     source, target = door
-    info = target.table(TABLE)
-    placements = target._placements(info)
-    with target.coordinator_connection() as conn:
-        shard = conn.execute("SELECT shardid FROM pg_dist_shard WHERE logicalrelid = %s::regclass AND "
-                             "worker_hash(13::bigint) BETWEEN shardminvalue::int AND shardmaxvalue::int",
-                             (info.name,)).fetchone()[0]
-    home = next(p for p in placements if p[1].as_string(None).endswith(f'_{shard}"'))
-    wrong = next(p for p in placements if p[0] != home[0])
-    with target.connect_node(target.segments[home[0]]) as conn:
-        row = conn.execute(sql.SQL('DELETE FROM {} WHERE "Id" = 13 RETURNING *').format(home[1])).fetchone()
-    with target.connect_node(target.segments[wrong[0]]) as conn:
-        conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s)").format(wrong[1]),
-                     [row[0], "moved and changed", *row[2:4], psycopg.types.json.Jsonb(row[4])])
+    _moved_to_another_shard(target, 13, select="moved and changed")
     result = compare(source, target, TABLE)
     assert (result.diff.missing, result.diff.extra, result.diff.changed, result.diff.misplaced) == (0, 0, 1, 0)
     apply(target, result)
