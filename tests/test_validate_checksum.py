@@ -315,10 +315,8 @@ def test_a_key_held_twice_on_a_segment_is_an_extra_copy_not_merged_into_one_row(
     try:
         for key, value in ((-7, "v-7"), (None, "ghost")):  # each on the segment its key names
             with target.connect_node(target.segments[segment_for([key], target.segment_count)]) as conn:
-                if held := conn.execute("""SELECT conname FROM pg_constraint WHERE conrelid = '"Twice Keyed"'::regclass """
-                                        "AND contype = 'p'").fetchone():
-                    conn.execute(sql.SQL('ALTER TABLE "Twice Keyed" DROP CONSTRAINT {}').format(sql.Identifier(held[0])))
-                    conn.execute('ALTER TABLE "Twice Keyed" ALTER COLUMN "k" DROP NOT NULL')
+                _without_key_index(conn, table)
+                conn.execute('ALTER TABLE "Twice Keyed" ALTER COLUMN "k" DROP NOT NULL')
                 conn.execute('INSERT INTO "Twice Keyed" VALUES (%s, %s)', (key, value))
         on_segment(target, table, -8, "UPDATE {} SET v = 'changed' WHERE k = -8")
         result = compare_checksums(source, target, table, fetch_rows=50)
@@ -333,6 +331,75 @@ def test_a_key_held_twice_on_a_segment_is_an_extra_copy_not_merged_into_one_row(
         for cluster in (source, target):
             with Session(cluster) as session:
                 session.ddl('DROP TABLE IF EXISTS "Twice Keyed"')
+
+
+def _without_key_index(conn, table):
+    """The table on one node stripped of its primary key's unique index."""
+    name = sql.Identifier(*table)
+    if held := conn.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'p'",
+                            (name.as_string(conn),)).fetchone():
+        conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(name, sql.Identifier(held[0])))
+
+
+def test_a_key_held_twice_with_its_other_copy_in_an_equal_chunk_loses_only_the_extra_copy(clusters, compare):
+    """A composite key, not an integer: no chunk is settled, each differing one is
+    fetched. The extra copy's chunk differs; the copy equal to the source's row sits in
+    a chunk that does not. Both are found under their key, and the fix deletes the extra
+    one alone (a delete by key would take both)."""
+    source, target = clusters
+    table = ("public", "Region Keyed")
+    rows = [{"Region Code": code, "n": n, "v": f"{code}/{n}"} for code in ("it's", "Nord Ost", '"q"') for n in range(200)]
+    for cluster in (source, target):
+        with Session(cluster) as session:
+            session.ddl('CREATE TABLE "Region Keyed" ("Region Code" text, "n" int, "v" text, '
+                        'PRIMARY KEY ("Region Code", "n")) DISTRIBUTED BY ("Region Code")')
+            with session.transaction() as tx:
+                tx.insert(table, rows)
+    try:
+        with target.connect_node(target.segments[segment_for(["it's"], target.segment_count)]) as conn:
+            _without_key_index(conn, table)
+            conn.execute('INSERT INTO "Region Keyed" VALUES (%s, %s, %s)', ("it's", 7, "other"))
+        result = compare(source, target, table, fetch_rows=50)
+        diff = result.diff
+        assert (diff.missing, diff.extra, diff.changed, diff.misplaced) == (0, 1, 0, 0), diff.examples
+        assert [(row.kind, row.key, row.target) for row in diff.rows] == [("extra", ("it's", "7"), ("it's", "7", "other"))]
+        apply(target, result)
+        again = compare(source, target, table)
+        assert again.equal and again.diff.actual == 600, again.diff.line()
+    finally:
+        for cluster in (source, target):
+            with Session(cluster) as session:
+                session.ddl('DROP TABLE IF EXISTS "Region Keyed"')
+
+
+def test_a_copy_of_a_keyed_row_on_another_segment_is_moved_home_after_the_changed_row_there_is_deleted(clusters, compare):
+    """The key's home segment holds a changed version, another segment the source's
+    version: the one at home is extra, the other misplaced. The fix deletes before it
+    inserts, so the move home meets no copy under the home's unique index."""
+    source, target = clusters
+    key = 21
+    home = segment_for([key], target.segment_count)
+    columns = 'id, "select", amount::text, ratio::text, tags::text, doc::text, raw'
+    with source.connect_node(source.segments[segment_for([key], source.segment_count)]) as conn:
+        row = conn.execute(f'SELECT {columns} FROM "Order Items" WHERE id = %s', (key,)).fetchone()
+    with target.connect_node(target.segments[1 - home]) as conn:
+        conn.execute('INSERT INTO "Order Items" VALUES (%s, %s, %s::numeric, %s::float8, %s::int[], %s::jsonb, %s)', row)
+    on_segment(target, TABLE, key, "UPDATE {} SET \"select\" = 'at home, changed' WHERE id = %s", (key,))
+    try:
+        result = compare(source, target, TABLE, fetch_rows=50)
+        diff = result.diff
+        assert (diff.missing, diff.extra, diff.changed, diff.misplaced) == (0, 1, 0, 1), diff.examples
+        assert {(r.kind, r.target_segment, r.target[1]) for r in diff.rows} == {
+            ("extra", home, "at home, changed"), ("misplaced", 1 - home, row[1])}
+        apply(target, result)
+        again = compare(source, target, TABLE)
+        assert again.equal, again.diff.examples
+    finally:  # the target as the source has it, whatever happened above
+        for segment in target.segments:
+            with target.connect_node(segment) as conn:
+                conn.execute('DELETE FROM "Order Items" WHERE id = %s', (key,))
+        on_segment(target, TABLE, key, "INSERT INTO {} VALUES (%s, %s, %s::numeric, %s::float8, %s::int[], "
+                                       "%s::jsonb, %s)", row)
 
 
 def test_a_column_default_that_differs_is_a_difference_with_its_fix(clusters):

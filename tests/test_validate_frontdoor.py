@@ -166,6 +166,36 @@ def test_a_table_without_a_key_compares_as_a_multiset_at_the_door(door, compare)
     assert compare(source, target, KEYLESS).equal
 
 
+@pytest.mark.parametrize("door", ["postgres"], indirect=True)
+def test_an_extra_copy_in_one_partition_is_deleted_there_and_no_row_of_another_partition(door, compare):
+    """A ctid names a row in each partition: the fix's delete names the partition too.
+    Both partitions' first rows sit at ctid (0,1), and the row copied is the first of
+    its partition, in the same region as the other's first."""
+    source, target = door
+    table = ("public", "Parted Log")
+    rows = [(region, n) for region in ("a", "b") for n in range(3)]
+    with source.session() as session:
+        session.ddl('CREATE TABLE "Parted Log" (region text, n int) DISTRIBUTED BY (region)')
+        with session.transaction() as tx:
+            tx.insert(table, [{"region": r, "n": n} for r, n in rows])
+    with target.coordinator_connection() as conn:
+        conn.execute('CREATE TABLE "Parted Log" (region text, n int) PARTITION BY LIST (n)')
+        conn.execute('CREATE TABLE "Parted Log 0" PARTITION OF "Parted Log" FOR VALUES IN (0)')
+        conn.execute('CREATE TABLE "Parted Log 1" PARTITION OF "Parted Log" FOR VALUES IN (1, 2)')
+        with conn.cursor() as cursor:
+            cursor.executemany('INSERT INTO "Parted Log" VALUES (%s, %s)', [*rows, ("a", 1)])
+    try:
+        result = compare(source, target, table)
+        assert (result.diff.missing, result.diff.extra, result.diff.expected) == (0, 1, 6), result.diff.examples
+        apply(target, result)
+        again = compare(source, target, table)
+        assert again.equal and again.diff.actual == 6, again.diff.line()
+    finally:
+        for cluster in (source, target):
+            with cluster.session() as session:
+                session.ddl('DROP TABLE IF EXISTS "Parted Log"')
+
+
 def test_target_suites_are_computed_by_each_store_inside_the_snapshot(door):
     source, target = door
     stores = len(target.segments)
@@ -315,6 +345,27 @@ def test_a_changed_row_in_a_shard_its_hash_does_not_name_is_counted_once_and_its
     assert (result.diff.missing, result.diff.extra, result.diff.changed, result.diff.misplaced) == (0, 0, 1, 0)
     apply(target, result)
     assert compare(source, target, TABLE).equal
+
+
+@pytest.mark.parametrize("door", [pytest.param("citus", marks=pytest.mark.citus)], indirect=True)
+def test_a_keyless_row_copied_into_a_shard_its_hash_does_not_name_is_one_extra_row_deleted_there(door, compare):
+    """The copy in the wrong shard is the extra one: deleted by its worker, and the door's
+    own delete (which reaches the row's home shard) is not also sent."""
+    source, target = door
+    info = target.table(KEYLESS)
+    with target.coordinator_connection() as conn:
+        home = conn.execute("SELECT get_shard_id_for_distribution_column(%s, 'e5')", (info.name,)).fetchone()[0]
+    wrong = next(p for p in target._placements(info) if not p[1].as_string(None).endswith(f'_{home}"'))
+    with target.connect_node(target.segments[wrong[0]]) as conn:
+        conn.execute(sql.SQL("INSERT INTO {} VALUES ('e5', 0)").format(wrong[1]))
+    result = compare(source, target, KEYLESS)
+    diff = result.diff
+    assert (diff.missing, diff.extra, diff.misplaced) == (0, 1, 0), diff.examples
+    assert [(row.kind, row.target_segment) for row in diff.rows] == [("extra", wrong[0])]
+    assert set(result.fix) == {wrong[0]}  # by the worker, in that shard
+    apply(target, result)
+    again = compare(source, target, KEYLESS)
+    assert again.equal and again.diff.actual == 400, again.diff.line()
 
 
 @pytest.mark.parametrize("replay_target", ["postgres", pytest.param("citus", marks=pytest.mark.citus)],

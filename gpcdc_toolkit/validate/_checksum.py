@@ -48,10 +48,25 @@ from ._chunks import (
     without,
     xored,
 )
-from ._diff import EXAMPLES, DifferingRow, TableDiff
+from ._diff import EXAMPLES, DifferingRow, TableDiff, Text
 from ._snapshots import Snapshots
 
 FETCH_ROWS = 1000  # bisect until a differing chunk holds at most this many rows
+
+# The steps of a node's fix, in the order they run: every delete first, so that no
+# insert meets a copy still there (under a unique index), then the updates, then the inserts.
+DELETE, UPDATE, INSERT = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Fix:
+    """One statement of a table's fix: the differing row it mends, the target node it
+    runs on, and its step (``DELETE``, ``UPDATE`` or ``INSERT``)."""
+
+    row: DifferingRow
+    node: int
+    step: int
+    statement: sql.Composable
 
 
 class ValidationError(GpcdcError):
@@ -338,29 +353,68 @@ def _fetched(side: Snapshots, chunks: list[Chunk], results: list[list[tuple[Any,
     return [(node, tuple(row[:-1]), row[-1]) for node, rows in zip(nodes, results) for row in rows]
 
 
-def _settle(sides: tuple[Snapshots, Snapshots], infos: tuple[Table, Table], hashes: tuple[sql.Composable, sql.Composable],
-            key: str, lone: dict[int, LoneRow]) -> tuple[set[int], tuple[Fetched, Fetched]]:
-    """The lone rows looked up by their ``key`` column on every node of both sides
-    (through the key's index, not by reading the table): the chunks ``settled`` proves,
-    and each side's rows under those chunks' keys."""
-    at = infos[0].columns.index(key)
-    keys = sql.Literal("{" + ",".join(str(k) for k in sorted({row.key for row in lone.values()})) + "}")
-    queries = [[(conn, sql.SQL("SELECT {}, {}, {} FROM {} t WHERE {} = ANY({}::bigint[])").format(
-                    sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.columns),
-                    _row(info), hashed, side.relation(node, info), sql.Identifier(key), keys))
-                for node, conn in side.segments()] for side, info, hashed in zip(sides, infos, hashes)]
+def _under_keys(side: Snapshots, info: Table, keys: Sequence[Text], hashed: sql.Composable) -> list[Query]:
+    """Queries for every row under ``keys`` (primary-key values as text) on every node of
+    ``side``, found through the key's index rather than by reading the table: each row's
+    columns as text, its text and its hash."""
+    columns = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.columns)
+    whole = [k for k in keys if None not in k]
+    tests: list[sql.Composable] = []
+    if whole:
+        if len(info.primary_key) == 1:
+            tests.append(sql.SQL("{} = ANY(ARRAY[{}])").format(sql.Identifier(info.primary_key[0]), sql.SQL(", ").join(
+                _typed(info, info.primary_key[0], k[0]) for k in whole)))
+        else:
+            tests.append(sql.SQL("({}) IN ({})").format(
+                sql.SQL(", ").join(map(sql.Identifier, info.primary_key)), sql.SQL(", ").join(
+                    sql.SQL("({})").format(sql.SQL(", ").join(_typed(info, c, v) for c, v in zip(info.primary_key, k)))
+                    for k in whole)))
+    # A NULL in a key (a segment's table lost its NOT NULL) is found by IS NULL, which = never matches.
+    tests += [_where(info, info.primary_key, k) for k in keys if None in k]
+    return [(conn, sql.SQL("SELECT {}, {}, {} FROM {} t WHERE {}").format(
+                columns, _row(info), hashed, side.relation(node, info), sql.SQL(" OR ").join(tests)))
+            for node, conn in side.segments()]
+
+
+def _looked_up(sides: tuple[Snapshots, Snapshots], infos: tuple[Table, Table], hashes: tuple[sql.Composable, sql.Composable],
+               keys: Sequence[Text]) -> tuple[list[tuple[FetchedRow, int]], list[tuple[FetchedRow, int]]]:
+    """Every row of both sides under ``keys``, each with its hash."""
+    queries = [_under_keys(side, info, keys, hashed) for side, info, hashed in zip(sides, infos, hashes)]
     results = iter(_run_all(queries[0] + queries[1]))
-    found: tuple[dict[int, list[int]], dict[int, list[int]]] = ({}, {})
-    rows: tuple[Fetched, Fetched] = ([], [])
+    found: tuple[list[tuple[FetchedRow, int]], list[tuple[FetchedRow, int]]] = ([], [])
     for side in (0, 1):
         for node, _conn in sides[side].segments():
-            for *columns, text, row_hash in next(results):
-                found[side].setdefault(int(columns[at]), []).append(row_hash % MOD)
-                rows[side].append((node.content, tuple(columns), text))
+            found[side].extend(((node.content, tuple(columns), text), row_hash) for *columns, text, row_hash in next(results))
+    return found
+
+
+def _settle(sides: tuple[Snapshots, Snapshots], infos: tuple[Table, Table], hashes: tuple[sql.Composable, sql.Composable],
+            key: str, lone: dict[int, LoneRow]) -> tuple[set[int], tuple[Fetched, Fetched]]:
+    """The lone rows looked up by their ``key`` column on every node of both sides: the
+    chunks ``settled`` proves, and each side's rows under those chunks' keys."""
+    at = infos[0].columns.index(key)
+    rows = _looked_up(sides, infos, hashes, [(str(k),) for k in sorted({row.key for row in lone.values()})])
+    found: tuple[dict[int, list[int]], dict[int, list[int]]] = ({}, {})
+    for side in (0, 1):
+        for (_node, columns, _text), row_hash in rows[side]:
+            found[side].setdefault(int(columns[at]), []).append(row_hash % MOD)  # type: ignore[arg-type]
     proven = settled(lone, found)
     keys_settled = {str(lone[prefix].key) for prefix in proven}
-    source_rows, target_rows = ([r for r in side_rows if r[1][at] in keys_settled] for side_rows in rows)
+    source_rows, target_rows = ([r for r, _hash in side_rows if r[1][at] in keys_settled] for side_rows in rows)
     return proven, (source_rows, target_rows)
+
+
+def _every_copy(sides: tuple[Snapshots, Snapshots], infos: tuple[Table, Table], hashes: tuple[sql.Composable, sql.Composable],
+                fetched: tuple[Fetched, Fetched], known: tuple[Fetched, Fetched]) -> tuple[Fetched, Fetched]:
+    """Each side's rows of the fetched chunks with every other row under their keys (a key
+    held twice, where a node lost its unique index, may have a copy in a chunk that did
+    not differ), joined to the rows ``known`` already (settled by key: every copy)."""
+    at = [infos[0].columns.index(c) for c in infos[0].primary_key]
+    have = {tuple(r[1][i] for i in at) for side in known for r in side}
+    keys = sorted({k for side in fetched for r in side if (k := tuple(r[1][i] for i in at)) not in have}, key=repr)
+    looked = _looked_up(sides, infos, hashes, keys) if keys else ([], [])
+    return (_joined(fetched[0], known[0] + [r for r, _hash in looked[0]]),
+            _joined(fetched[1], known[1] + [r for r, _hash in looked[1]]))
 
 
 def _joined(fetched: Fetched, looked_up: Fetched) -> Fetched:
@@ -489,54 +543,79 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
     if chunks:
         fetches = (_fetch(source, info, hashed, chunks), _fetch(target, target_info, target_hashed, chunks))
         results = _run_all(fetches[0] + fetches[1])
-        src = _joined(_fetched(source, chunks, results[:len(fetches[0])]), src)
-        tgt = _joined(_fetched(target, chunks, results[len(fetches[0]):]), tgt)
-    diff, fix = (_by_key if info.primary_key else _as_multiset)(info, target, src, tgt)
+        fetched = (_fetched(source, chunks, results[:len(fetches[0])]), _fetched(target, chunks, results[len(fetches[0]):]))
+        if info.primary_key:
+            src, tgt = _every_copy((source, target), (info, target_info), (hashed, target_hashed), fetched, (src, tgt))
+        else:
+            src, tgt = fetched
     misplaced = _misplaced(target, target_info, suspects)
-    result = finish(info, target, target_info, diff, fix, misplaced, totals, rounds=rounds, chunks=len(chunks),
+    diff, fixes = (_by_key if info.primary_key else _as_multiset)(info, target, src, tgt, misplaced)
+    result = finish(info, target, target_info, diff, fixes, misplaced, totals, rounds=rounds, chunks=len(chunks),
                     fetched=len(src) + len(tgt), started=started)
     return dataclasses.replace(result, levels=tuple(levels), settled=settled_chunks)
 
 
-def finish(info: Table, target: Snapshots, target_info: Table, diff: TableDiff, fix: dict[int, list[str]],
-           misplaced: list[tuple[int, sql.Composable, tuple[str | None, ...], str]], totals: tuple[int, int], *, rounds: int,
-           chunks: int, fetched: int, started: float) -> ChecksumResult:
+MisplacedRow = tuple[int, sql.Composable, Text, str]  # (node, the relation holding it there, columns as text, its text)
+
+
+def finish(info: Table, target: Snapshots, target_info: Table, diff: TableDiff, fixes: list[Fix],
+           misplaced: Sequence[MisplacedRow], totals: tuple[int, int], *, rounds: int, chunks: int, fetched: int,
+           started: float) -> ChecksumResult:
     """A table's result from its row differences (either mode's): misplaced rows and
-    schema differences added, with their fix statements.
+    schema differences added, with their fix statements (``planned``)."""
+    moved, fixes = planned(target, target_info, diff, fixes, misplaced)
+    examples = diff.examples + tuple(f"row {row.target!r} on segment {row.target_segment}, which its distribution key "
+                                     "does not name" for row in moved[:EXAMPLES])
+    diff = dataclasses.replace(diff, expected=totals[0], actual=totals[1], misplaced=len(moved), examples=examples,
+                               rows=diff.rows + tuple(moved))
+    schema, alter = _schema(info, target_info)
+    statements = [(fix.node, fix.statement) for fix in fixes]
+    statements += [(COORDINATOR, statement) for statement in alter]  # DDL: the coordinator sends it to the segments
+    return ChecksumResult(info.name, diff, rounds, chunks, fetched, time.monotonic() - started,
+                          _rendered(target, statements), tuple(schema), parts=info.parts, columns=info.columns,
+                          key_columns=info.primary_key or info.columns)
+
+
+def planned(target: Snapshots, info: Table, diff: TableDiff, fixes: list[Fix],
+            misplaced: Sequence[MisplacedRow]) -> tuple[list[DifferingRow], list[Fix]]:
+    """The rows found misplaced that the diff does not name, and the whole fix in the
+    order it runs on each node (``DELETE``, ``UPDATE``, ``INSERT``).
 
     A misplaced row that the diff names too (extra, or a changed version) is counted
-    once, by the diff. Its move comes first in its node's statements: it is deleted where
-    it is, so the diff's own statement for it (by key) finds nothing there, and what goes
-    to its home is the source's version, or nothing for an extra row."""
-    named = {(r.target_segment, r.target): r for r in diff.rows if r.kind in ("extra", "changed")}
-    moves = [(row, named.get((row[0], row[2]))) for row in misplaced]
-    for node, statements in _moves(target, target_info, moves).items():
-        fix[node] = statements + fix.get(node, [])
-    misplaced = [row for row, by_diff in moves if by_diff is None]
-    examples = diff.examples + tuple(f"row {row!r} on segment {node}, which its distribution key does not name"
-                                     for node, _relation, row, _ in misplaced[:EXAMPLES])
+    once, by the diff, and mended by its move alone: deleted where it is, and what goes
+    to its home is the source's version, or nothing for an extra row. Each row the diff
+    names takes one misplaced copy at most."""
+    named: dict[tuple[int | None, Text | None], list[DifferingRow]] = {}
+    for differing_row in diff.rows:
+        if differing_row.kind in ("extra", "changed"):
+            named.setdefault((differing_row.target_segment, differing_row.target), []).append(differing_row)
     key = [info.columns.index(c) for c in info.primary_key] or range(len(info.columns))
-    moved = tuple(DifferingRow("misplaced", tuple(row[i] for i in key), target=row, target_segment=node)
-                  for node, _relation, row, _ in misplaced)
-    diff = dataclasses.replace(diff, expected=totals[0], actual=totals[1], misplaced=len(misplaced), examples=examples,
-                               rows=diff.rows + moved)
-    schema, alter = _schema(info, target_info)
-    if alter:  # DDL: on the coordinator, which dispatches it to the segments
-        rendered = _rendered(target, [(COORDINATOR, statement) for statement in alter])
-        fix.setdefault(COORDINATOR, []).extend(rendered[COORDINATOR])
-    return ChecksumResult(info.name, diff, rounds, chunks, fetched, time.monotonic() - started, fix, tuple(schema),
-                          parts=info.parts, columns=info.columns, key_columns=info.primary_key or info.columns)
+    moves: list[tuple[MisplacedRow, DifferingRow]] = []
+    moved: list[DifferingRow] = []
+    for row in misplaced:
+        if by_diff := named.get((row[0], row[2])):
+            moves.append((row, by_diff.pop()))
+        else:
+            moved.append(DifferingRow("misplaced", tuple(row[2][i] for i in key), target=row[2], target_segment=row[0]))
+            moves.append((row, moved[-1]))
+    mended = Counter(by_move for _row, by_move in moves)
+    kept = []
+    for fix in fixes:  # the diff's own statements, but for the rows their moves mend
+        if mended[fix.row]:
+            mended[fix.row] -= 1
+        else:
+            kept.append(fix)
+    return moved, sorted(_moves(target, info, moves) + kept, key=lambda fix: fix.step)
 
 
-def _misplaced(target: Snapshots, info: Table,
-               nodes: Sequence[Node] | None = None) -> list[tuple[int, sql.Composable, tuple[str | None, ...], str]]:
+def _misplaced(target: Snapshots, info: Table, nodes: Sequence[Node] | None = None) -> list[MisplacedRow]:
     """Rows of the target stored where its distribution does not send their key: (node,
     the relation holding it there, columns as text, row text), on ``nodes`` (by default
     every segment). How to tell is the target's own (``Cluster.misplaced_rows``)."""
     columns = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.columns)
     select = sql.SQL("{}, {}").format(columns, _row(info))
 
-    def on(pair: tuple[Node, psycopg.Connection[Any]]) -> list[tuple[int, sql.Composable, tuple[str | None, ...], str]]:
+    def on(pair: tuple[Node, psycopg.Connection[Any]]) -> list[MisplacedRow]:
         node, conn = pair
         return [(node.content, relation, tuple(r[:-1]), r[-1])
                 for relation, r in target.cluster.misplaced_rows(node, conn, info, select)]
@@ -549,18 +628,24 @@ def _misplaced(target: Snapshots, info: Table,
         return [row for rows in pool.map(on, pairs) for row in rows]
 
 
-def _moves(target: Snapshots, info: Table, misplaced: list[tuple[Any, DifferingRow | None]]) -> dict[int, list[str]]:
+def _one_copy(relation: sql.Composable, pin: sql.Composable, info: Table, text: str) -> sql.Composable:
+    """A delete of one row of ``relation`` whose text is ``text``. A row is found by its
+    table and ctid together: a ctid alone names a row in each partition or child of a
+    partitioned or inherited table."""
+    return sql.SQL("DELETE FROM {} WHERE {}(tableoid, ctid) IN (SELECT tableoid, ctid FROM {} t WHERE {}{} = {} LIMIT 1)"
+                   ).format(relation, pin, relation, pin, _row(info), sql.Literal(text))
+
+
+def _moves(target: Snapshots, info: Table, moves: list[tuple[MisplacedRow, DifferingRow]]) -> list[Fix]:
     """Each misplaced row deleted where it is and inserted where it belongs: itself, or
-    where the diff names it too (``DifferingRow``), the source's version (none for an
-    extra row)."""
-    statements: list[tuple[int, sql.Composable]] = []
-    for (node, relation, row, text), by_diff in misplaced:  # deleted where it is, on that node, whatever the door
-        statements.append((node, sql.SQL("DELETE FROM {} WHERE ctid IN (SELECT ctid FROM {} t WHERE {} = {} LIMIT 1)")
-                           .format(relation, relation, _row(info), sql.Literal(text))))
-        home = row if by_diff is None else by_diff.source
+    where the diff names it too, the source's version (none for an extra row)."""
+    fixes = []
+    for (node, relation, row, text), differing_row in moves:  # deleted where it is, on that node, whatever the door
+        fixes.append(Fix(differing_row, node, DELETE, _one_copy(relation, sql.SQL(""), info, text)))
+        home = row if differing_row.kind == "misplaced" else differing_row.source
         if home is not None:
-            statements.append(_insert(info, target, home))
-    return _rendered(target, statements)
+            fixes.append(Fix(differing_row, *_insert(info, target, home)))
+    return fixes
 
 
 def _typed(info: Table, column: str, text: str | None) -> sql.Composable:
@@ -572,31 +657,34 @@ def _equal(info: Table, column: str, text: str | None) -> sql.Composable:
     return sql.SQL("{} = {}").format(sql.Identifier(column), _typed(info, column, text))
 
 
-def _where(info: Table, columns: tuple[str, ...], row: tuple[str | None, ...]) -> sql.Composable:
-    """``row``'s values in ``columns`` matched: a NULL (a key column whose NOT NULL a
-    segment lost) by IS NULL, which ``=`` never matches."""
-    return sql.SQL(" AND ").join(
-        _equal(info, c, row[info.columns.index(c)]) if row[info.columns.index(c)] is not None
-        else sql.SQL("{} IS NULL").format(sql.Identifier(c)) for c in columns)
+def _where(info: Table, columns: Sequence[str], values: Text) -> sql.Composable:
+    """Each of ``columns`` matched to its value in ``values``: a NULL (a key column whose
+    NOT NULL a segment lost) by IS NULL, which ``=`` never matches."""
+    return sql.SQL(" AND ").join(_equal(info, c, v) if v is not None else sql.SQL("{} IS NULL").format(sql.Identifier(c))
+                                 for c, v in zip(columns, values))
 
 
-def _insert(info: Table, target: Snapshots, row: tuple[str | None, ...]) -> tuple[int, sql.Composable]:
+def _insert(info: Table, target: Snapshots, row: Text) -> tuple[int, int, sql.Composable]:
+    """The insert of ``row``: (the node it runs on, ``INSERT``, the statement)."""
     index = {c: i for i, c in enumerate(info.columns)}
     node = target.cluster.home_of([row[index[c]] for c in info.distribution_key])
     columns = [c for c in info.columns if c not in info.generated]
     statement = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
         info.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)),
         sql.SQL(", ").join(_typed(info, c, v) for c, v in zip(info.columns, row) if c not in info.generated))
-    return node, statement
+    return node, INSERT, statement
 
 
-def _by_key(info: Table, target: Snapshots, src: Fetched, tgt: Fetched) -> tuple[TableDiff, dict[int, list[str]]]:
+Diff = tuple[TableDiff, list[Fix]]
+
+
+def _by_key(info: Table, target: Snapshots, src: Fetched, tgt: Fetched, misplaced: Sequence[MisplacedRow] = ()) -> Diff:
     """The rows compared by primary key. A key that a side holds more than once (on a
     segment without the key's unique index, or on two segments) has its rows compared
     as a multiset, so that no copy is merged into another and passes for equal."""
     key = [info.columns.index(c) for c in info.primary_key]
 
-    def key_of(fetched: FetchedRow) -> tuple[str | None, ...]:
+    def key_of(fetched: FetchedRow) -> Text:
         return tuple(fetched[1][i] for i in key)
 
     held = Counter(map(key_of, src)) | Counter(map(key_of, tgt))  # the most either side holds
@@ -606,104 +694,107 @@ def _by_key(info: Table, target: Snapshots, src: Fetched, tgt: Fetched) -> tuple
     unique = _by_unique_key(info, target, [r for r in src if key_of(r) not in twice],
                             [r for r in tgt if key_of(r) not in twice])
     copies = _as_multiset(info, target, [r for r in src if key_of(r) in twice], [r for r in tgt if key_of(r) in twice],
-                          key)
+                          misplaced, key)
     return _merged(unique, copies)
 
 
-def _merged(*parts: tuple[TableDiff, dict[int, list[str]]]) -> tuple[TableDiff, dict[int, list[str]]]:
+def _merged(*parts: Diff) -> Diff:
     """Row differences of disjoint sets of rows of one table, and their fixes, as one
     (its row counts are the parts', which ``finish`` replaces by the tables' own)."""
-    diffs = [diff for diff, _fix in parts]
-    fix: dict[int, list[str]] = {}
-    for _diff, statements in parts:
-        for node, said in statements.items():
-            fix.setdefault(node, []).extend(said)
+    diffs = [diff for diff, _fixes in parts]
     return TableDiff(diffs[0].table, sum(d.expected for d in diffs), sum(d.actual for d in diffs),
                      sum(d.missing for d in diffs), sum(d.extra for d in diffs), sum(d.changed for d in diffs),
                      tuple(e for d in diffs for e in d.examples),
-                     rows=tuple(r for d in diffs for r in d.rows)), fix
+                     rows=tuple(r for d in diffs for r in d.rows)), [fix for _diff, fixes in parts for fix in fixes]
 
 
-def _by_unique_key(info: Table, target: Snapshots, src: Fetched, tgt: Fetched) -> tuple[TableDiff, dict[int, list[str]]]:
+def _by_unique_key(info: Table, target: Snapshots, src: Fetched, tgt: Fetched) -> Diff:
     key = [info.columns.index(c) for c in info.primary_key]
     expected = {tuple(r[i] for i in key): r for _, r, _ in src}
     actual = {tuple(r[i] for i in key): (node, r) for node, r, _ in tgt}
-    statements: list[tuple[int, sql.Composable]] = []
+    source_node = {tuple(r[i] for i in key): node for node, r, _ in src}
+    fixes: list[Fix] = []
     examples: list[str] = []
     missing = sorted((k for k in expected if k not in actual), key=repr)
     extra = sorted((k for k in actual if k not in expected), key=repr)
     changed = sorted((k for k in expected if k in actual and actual[k][1] != expected[k]), key=repr)
     for k in missing:
-        statements.append(_insert(info, target, expected[k]))
+        row = DifferingRow("missing", k, source=expected[k], source_segment=source_node[k])
+        fixes.append(Fix(row, *_insert(info, target, expected[k])))
     for k in extra:
-        node, row = actual[k]
-        statements.append((target.cluster.writer_of(node), sql.SQL("DELETE FROM {} WHERE {}").format(
-            info.identifier, _where(info, info.primary_key, row))))
+        node, have = actual[k]
+        row = DifferingRow("extra", k, target=have, target_segment=node)
+        fixes.append(Fix(row, target.cluster.writer_of(node), DELETE, sql.SQL("DELETE FROM {} WHERE {}").format(
+            info.identifier, _where(info, info.primary_key, k))))
     for k in changed:
-        node, row = actual[k]
+        node, have = actual[k]
         want = expected[k]
-        columns = [c for i, c in enumerate(info.columns) if row[i] != want[i] and c not in info.generated]
-        at = {c: info.columns.index(c) for c in columns}
+        at = {c: i for i, c in enumerate(info.columns) if have[i] != want[i]}
+        row = DifferingRow("changed", k, tuple(at), want, have, source_node[k], node)
         if len(examples) < EXAMPLES:
-            said = ", ".join(f"{c} {row[i]!r}, expected {want[i]!r}" for c, i in at.items())
+            said = ", ".join(f"{c} {have[i]!r}, expected {want[i]!r}" for c, i in at.items())
             examples.append(f"key {k!r}: {said}")
-        assignments = sql.SQL(", ").join(_equal(info, c, want[i]) for c, i in at.items())
-        statements.append((target.cluster.writer_of(node), sql.SQL("UPDATE {} SET {} WHERE {}").format(
-            info.identifier, assignments, _where(info, info.primary_key, row))))
+        assignments = sql.SQL(", ").join(_equal(info, c, want[i]) for c, i in at.items() if c not in info.generated)
+        fixes.append(Fix(row, target.cluster.writer_of(node), UPDATE, sql.SQL("UPDATE {} SET {} WHERE {}").format(
+            info.identifier, assignments, _where(info, info.primary_key, k))))
     examples = [f"missing key {k!r}" for k in missing[:EXAMPLES]] + [f"extra key {k!r}" for k in extra[:EXAMPLES]] + examples
-    source_node = {tuple(r[i] for i in key): node for node, r, _ in src}
-    rows = [DifferingRow("missing", k, source=expected[k], source_segment=source_node[k]) for k in missing]
-    rows += [DifferingRow("extra", k, target=actual[k][1], target_segment=actual[k][0]) for k in extra]
-    rows += [DifferingRow("changed", k, tuple(c for i, c in enumerate(info.columns) if actual[k][1][i] != expected[k][i]),
-                          expected[k], actual[k][1], source_node[k], actual[k][0]) for k in changed]
     diff = TableDiff(info.name, len(expected), len(actual), len(missing), len(extra), len(changed), tuple(examples),
-                     rows=tuple(rows))
-    return diff, _rendered(target, statements)
+                     rows=tuple(fix.row for fix in fixes))
+    return diff, fixes
 
 
-def _as_multiset(info: Table, target: Snapshots, src: Fetched, tgt: Fetched,
-                 key: Sequence[int] = ()) -> tuple[TableDiff, dict[int, list[str]]]:
+def _as_multiset(info: Table, target: Snapshots, src: Fetched, tgt: Fetched, misplaced: Sequence[MisplacedRow] = (),
+                 key: Sequence[int] = ()) -> Diff:
     """The rows compared as a multiset; each differing row known by the columns at
-    ``key``, or by all of them."""
+    ``key``, or by all of them. A row the target holds too often loses its copies on the
+    nodes where the placement check found it misplaced first (their moves then mend
+    them, ``finish``), then on the others, node by node."""
 
-    def known(row: tuple[str | None, ...]) -> tuple[str | None, ...]:
+    def known(row: Text) -> Text:
         return tuple(row[i] for i in key) if key else row
 
     want = Counter(r for _, r, _ in src)
     have = Counter(r for _, r, _ in tgt)
-    where = {r: (node, text) for node, r, text in tgt}
-    statements: list[tuple[int, sql.Composable]] = []
-    for row, n in sorted((want - have).items(), key=repr):
-        statements += [_insert(info, target, row)] * n
-    for row, n in sorted((have - want).items(), key=repr):
-        node, text = where[row]
-        # Rows alike (a table without a key, or copies under one key): delete n of them, by the row's text.
+    source_node = {r: node for node, r, _ in src}
+    held: dict[Text, Counter[int]] = {}  # per row, its copies on each node
+    text: dict[Text, str] = {}
+    for node, r, row_text in tgt:
+        held.setdefault(r, Counter())[node] += 1
+        text[r] = row_text
+    strays = Counter((node, row) for node, _relation, row, _text in misplaced)
+    fixes: list[Fix] = []
+    missing, extra = want - have, have - want
+    for r, n in sorted(missing.items(), key=repr):
+        fixes += [Fix(DifferingRow("missing", known(r), source=r, source_segment=source_node[r]),
+                      *_insert(info, target, r))] * n
+    for r, n in sorted(extra.items(), key=repr):
+        copies, taken, left = held[r], Counter[int](), n
+        for node in sorted(copies):  # the misplaced copies first
+            taken[node] = min(strays[(node, r)], copies[node], left)
+            left -= taken[node]
+        for node in sorted(copies):
+            more = min(copies[node] - taken[node], left)
+            taken[node] += more
+            left -= more
         # The distribution key matched by equality too, outside and inside, so that a front
         # door (Citus) sends the statement to the one shard that holds the row.
-        pin = sql.SQL("").join(sql.SQL("{} AND ").format(_equal(info, c, row[info.columns.index(c)]))
-                               for c in info.distribution_key if row[info.columns.index(c)] is not None)
-        statements.append((target.cluster.writer_of(node), sql.SQL(
-            "DELETE FROM {} WHERE {}ctid IN (SELECT ctid FROM {} t WHERE {}{} = {} LIMIT {})").format(
-                info.identifier, pin, info.identifier, pin, _row(info), sql.Literal(text), sql.Literal(n))))
-    missing, extra = want - have, have - want
+        pin = sql.SQL("").join(sql.SQL("{} AND ").format(_equal(info, c, r[info.columns.index(c)]))
+                               for c in info.distribution_key if r[info.columns.index(c)] is not None)
+        for node in sorted(taken):
+            fixes += [Fix(DifferingRow("extra", known(r), target=r, target_segment=node), target.cluster.writer_of(node),
+                          DELETE, _one_copy(info.identifier, pin, info, text[r]))] * taken[node]
     examples = [f"missing {r!r}" for r in sorted(missing, key=repr)[:EXAMPLES]]
     examples += [f"extra {r!r}" for r in sorted(extra, key=repr)[:EXAMPLES]]
-    source_node = {r: node for node, r, _ in src}
-    rows = [DifferingRow("missing", known(r), source=r, source_segment=source_node[r])
-            for r, n in sorted(missing.items(), key=repr) for _ in range(n)]
-    rows += [DifferingRow("extra", known(r), target=r, target_segment=where[r][0])
-             for r, n in sorted(extra.items(), key=repr) for _ in range(n)]
     diff = TableDiff(info.name, sum(want.values()), sum(have.values()), sum(missing.values()), sum(extra.values()),
-                     examples=tuple(examples), rows=tuple(rows))
-    return diff, _rendered(target, statements)
+                     examples=tuple(examples), rows=tuple(fix.row for fix in fixes))
+    return diff, fixes
 
 
 def _rendered(target: Snapshots, statements: list[tuple[int, sql.Composable]]) -> dict[int, list[str]]:
+    """Statements as SQL text, per node, in their order."""
     out: dict[int, list[str]] = {}
     if statements:
         _node, conn = next(target.segments())
         for node, statement in statements:
             out.setdefault(node, []).append(statement.as_string(conn))
     return out
-
-

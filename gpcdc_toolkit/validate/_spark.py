@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from ..cluster import Table
-from ._checksum import ChecksumResult, _as_multiset, _by_key, _check_shapes, _misplaced, _row, finish
+from ._checksum import ChecksumResult, Diff, MisplacedRow, _as_multiset, _by_key, _check_shapes, _misplaced, _row, finish
 from ._snapshots import SESSION, Snapshots
 
 NAME = "gpcdc_table"
@@ -120,8 +120,8 @@ def spark_diff(source: DataFrame, target: DataFrame, info: Table) -> DataFrame:
     copies each side has (``source_copies``, ``target_copies``)."""
     names = _names(info)
     if not info.primary_key:
-        # Per distinct row: its copies, and (target) a segment holding it and its text, for the fix.
-        counted = [df.groupBy(*names).agg(F.count(F.lit(1)).alias(copies), F.min(SEGMENT).alias("segment"),
+        # Per distinct row: its copies, and (target) the segment of each copy and its text, for the fix.
+        counted = [df.groupBy(*names).agg(F.count(F.lit(1)).alias(copies), F.collect_list(SEGMENT).alias("segments"),
                                           F.min(ROW_TEXT).alias("row"))
                    for df, copies in ((source, "source_copies"), (target, "target_copies"))]
         both = counted[0].alias("s").join(counted[1].alias("t"), [F.col(f"s.{c}").eqNullSafe(F.col(f"t.{c}"))
@@ -129,7 +129,7 @@ def spark_diff(source: DataFrame, target: DataFrame, info: Table) -> DataFrame:
         s_copies, t_copies = F.coalesce(F.col("s.source_copies"), F.lit(0)), F.coalesce(F.col("t.target_copies"), F.lit(0))
         return both.select(*(F.coalesce(F.col(f"s.{c}"), F.col(f"t.{c}")).alias(c) for c in names),
                            s_copies.alias("source_copies"), t_copies.alias("target_copies"),
-                           F.col("t.segment").alias("t_segment"), F.col("t.row").alias("t_row"),
+                           F.col("t.segments").alias("t_segments"), F.col("t.row").alias("t_row"),
                            F.when(s_copies == t_copies, "equal").when(s_copies > t_copies, "missing")
                            .otherwise("extra").alias("status"))
     key = [names[info.columns.index(c)] for c in info.primary_key]
@@ -160,30 +160,34 @@ def compare_spark(spark: Any, source: Snapshots, target: Snapshots, info: Table,
         totals = (src_df.count(), tgt_df.count())
         src: list[tuple[int, tuple[str | None, ...], str]] = []
         tgt: list[tuple[int, tuple[str | None, ...], str]] = []
-        if info.primary_key:
-            for r in diff_df.where("status <> 'equal'").collect():
-                if r["status"] != "extra":
-                    src.append((r["s_" + SEGMENT], tuple(r["s_" + c] for c in names), r["s_row"]))
-                if r["status"] != "missing":
-                    tgt.append((r["t_" + SEGMENT], tuple(r["t_" + c] for c in names), r["t_row"]))
-            diff, fix = _by_key(info, target, src, tgt)
-        else:
-            diff, fix = _multiset_from(diff_df, info, target, src, tgt)
         misplaced = _misplaced(target, target_info) if placement else []  # by the nodes themselves
+        if info.primary_key:
+            # Every row of each side under a key that differs: where a side holds a key
+            # twice, each of its rows is joined, and a copy equal to the other side's row
+            # would otherwise be left out (and the fix, by key, would reach it too).
+            key = [names[info.columns.index(c)] for c in info.primary_key]
+            differing = diff_df.where("status <> 'equal'").select(*(F.col(c).alias(f"k_{c}") for c in key)).distinct()
+            for side, rows in ((src_df, src), (tgt_df, tgt)):
+                under = side.join(differing, [F.col(c).eqNullSafe(F.col(f"k_{c}")) for c in key], "left_semi")
+                rows += [(r[SEGMENT], tuple(r[c] for c in names), r[ROW_TEXT]) for r in under.collect()]
+            diff, fixes = _by_key(info, target, src, tgt, misplaced)
+        else:
+            diff, fixes = _multiset_from(diff_df, info, target, src, tgt, misplaced)
         fetched = len(src) + len(tgt)
     finally:
         src_df.unpersist()
         tgt_df.unpersist()
-    return finish(info, target, target_info, diff, fix, misplaced, totals, rounds=0, chunks=0, fetched=fetched,
+    return finish(info, target, target_info, diff, fixes, misplaced, totals, rounds=0, chunks=0, fetched=fetched,
                   started=started)
 
 
-def _multiset_from(diff_df: DataFrame, info: Table, target: Snapshots, src: list[Any],
-                   tgt: list[Any]) -> tuple[Any, dict[int, list[str]]]:
-    """A keyless table's differing rows, each as many times as its copies on each side."""
+def _multiset_from(diff_df: DataFrame, info: Table, target: Snapshots, src: list[Any], tgt: list[Any],
+                   misplaced: Sequence[MisplacedRow]) -> Diff:
+    """A keyless table's differing rows, each as many times as its copies on each side
+    (the target's each on its segment)."""
     names = _names(info)
     for r in diff_df.where("status <> 'equal'").collect():
         row = tuple(r[c] for c in names)
         src += [(-1, row, r["t_row"])] * r["source_copies"]
-        tgt += [(r["t_segment"], row, r["t_row"])] * r["target_copies"]
-    return _as_multiset(info, target, src, tgt)
+        tgt += [(segment, row, r["t_row"]) for segment in r["t_segments"] or ()]
+    return _as_multiset(info, target, src, tgt, misplaced)
