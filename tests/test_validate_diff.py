@@ -5,7 +5,7 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpcdc_toolkit.validate import diff_by_key, diff_rows
+from gpcdc_toolkit.validate import TableDiff, diff_by_key, diff_rows
 
 values = st.one_of(st.none(), st.integers(-3, 3), st.text(max_size=3), st.booleans())
 rows = st.lists(st.tuples(values, values), max_size=30)
@@ -26,6 +26,11 @@ def test_multiset_differences_are_counted_exactly(expected, actual):
     assert diff.equal == (Counter(expected) == Counter(actual))
     assert (diff.expected, diff.actual) == (len(expected), len(actual))
     assert len(diff.examples) <= 10
+
+
+def test_counts_that_differ_with_no_row_found_apart_are_not_equal():
+    diff = TableDiff("t", 3, 4)
+    assert not diff.equal and diff.line() == "t: 4 rows where 3 were expected; no row found apart"
 
 
 def test_a_duplicated_row_is_a_difference():

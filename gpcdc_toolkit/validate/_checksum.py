@@ -49,9 +49,10 @@ from ._chunks import (
     xored,
 )
 from ._diff import EXAMPLES, DifferingRow, TableDiff, Text
-from ._snapshots import Snapshots
+from ._snapshots import SESSION, Snapshots
 
 FETCH_ROWS = 1000  # bisect until a differing chunk holds at most this many rows
+_FIX_SESSION = [setting.replace("SET ", "SET LOCAL ", 1) for setting in SESSION.split("; ")]  # for its transaction alone
 
 # The steps of a node's fix, in the order they run: every delete first, so that no
 # insert meets a copy still there (under a unique index), then the updates, then the inserts.
@@ -360,15 +361,16 @@ def _under_keys(side: Snapshots, info: Table, keys: Sequence[Text], hashed: sql.
     columns = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.columns)
     whole = [k for k in keys if None not in k]
     tests: list[sql.Composable] = []
-    if whole:
-        if len(info.primary_key) == 1:
-            tests.append(sql.SQL("{} = ANY(ARRAY[{}])").format(sql.Identifier(info.primary_key[0]), sql.SQL(", ").join(
-                _typed(info, info.primary_key[0], k[0]) for k in whole)))
-        else:
-            tests.append(sql.SQL("({}) IN ({})").format(
-                sql.SQL(", ").join(map(sql.Identifier, info.primary_key)), sql.SQL(", ").join(
-                    sql.SQL("({})").format(sql.SQL(", ").join(_typed(info, c, v) for c, v in zip(info.primary_key, k)))
-                    for k in whole)))
+    # Each key column's values as one array, so that the server looks them up in a hash
+    # of them (= ANY) or joins them (unnest), rather than testing each row against each key.
+    arrays = [sql.SQL("ARRAY[{}]::{}[]").format(sql.SQL(", ").join(sql.Literal(k[i]) for k in whole),
+                                                sql.SQL(info.types[info.columns.index(c)]))
+              for i, c in enumerate(info.primary_key)]
+    if whole and len(arrays) == 1:
+        tests.append(sql.SQL("{} = ANY({})").format(sql.Identifier(info.primary_key[0]), arrays[0]))
+    elif whole:
+        tests.append(sql.SQL("({}) IN (SELECT * FROM unnest({}))").format(
+            sql.SQL(", ").join(map(sql.Identifier, info.primary_key)), sql.SQL(", ").join(arrays)))
     # A NULL in a key (a segment's table lost its NOT NULL) is found by IS NULL, which = never matches.
     tests += [_where(info, info.primary_key, k) for k in keys if None in k]
     return [(conn, sql.SQL("SELECT {}, {}, {} FROM {} t WHERE {}").format(
@@ -406,12 +408,19 @@ def _settle(sides: tuple[Snapshots, Snapshots], infos: tuple[Table, Table], hash
 
 def _every_copy(sides: tuple[Snapshots, Snapshots], infos: tuple[Table, Table], hashes: tuple[sql.Composable, sql.Composable],
                 fetched: tuple[Fetched, Fetched], known: tuple[Fetched, Fetched]) -> tuple[Fetched, Fetched]:
-    """Each side's rows of the fetched chunks with every other row under their keys (a key
-    held twice, where a node lost its unique index, may have a copy in a chunk that did
-    not differ), joined to the rows ``known`` already (settled by key: every copy)."""
+    """Each side's rows of the fetched chunks, with every other row under the keys whose
+    fetched rows differ, joined to the rows ``known`` already (settled by key: every
+    copy). A key held twice, where a node lost its unique index, may have a copy in a
+    chunk that did not differ; a key whose rows were all fetched alike on both sides
+    has none such (its other copy's chunk would differ)."""
     at = [infos[0].columns.index(c) for c in infos[0].primary_key]
     have = {tuple(r[1][i] for i in at) for side in known for r in side}
-    keys = sorted({k for side in fetched for r in side if (k := tuple(r[1][i] for i in at)) not in have}, key=repr)
+    under: tuple[dict[Text, Counter[Text]], dict[Text, Counter[Text]]] = ({}, {})
+    for side, rows in zip(under, fetched):
+        for _node, row, _text in rows:
+            side.setdefault(tuple(row[i] for i in at), Counter())[row] += 1
+    keys = sorted((k for k in under[0].keys() | under[1].keys() if k not in have and under[0].get(k) != under[1].get(k)),
+                  key=repr)
     looked = _looked_up(sides, infos, hashes, keys) if keys else ([], [])
     return (_joined(fetched[0], known[0] + [r for r, _hash in looked[0]]),
             _joined(fetched[1], known[1] + [r for r, _hash in looked[1]]))
@@ -549,7 +558,8 @@ def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: 
         else:
             src, tgt = fetched
     misplaced = _misplaced(target, target_info, suspects)
-    diff, fixes = (_by_key if info.primary_key else _as_multiset)(info, target, src, tgt, misplaced)
+    # The statements follow the target's own description (its distribution key).
+    diff, fixes = (_by_key if info.primary_key else _as_multiset)(target_info, target, src, tgt, misplaced)
     result = finish(info, target, target_info, diff, fixes, misplaced, totals, rounds=rounds, chunks=len(chunks),
                     fetched=len(src) + len(tgt), started=started)
     return dataclasses.replace(result, levels=tuple(levels), settled=settled_chunks)
@@ -569,11 +579,13 @@ def finish(info: Table, target: Snapshots, target_info: Table, diff: TableDiff, 
     diff = dataclasses.replace(diff, expected=totals[0], actual=totals[1], misplaced=len(moved), examples=examples,
                                rows=diff.rows + tuple(moved))
     schema, alter = _schema(info, target_info)
-    statements = [(fix.node, fix.statement) for fix in fixes]
-    statements += [(COORDINATOR, statement) for statement in alter]  # DDL: the coordinator sends it to the segments
-    return ChecksumResult(info.name, diff, rounds, chunks, fetched, time.monotonic() - started,
-                          _rendered(target, statements), tuple(schema), parts=info.parts, columns=info.columns,
-                          key_columns=info.primary_key or info.columns)
+    # Each node's statements run in the session the rows' text was read in: a row is
+    # found by its text, which the time zone, the date style... would print otherwise.
+    rendered = {node: [*_FIX_SESSION, *said] for node, said in _rendered(target, [(f.node, f.statement) for f in fixes]).items()}
+    for node, said in _rendered(target, [(COORDINATOR, statement) for statement in alter]).items():
+        rendered.setdefault(node, []).extend(said)  # DDL: the coordinator sends it to the segments
+    return ChecksumResult(info.name, diff, rounds, chunks, fetched, time.monotonic() - started, rendered,
+                          tuple(schema), parts=info.parts, columns=info.columns, key_columns=info.primary_key or info.columns)
 
 
 def planned(target: Snapshots, info: Table, diff: TableDiff, fixes: list[Fix],
@@ -718,13 +730,14 @@ def _by_unique_key(info: Table, target: Snapshots, src: Fetched, tgt: Fetched) -
     missing = sorted((k for k in expected if k not in actual), key=repr)
     extra = sorted((k for k in actual if k not in expected), key=repr)
     changed = sorted((k for k in expected if k in actual and actual[k][1] != expected[k]), key=repr)
+    rows: list[DifferingRow] = []
     for k in missing:
-        row = DifferingRow("missing", k, source=expected[k], source_segment=source_node[k])
-        fixes.append(Fix(row, *_insert(info, target, expected[k])))
+        rows.append(DifferingRow("missing", k, source=expected[k], source_segment=source_node[k]))
+        fixes.append(Fix(rows[-1], *_insert(info, target, expected[k])))
     for k in extra:
         node, have = actual[k]
-        row = DifferingRow("extra", k, target=have, target_segment=node)
-        fixes.append(Fix(row, target.cluster.writer_of(node), DELETE, sql.SQL("DELETE FROM {} WHERE {}").format(
+        rows.append(DifferingRow("extra", k, target=have, target_segment=node))
+        fixes.append(Fix(rows[-1], target.cluster.writer_of(node), DELETE, sql.SQL("DELETE FROM {} WHERE {}").format(
             info.identifier, _where(info, info.primary_key, k))))
     for k in changed:
         node, have = actual[k]
@@ -734,12 +747,14 @@ def _by_unique_key(info: Table, target: Snapshots, src: Fetched, tgt: Fetched) -
         if len(examples) < EXAMPLES:
             said = ", ".join(f"{c} {have[i]!r}, expected {want[i]!r}" for c, i in at.items())
             examples.append(f"key {k!r}: {said}")
-        assignments = sql.SQL(", ").join(_equal(info, c, want[i]) for c, i in at.items() if c not in info.generated)
-        fixes.append(Fix(row, target.cluster.writer_of(node), UPDATE, sql.SQL("UPDATE {} SET {} WHERE {}").format(
-            info.identifier, assignments, _where(info, info.primary_key, k))))
+        assignments = [_equal(info, c, want[i]) for c, i in at.items() if c not in info.generated]
+        if assignments:  # else only a generated column differs: its expression does, which no UPDATE mends
+            fixes.append(Fix(row, target.cluster.writer_of(node), UPDATE, sql.SQL("UPDATE {} SET {} WHERE {}").format(
+                info.identifier, sql.SQL(", ").join(assignments), _where(info, info.primary_key, k))))
+        rows.append(row)
     examples = [f"missing key {k!r}" for k in missing[:EXAMPLES]] + [f"extra key {k!r}" for k in extra[:EXAMPLES]] + examples
     diff = TableDiff(info.name, len(expected), len(actual), len(missing), len(extra), len(changed), tuple(examples),
-                     rows=tuple(fix.row for fix in fixes))
+                     rows=tuple(rows))
     return diff, fixes
 
 

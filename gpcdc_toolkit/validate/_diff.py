@@ -52,7 +52,8 @@ class TableDiff:
 
     @property
     def equal(self) -> bool:
-        return not (self.missing or self.extra or self.changed or self.misplaced)
+        # The counts too: rows a comparison counted but did not find apart are not equal.
+        return not (self.missing or self.extra or self.changed or self.misplaced) and self.expected == self.actual
 
     @property
     def differing(self) -> int:
@@ -63,7 +64,7 @@ class TableDiff:
             return f"{self.table}: {self.actual} rows, equal"
         parts = [f"{n} {what}" for n, what in ((self.missing, "missing"), (self.extra, "extra"),
                                                  (self.changed, "changed"), (self.misplaced, "misplaced")) if n]
-        return f"{self.table}: {self.actual} rows where {self.expected} were expected; {', '.join(parts)}"
+        return f"{self.table}: {self.actual} rows where {self.expected} were expected; {', '.join(parts) or 'no row found apart'}"
 
 
 def diff_rows(table: str, expected: Iterable[Row], actual: Iterable[Row]) -> TableDiff:

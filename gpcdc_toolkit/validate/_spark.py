@@ -162,11 +162,16 @@ def compare_spark(spark: Any, source: Snapshots, target: Snapshots, info: Table,
         tgt: list[tuple[int, tuple[str | None, ...], str]] = []
         misplaced = _misplaced(target, target_info) if placement else []  # by the nodes themselves
         if info.primary_key:
-            # Every row of each side under a key that differs: where a side holds a key
-            # twice, each of its rows is joined, and a copy equal to the other side's row
-            # would otherwise be left out (and the fix, by key, would reach it too).
+            # Every row of each side under a key that differs, or that a side holds more
+            # than once: each of its rows is joined, and a copy equal to the other side's
+            # row would be left out (and the fix, by key, would reach it too), or, copies
+            # alike, every joined row would be equal.
             key = [names[info.columns.index(c)] for c in info.primary_key]
-            differing = diff_df.where("status <> 'equal'").select(*(F.col(c).alias(f"k_{c}") for c in key)).distinct()
+            aliased = [F.col(c).alias(f"k_{c}") for c in key]
+            differing = diff_df.where("status <> 'equal'").select(*aliased)
+            for side in (src_df, tgt_df):
+                differing = differing.union(side.groupBy(*key).count().where("count > 1").select(*aliased))
+            differing = differing.distinct()
             for side, rows in ((src_df, src), (tgt_df, tgt)):
                 under = side.join(differing, [F.col(c).eqNullSafe(F.col(f"k_{c}")) for c in key], "left_semi")
                 rows += [(r[SEGMENT], tuple(r[c] for c in names), r[ROW_TEXT]) for r in under.collect()]
