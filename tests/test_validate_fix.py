@@ -79,3 +79,31 @@ def test_the_planned_fix_leaves_each_node_the_source_rows_it_is_home_to_and_coun
     for node in range(NODES):
         steps = [fix.step for fix in plan if fix.node == node]
         assert steps == sorted(steps)
+
+
+class _Said:
+    def __init__(self):
+        self.statements = []
+
+    def execute(self, statement):
+        self.statements.append(statement.as_string(None))
+
+
+def _side(hosts):
+    nodes = [SimpleNamespace(content=i, host=host) for i, host in enumerate(hosts)]
+    conns = [_Said() for _ in nodes]
+    return SimpleNamespace(cluster=SimpleNamespace(segments=nodes), segments=lambda: list(zip(nodes, conns))), conns
+
+
+def test_nodes_on_this_machine_get_parallel_workers_only_for_its_spare_cores(monkeypatch):
+    from gpcdc_toolkit.validate import _checksum
+
+    for cores, hosts, workers in ((2, ["127.0.0.1"] * 5, 0), (16, ["127.0.0.1"] * 3 + ["/tmp/sock", "localhost"], 2),
+                                  (64, ["127.0.0.1"] * 2, 31)):
+        monkeypatch.setattr(_checksum.os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
+        (source, said), (target, told) = _side(hosts[:len(hosts) // 2]), _side(hosts[len(hosts) // 2:])
+        _checksum._share_cores((source, target))
+        assert {s for conn in said + told for s in conn.statements} == {f"SET LOCAL max_parallel_workers_per_gather = {workers}"}
+    (source, said), (target, told) = _side(["127.0.0.1"] * 3), _side(["db.example.com"])
+    _checksum._share_cores((source, target))  # a remote server keeps its own settings, and so do the local ones beside it
+    assert not any(conn.statements for conn in said + told)
