@@ -455,6 +455,31 @@ def test_a_row_whose_generated_column_alone_differs_is_changed_with_no_statement
                 session.ddl('DROP TABLE IF EXISTS "Generated Twice"')
 
 
+def test_a_target_suite_naming_no_table_compared_is_said_not_run_with_why(clusters, tmp_path):
+    import json
+
+    from gpcdc_toolkit.config import load_config
+    from gpcdc_toolkit.validate import validate
+
+    source, target = clusters
+    suites = tmp_path / "suites"
+    suites.mkdir()
+    for name, table in (("on items", 'public."Order Items"'), ("on the log", 'public."keyless log"'),
+                        ("on a typo", '"Order Items"')):
+        (suites / f"{name}.json").write_text(json.dumps({"name": name, "meta": {"gpcdc": {"frame": "target", "table": table}},
+                                                         "expectations": [{"type": "expect_table_row_count_to_be_between",
+                                                                           "kwargs": {"min_value": 1}}]}))
+    config = load_config({"work_dir": str(tmp_path), "validate.expectations_dir": str(suites)}, environ={})
+    run = validate(config, tables=[TABLE], syncpoint=False, source=source, target=target)
+    assert run.verified and {o.suite for o in run.expectations} >= {"on items"}
+    assert run.suites_not_run == (
+        "expectation suite 'on a typo' not run: \"Order Items\" is no distributed table of the source (name it as "
+        'PostgreSQL prints it, e.g. public."Order Items")',
+        "expectation suite 'on the log' not run: public.\"keyless log\" is not among the tables compared")
+    assert set(run.suites_not_run) <= set(run.lines())
+    assert json.loads((run.output / "summary.json").read_text())["suites_not_run"] == list(run.suites_not_run)
+
+
 def test_a_column_default_that_differs_is_a_difference_with_its_fix(clusters):
     source, target = clusters
     with Session(source) as session:

@@ -78,6 +78,8 @@ class TargetSuites:
         self._placement_checked = placement_checked
         self._suites = {info.name: [(s.name, s.body) for s in suites if s.frame == "target" and s.table == info.name]
                         for info in tables}
+        # (suite, table) of the target suites that name none of ``tables``: not run, and said so.
+        self.unmatched = tuple((s.name, s.table or "") for s in suites if s.frame == "target" and s.table not in self._suites)
         for info in tables:  # the derived suite's kinds do not depend on the row count
             for name, body in [_derived(info, 0), *self._suites[info.name]]:
                 self._kinds(info, name, body)

@@ -23,7 +23,7 @@ from typing import Any
 from .._expect import Outcome, load_suites
 from ..audit._findings import SEVERITIES
 from ..bootstrap import Pipeline, distributed_tables
-from ..cluster import Cluster, TableRef
+from ..cluster import Cluster, Table, TableRef
 from ..config import Config
 from ..connect import open_cluster
 from ..errors import GpcdcError
@@ -61,6 +61,7 @@ class Validation:
     # Per result, each differing row's cause and what shows it (see _causes); the cause
     # None where the evidence could not be read (the detail says why).
     causes: tuple[tuple[tuple[str | None, str, str | None], ...], ...] = ()
+    suites_not_run: tuple[str, ...] = ()  # target suites naming no table compared, each with why
 
     def differing_rows(self) -> list[dict[str, Any]]:
         """Every differing row of every table, with its cause (``rows.parquet``)."""
@@ -118,6 +119,7 @@ class Validation:
             out.append(f"great-expectations: {len(self.expectations)} expectations on the target, "
                        f"{len(self.failed_expectations)} failed")
             out += [f"  {o.suite}: {o.expectation}: {o.evidence}" for o in self.failed_expectations]
+        out += self.suites_not_run
         if counts := self.cause_counts():
             out.append("differing rows by cause: " + ", ".join(f"{n} {cause}" for cause, n in sorted(counts.items()))
                        + f" (every row in {self.output / 'rows.parquet'})")
@@ -177,9 +179,20 @@ def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpo
                                                for info, result in zip(infos, results)])
         summary = point.summary() if point is not None else None
     run = Validation(results, summary, settings.mode, time.monotonic() - started, _run_dir(config), tuple(outcomes),
-                     settings.fail_on, _causes(config, target, results))
+                     settings.fail_on, _causes(config, target, results), _not_run(suites, source, infos, tables is None))
     _write(run, target)
     return run
+
+
+def _not_run(suites: TargetSuites | None, source: Cluster, infos: Sequence[Table], every_table: bool) -> tuple[str, ...]:
+    """A line for each target suite that names no table compared, with why."""
+    if suites is None or not suites.unmatched:
+        return ()
+    known = {info.name for info in (infos if every_table else distributed_tables(source))}
+    return tuple(f"expectation suite {name!r} not run: {table} is "
+                 + ("not among the tables compared" if table in known else
+                    "no distributed table of the source (name it as PostgreSQL prints it, "
+                    f"e.g. {infos[0].name})") for name, table in suites.unmatched)
 
 
 def _causes(config: Config, target: Cluster,
@@ -235,7 +248,7 @@ def _write(run: Validation, target: Cluster) -> None:
     pq.write_table(pa.Table.from_pylist(differing, schema=_rows_schema()), run.output / "rows.parquet")
     (run.output / "summary.json").write_text(json.dumps(
         {"verified": run.verified, "equal": run.equal, "failed_expectations": len(run.failed_expectations),
-         "causes": run.cause_counts(),
+         "causes": run.cause_counts(), "suites_not_run": list(run.suites_not_run),
          "mode": run.mode, "seconds": round(run.seconds, 3), "tables": len(rows),
          "differing": [r["table"] for r in rows if not r["equal"]], "syncpoint": run.syncpoint}, indent=1) + "\n")
     if not run.equal:
