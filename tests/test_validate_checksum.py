@@ -4,6 +4,7 @@ next comparison equal."""
 
 import random
 import uuid
+from contextlib import contextmanager
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,6 +20,8 @@ COLUMNS = '("id" bigint PRIMARY KEY, "select" text, "amount" numeric(20,4), "rat
           '"doc" jsonb, "raw" bytea) DISTRIBUTED BY ("id")'
 KEYLESS = ("public", "keyless log")
 PLACED = ("public", 'Placed "Rows"')  # made by the placement test
+ITEM_COLUMNS = 'id, "select", amount::text, ratio::text, tags::text, doc::text, raw'  # a row of "Order Items" as text
+ITEM_VALUES = "%s, %s, %s::numeric, %s::float8, %s::int[], %s::jsonb, %s"  # and back
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +52,42 @@ def clusters(source, work_dir):
             session.ddl('DROP TABLE IF EXISTS "keyless log"')
             session.ddl(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(*PLACED)).as_string(None))
         target_box.down(remove=True)
+
+
+@contextmanager
+def on_both(clusters, table, columns, rows):
+    """``table`` made on the source and the target (``columns``: its definition), with
+    the same ``rows``; dropped from both after, whatever happened."""
+    name = sql.Identifier(*table).as_string(None)
+    for cluster in clusters:
+        with Session(cluster) as session:
+            session.ddl(f"CREATE TABLE {name} {columns}")
+            with session.transaction() as tx:
+                tx.insert(table, rows)
+    try:
+        yield
+    finally:
+        for cluster in clusters:
+            with Session(cluster) as session:
+                session.ddl(f"DROP TABLE IF EXISTS {name}")
+
+
+@contextmanager
+def restored(clusters, *keys):
+    """Afterwards, whatever happened: the target's "Order Items" rows of ``keys`` as the
+    source has them, each on its segment, and no other copy anywhere."""
+    source, target = clusters
+    try:
+        yield
+    finally:
+        for segment in target.segments:
+            with target.connect_node(segment) as conn:
+                conn.execute('DELETE FROM "Order Items" WHERE id = ANY(%s)', (list(keys),))
+        for key in keys:
+            with source.connect_node(source.segments[segment_for([key], source.segment_count)]) as conn:
+                row = conn.execute(f'SELECT {ITEM_COLUMNS} FROM "Order Items" WHERE id = %s', (key,)).fetchone()
+            if row is not None:
+                on_segment(target, TABLE, key, f"INSERT INTO {{}} VALUES ({ITEM_VALUES})", row)
 
 
 def on_segment(cluster, table, key_value, statement, params=()):
@@ -213,11 +252,11 @@ def test_a_chunk_one_row_apart_is_settled_by_its_key_and_a_crowded_one_bisected(
         by_chunk.setdefault(h >> 48, []).append(key)
     crowded = next(keys[:2] for keys in by_chunk.values() if len(keys) >= 2 and 11 not in keys and 12 not in keys)
     changed = [11, *crowded]
-    for key in changed:
-        on_segment(target, TABLE, key, "UPDATE {} SET \"select\" = 'changed ' || id WHERE id = %s", (key,))
-    on_segment(target, TABLE, 12, "DELETE FROM {} WHERE id = 12")
-    on_segment(target, TABLE, 10**6 + 1, "INSERT INTO {} (id, \"select\") VALUES (1000001, 'extra')")
-    try:
+    with restored(clusters, *changed, 12, 10**6 + 1):
+        for key in changed:
+            on_segment(target, TABLE, key, "UPDATE {} SET \"select\" = 'changed ' || id WHERE id = %s", (key,))
+        on_segment(target, TABLE, 12, "DELETE FROM {} WHERE id = 12")
+        on_segment(target, TABLE, 10**6 + 1, "INSERT INTO {} (id, \"select\") VALUES (1000001, 'extra')")
         after = _hashes(target)
         versions = [h >> 48 for side in (hashes, after) for key, h in side.items()
                     if hashes.get(key) != after.get(key)]
@@ -231,15 +270,6 @@ def test_a_chunk_one_row_apart_is_settled_by_its_key_and_a_crowded_one_bisected(
         assert result.chunks >= 1
         apply(target, result)
         assert compare_checksums(source, target, TABLE).equal
-    finally:  # the target as the source has it, whatever happened above
-        for key in [*changed, 12, 10**6 + 1]:
-            on_segment(target, TABLE, key, "DELETE FROM {} WHERE id = %s", (key,))
-        for key in [*changed, 12]:
-            with source.connect_node(source.segments[segment_for([key], source.segment_count)]) as conn:
-                row = conn.execute('SELECT id, "select", amount::text, ratio::text, tags::text, doc::text, raw '
-                                   'FROM "Order Items" WHERE id = %s', (key,)).fetchone()
-            on_segment(target, TABLE, key, "INSERT INTO {} VALUES (%s, %s, %s::numeric, %s::float8, %s::int[], "
-                                           "%s::jsonb, %s)", row)
     assert compare_checksums(source, target, TABLE).equal
 
 
@@ -272,16 +302,15 @@ def test_a_misplaced_row_that_is_extra_or_changed_too_is_counted_once_and_its_fi
     inserted; a changed row there is deleted and the source's version goes home."""
     source, target = clusters
     stray, moved = 10**6 + 2, 15
-    with target.connect_node(target.segments[1 - segment_for([stray], target.segment_count)]) as conn:
-        conn.execute('INSERT INTO "Order Items" (id, "select") VALUES (%s, %s)', (stray, "stray"))
-    home = segment_for([moved], target.segment_count)
-    columns = 'id, "select", amount::text, ratio::text, tags::text, doc::text, raw'
-    with target.connect_node(target.segments[home]) as conn:
-        row = list(conn.execute(f'DELETE FROM "Order Items" WHERE id = %s RETURNING {columns}', (moved,)).fetchone())
-    row[1] = "moved and changed"
-    with target.connect_node(target.segments[1 - home]) as conn:
-        conn.execute('INSERT INTO "Order Items" VALUES (%s, %s, %s::numeric, %s::float8, %s::int[], %s::jsonb, %s)', row)
-    try:
+    with restored(clusters, stray, moved):
+        with target.connect_node(target.segments[1 - segment_for([stray], target.segment_count)]) as conn:
+            conn.execute('INSERT INTO "Order Items" (id, "select") VALUES (%s, %s)', (stray, "stray"))
+        home = segment_for([moved], target.segment_count)
+        with target.connect_node(target.segments[home]) as conn:
+            row = list(conn.execute(f'DELETE FROM "Order Items" WHERE id = %s RETURNING {ITEM_COLUMNS}', (moved,)).fetchone())
+        row[1] = "moved and changed"
+        with target.connect_node(target.segments[1 - home]) as conn:
+            conn.execute(f'INSERT INTO "Order Items" VALUES ({ITEM_VALUES})', row)
         result = compare(source, target, TABLE, fetch_rows=50)
         diff = result.diff
         assert (diff.missing, diff.extra, diff.changed, diff.misplaced) == (0, 1, 1, 0), diff.examples
@@ -289,14 +318,6 @@ def test_a_misplaced_row_that_is_extra_or_changed_too_is_counted_once_and_its_fi
         apply(target, result)
         again = compare(source, target, TABLE)
         assert again.equal, again.diff.examples
-    finally:  # the target as the source has it, whatever happened above
-        for segment in target.segments:
-            with target.connect_node(segment) as conn:
-                conn.execute('DELETE FROM "Order Items" WHERE id = ANY(%s)', ([stray, moved],))
-        with source.connect_node(source.segments[segment_for([moved], source.segment_count)]) as conn:
-            row = conn.execute(f'SELECT {columns} FROM "Order Items" WHERE id = %s', (moved,)).fetchone()
-        on_segment(target, TABLE, moved, "INSERT INTO {} VALUES (%s, %s, %s::numeric, %s::float8, %s::int[], "
-                                         "%s::jsonb, %s)", row)
 
 
 def test_a_key_held_twice_on_a_segment_is_an_extra_copy_not_merged_into_one_row(clusters, compare):
@@ -308,12 +329,7 @@ def test_a_key_held_twice_on_a_segment_is_an_extra_copy_not_merged_into_one_row(
     source, target = clusters
     table = ("public", "Twice Keyed")
     rows = [{"k": k, "v": f"v{k}"} for k in range(-300, 300)]
-    for cluster in (source, target):
-        with Session(cluster) as session:
-            session.ddl('CREATE TABLE "Twice Keyed" ("k" smallint PRIMARY KEY, "v" text) DISTRIBUTED BY ("k")')
-            with session.transaction() as tx:
-                tx.insert(table, rows)
-    try:
+    with on_both(clusters, table, '("k" smallint PRIMARY KEY, "v" text) DISTRIBUTED BY ("k")', rows):
         for key, value in ((-7, "v-7"), (None, "ghost")):  # each on the segment its key names
             with target.connect_node(target.segments[segment_for([key], target.segment_count)]) as conn:
                 _without_key_index(conn, table)
@@ -328,10 +344,6 @@ def test_a_key_held_twice_on_a_segment_is_an_extra_copy_not_merged_into_one_row(
         apply(target, result)
         again = compare(source, target, table)
         assert again.equal and again.diff.actual == 600, again.diff.line()
-    finally:
-        for cluster in (source, target):
-            with Session(cluster) as session:
-                session.ddl('DROP TABLE IF EXISTS "Twice Keyed"')
 
 
 def _without_key_index(conn, table):
@@ -350,13 +362,8 @@ def test_a_key_held_twice_with_its_other_copy_in_an_equal_chunk_loses_only_the_e
     source, target = clusters
     table = ("public", "Region Keyed")
     rows = [{"Region Code": code, "n": n, "v": f"{code}/{n}"} for code in ("it's", "Nord Ost", '"q"') for n in range(200)]
-    for cluster in (source, target):
-        with Session(cluster) as session:
-            session.ddl('CREATE TABLE "Region Keyed" ("Region Code" text, "n" int, "v" text, '
-                        'PRIMARY KEY ("Region Code", "n")) DISTRIBUTED BY ("Region Code")')
-            with session.transaction() as tx:
-                tx.insert(table, rows)
-    try:
+    with on_both(clusters, table, '("Region Code" text, "n" int, "v" text, PRIMARY KEY ("Region Code", "n")) '
+                                  'DISTRIBUTED BY ("Region Code")', rows):
         with target.connect_node(target.segments[segment_for(["it's"], target.segment_count)]) as conn:
             _without_key_index(conn, table)
             conn.execute('INSERT INTO "Region Keyed" VALUES (%s, %s, %s)', ("it's", 7, "other"))
@@ -367,10 +374,6 @@ def test_a_key_held_twice_with_its_other_copy_in_an_equal_chunk_loses_only_the_e
         apply(target, result)
         again = compare(source, target, table)
         assert again.equal and again.diff.actual == 600, again.diff.line()
-    finally:
-        for cluster in (source, target):
-            with Session(cluster) as session:
-                session.ddl('DROP TABLE IF EXISTS "Region Keyed"')
 
 
 def test_a_copy_of_a_keyed_row_on_another_segment_is_moved_home_after_the_changed_row_there_is_deleted(clusters, compare):
@@ -380,13 +383,12 @@ def test_a_copy_of_a_keyed_row_on_another_segment_is_moved_home_after_the_change
     source, target = clusters
     key = 21
     home = segment_for([key], target.segment_count)
-    columns = 'id, "select", amount::text, ratio::text, tags::text, doc::text, raw'
     with source.connect_node(source.segments[segment_for([key], source.segment_count)]) as conn:
-        row = conn.execute(f'SELECT {columns} FROM "Order Items" WHERE id = %s', (key,)).fetchone()
-    with target.connect_node(target.segments[1 - home]) as conn:
-        conn.execute('INSERT INTO "Order Items" VALUES (%s, %s, %s::numeric, %s::float8, %s::int[], %s::jsonb, %s)', row)
-    on_segment(target, TABLE, key, "UPDATE {} SET \"select\" = 'at home, changed' WHERE id = %s", (key,))
-    try:
+        row = conn.execute(f'SELECT {ITEM_COLUMNS} FROM "Order Items" WHERE id = %s', (key,)).fetchone()
+    with restored(clusters, key):
+        with target.connect_node(target.segments[1 - home]) as conn:
+            conn.execute(f'INSERT INTO "Order Items" VALUES ({ITEM_VALUES})', row)
+        on_segment(target, TABLE, key, "UPDATE {} SET \"select\" = 'at home, changed' WHERE id = %s", (key,))
         result = compare(source, target, TABLE, fetch_rows=50)
         diff = result.diff
         assert (diff.missing, diff.extra, diff.changed, diff.misplaced) == (0, 1, 0, 1), diff.examples
@@ -395,12 +397,6 @@ def test_a_copy_of_a_keyed_row_on_another_segment_is_moved_home_after_the_change
         apply(target, result)
         again = compare(source, target, TABLE)
         assert again.equal, again.diff.examples
-    finally:  # the target as the source has it, whatever happened above
-        for segment in target.segments:
-            with target.connect_node(segment) as conn:
-                conn.execute('DELETE FROM "Order Items" WHERE id = %s', (key,))
-        on_segment(target, TABLE, key, "INSERT INTO {} VALUES (%s, %s, %s::numeric, %s::float8, %s::int[], "
-                                       "%s::jsonb, %s)", row)
 
 
 def test_the_fix_finds_a_row_by_its_text_whatever_the_session_it_is_run_in(clusters, compare):
@@ -411,12 +407,7 @@ def test_the_fix_finds_a_row_by_its_text_whatever_the_session_it_is_run_in(clust
     table = ("public", "Stamped Log")
     rows = [{"at": f"2026-11-{1 + i % 28:02d} {i % 24:02d}:30:00+00", "note": f"n{i % 7}", "day": f"2026-10-{1 + i % 28:02d}"}
             for i in range(60)]
-    for cluster in (source, target):
-        with Session(cluster) as session:
-            session.ddl('CREATE TABLE "Stamped Log" ("at" timestamptz, "note" text, "day" date) DISTRIBUTED BY ("note")')
-            with session.transaction() as tx:
-                tx.insert(table, rows)
-    try:
+    with on_both(clusters, table, '("at" timestamptz, "note" text, "day" date) DISTRIBUTED BY ("note")', rows):
         on_segment(target, table, "n3", "INSERT INTO {} VALUES ('2026-11-04 03:30:00+00', 'n3', '2026-10-04')")  # a copy
         result = compare(source, target, table)
         assert (result.diff.missing, result.diff.extra) == (0, 1), result.diff.examples
@@ -428,10 +419,6 @@ def test_the_fix_finds_a_row_by_its_text_whatever_the_session_it_is_run_in(clust
                     conn.execute(statement)
         again = compare(source, target, table)
         assert again.equal and again.diff.actual == 60, again.diff.line()
-    finally:
-        for cluster in (source, target):
-            with Session(cluster) as session:
-                session.ddl('DROP TABLE IF EXISTS "Stamped Log"')
 
 
 def test_a_row_whose_generated_column_alone_differs_is_changed_with_no_statement(clusters):
