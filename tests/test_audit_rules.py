@@ -301,19 +301,3 @@ def test_of_the_copies_of_a_message_the_first_in_position_order_stays_and_the_re
             if d._hash != d._first_hash} == expected_conflicts
     kept = {(e.topic, e.partition, e.offset) for e in stream.events.select("topic", "partition", "offset").collect()}
     assert kept == {_position(m) for m in messages + [c for _o, c in copies]} - expected_copies
-
-
-def test_the_events_keep_the_row_images_only_where_a_suite_names_them(spark):
-    """No rule reads before, after or unchanged: the events the rules read again and again
-    leave them out, but for an events suite that names one; duplicates keep them whole."""
-    from gpcdc_toolkit._expect import Suite
-
-    frame = events_frame(spark, StreamBuilder().part(0, 7, 100, 1000, rows=[("t", 1)]).record(7, [0], 90, 999).messages())
-    _, stream = audit_events(frame, THRESHOLDS)
-    assert not {"before", "after", "unchanged"} & set(stream.events.columns)
-    assert {"before", "after", "unchanged"} <= set(stream.duplicates.columns)
-    suite = Suite("images", "events", False, {"name": "images", "expectations": [
-        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "after", "row_condition": 'kind="row"'}}]})
-    _, stream = audit_events(frame, THRESHOLDS, suites=[suite])
-    assert {"after"} == {"before", "after", "unchanged"} & set(stream.events.columns)
-    assert stream.events.where("kind = 'row'").select("after").first()["after"] is not None

@@ -9,23 +9,12 @@ duplicates removed) or ``tables`` (one row per table, ``keys`` all, none or mixe
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable
-
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from .._expect import Expectations, Outcome, Suite
 from ._findings import FINDING_COLUMNS
-from ._rules import IMAGES, Stream
-
-
-def images_named(suites: Iterable[Suite]) -> set[str]:
-    """The row images (``IMAGES``) that an ``events`` suite's expectations may read:
-    named anywhere in their arguments (a column, a list of them, a row condition)."""
-    said = " ".join(json.dumps(e.get("kwargs", {})) for suite in suites if suite.frame == "events"
-                    for e in suite.body.get("expectations", []))
-    return {c for c in IMAGES if c in said}
+from ._rules import Stream
 
 
 def tables_frame(stream: Stream) -> DataFrame:

@@ -14,7 +14,7 @@ until then it is *late*.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,7 @@ col, lit = F.col, F.lit
 class Stream:
     """The tables the rules read (see :func:`prepare`)."""
 
-    events: DataFrame  # every message read once: duplicates removed (without the row images no rule reads)
+    events: DataFrame  # every message read once: duplicates removed
     duplicates: DataFrame  # the second and later copies, with the first copy's offset and hash
     parts: DataFrame  # one row per (segment, commit LSN)
     records: DataFrame  # coordinator commit records, with their position (offset) in coordinator order
@@ -113,24 +113,14 @@ def _payload_hash() -> Column:
 BROADCAST_REPEATS = 200_000
 
 
-# The row images: no rule reads them, and they are most of a row event's bytes. Only
-# copies of a message are told apart by them (``_payload_hash``).
-IMAGES = ("before", "after", "unchanged")
-
-
-def _identified(events: DataFrame) -> DataFrame:
-    return events.withColumn("_id_seq", _identity_seq()).withColumn("_id_text", F.coalesce(col("statement"), lit("")))
-
-
-def prepare(events: DataFrame, seen: DataFrame | None = None, keep: Collection[str] = ()) -> Stream:
+def prepare(events: DataFrame, seen: DataFrame | None = None) -> Stream:
     """The rules' tables from events of both topics (the ingest schema), each computed
     once, since the rules read them again and again: checkpointed where Spark keeps its
     blocks, memory then disk. ``seen``: (segment, commit_lsn) of transactions read
-    before these events (by an earlier scheduled run): met again, they are duplicates.
-    The events keep the row images only where ``keep`` names them (a suite reads them);
-    the duplicates keep them whole."""
-    identified = _identified(events.drop(*(c for c in IMAGES if c not in keep))).localCheckpoint()
-    unique, duplicates = _set_apart(identified, seen, _identified(events))
+    before these events (by an earlier scheduled run): met again, they are duplicates."""
+    identified = (events.withColumn("_id_seq", _identity_seq())
+                  .withColumn("_id_text", F.coalesce(col("statement"), lit(""))).localCheckpoint())
+    unique, duplicates = _set_apart(identified, seen)
     starts = identified.groupBy("topic", "partition").agg(
         # A window that continues a scheduled run's (``seen``) has what came before it
         # accounted for, as if read from the start.
@@ -148,40 +138,34 @@ def prepare(events: DataFrame, seen: DataFrame | None = None, keep: Collection[s
     return Stream(unique, duplicates, *(frame.localCheckpoint() for frame in tables))
 
 
-def _set_apart(identified: DataFrame, seen: DataFrame | None, whole: DataFrame) -> tuple[DataFrame, DataFrame]:
+def _set_apart(identified: DataFrame, seen: DataFrame | None) -> tuple[DataFrame, DataFrame]:
     """The messages read once, and the copies (each with its first copy's offset and
     content hash). Of the messages sharing an identity, the first in (topic, partition,
     offset) order stays. Only identities met more than once are looked for, in narrow
-    columns: a message is known by its position, so the events are filtered, never sorted.
-    ``whole``: the same events with every column, whose copies are hashed whole (read
-    again only where some identity repeats)."""
+    columns: a message is known by its position, so the events are filtered, never sorted."""
     repeated = (identified.where(col("_id_seq").isNotNull()).groupBy(*_IDENTITY)
                 .agg(F.count(lit(1)).alias("_copies"), F.min(_position()).alias("_first"))
                 .where(col("_copies") > 1).drop("_copies").localCheckpoint())
     repeats = repeated.count()
     if not repeats and seen is None:
         nothing = F.lit(None).cast("bigint")
-        return identified, whole.select("*", nothing.alias("_hash"), nothing.alias("_first_offset"),
-                                        nothing.alias("_first_hash")).where(lit(False))
+        return identified, identified.select("*", nothing.alias("_hash"), nothing.alias("_first_offset"),
+                                             nothing.alias("_first_hash")).where(lit(False))
     few = repeats <= BROADCAST_REPEATS
+    marked = _join_identity(identified, repeated, few)
+    again = col("_first").isNotNull() & (_position() != col("_first"))
+    if seen is not None:
+        known = seen.select("segment", "commit_lsn", lit(True).alias("_seen")).distinct()
+        marked = marked.join(F.broadcast(known), ["segment", "commit_lsn"], "left")
+        again = again | (col("_id_seq").isNotNull() & col("_seen").isNotNull())
+    marked = marked.withColumn("_again", F.coalesce(again, lit(False)))
     is_first = F.coalesce(col("_first") == _position(), lit(False))
-
-    def marked(frame: DataFrame) -> DataFrame:
-        """``frame`` with ``_again``: a later copy of an identity, or a transaction ``seen``."""
-        out = _join_identity(frame, repeated, few)
-        again = col("_first").isNotNull() & (_position() != col("_first"))
-        if seen is not None:
-            known = seen.select("segment", "commit_lsn", lit(True).alias("_seen")).distinct()
-            out = out.join(F.broadcast(known), ["segment", "commit_lsn"], "left")
-            again = again | (col("_id_seq").isNotNull() & col("_seen").isNotNull())
-        return out.withColumn("_again", F.coalesce(again, lit(False)))
-
-    copies = marked(whole).where(col("_again") | is_first).withColumn("_hash", _payload_hash())
+    copies = marked.where(col("_again") | is_first).withColumn("_hash", _payload_hash())
     firsts = copies.where(is_first).select(*_IDENTITY, col("offset").alias("_first_offset"),
                                            col("_hash").alias("_first_hash"))
     duplicates = _join_identity(copies.where(col("_again")), firsts, few)
     helpers = ("_first", "_seen", "_again")
-    return (marked(identified).where(~col("_again")).drop(*helpers).localCheckpoint(),
+    return (marked.where(~col("_again")).drop(*helpers).localCheckpoint(),
             duplicates.drop(*helpers).localCheckpoint())
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import reduce
 from pathlib import Path
@@ -25,7 +25,7 @@ from typing import Any
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from .._expect import Suite, load_suites
+from .._expect import load_suites
 from .._runtime import read_json, write_json
 from ..archive import archive_runs, read_archive
 from ..archive._layout import Offsets
@@ -34,7 +34,7 @@ from ..config import Config
 from ..connect import kafka_client_settings
 from ..errors import ConfigError
 from ..protocol import Topics
-from ._expectations import images_named, validate
+from ._expectations import validate
 from ._findings import ADVICE, Thresholds, at_or_above, summarize
 from ._rules import RULES, Stream, prepare, watermark_delay
 
@@ -75,12 +75,10 @@ def thresholds_of(config: Config) -> Thresholds:
     return Thresholds(clock_skew_ms=config.audit.clock_skew_ms, silence_ms=config.audit.silence_ms)
 
 
-def audit_events(events: DataFrame, thresholds: Thresholds, seen: DataFrame | None = None,
-                 suites: Sequence[Suite] = ()) -> tuple[DataFrame, Stream]:
+def audit_events(events: DataFrame, thresholds: Thresholds, seen: DataFrame | None = None) -> tuple[DataFrame, Stream]:
     """Every rule's findings on ``events`` (the ingest schema, both topics), and the
-    prepared stream, its events with the columns the rules and ``suites`` read.
-    ``seen``: (segment, commit_lsn) of transactions read before."""
-    stream = prepare(events, seen, keep=images_named(suites))
+    prepared stream. ``seen``: (segment, commit_lsn) of transactions read before."""
+    stream = prepare(events, seen)
     findings = reduce(DataFrame.unionByName, (rule(stream, thresholds) for rule in RULES))
     return findings, stream
 
@@ -209,7 +207,7 @@ def run_audit(spark: Any, config: Config, *, since_last: bool = False, start_ms:
     else:
         events, end = _read_kafka(spark, config, start, start_ms, end_ms)
     seen = state.seen(spark) if since_last else None
-    findings, stream = audit_events(events, thresholds_of(config), seen, suites)  # the events read once, into the stream
+    findings, stream = audit_events(events, thresholds_of(config), seen)  # the events read once, into the stream
     read = stream.events.count() + stream.duplicates.count()
     failed, outcomes = validate(stream, suites)
     findings = findings.unionByName(failed)
