@@ -175,9 +175,9 @@ def compare_spark(spark: Any, source: Snapshots, target: Snapshots, info: Table,
             for side, rows in ((src_df, src), (tgt_df, tgt)):
                 under = side.join(differing, [F.col(c).eqNullSafe(F.col(f"k_{c}")) for c in key], "left_semi")
                 rows += [(r[SEGMENT], tuple(r[c] for c in names), r[ROW_TEXT]) for r in under.collect()]
-            diff, fixes = _by_key(info, target, src, tgt, misplaced)
+            diff, fixes = _by_key(target_info, target, src, tgt, misplaced)  # statements follow the target's description
         else:
-            diff, fixes = _multiset_from(diff_df, info, target, src, tgt, misplaced)
+            diff, fixes = _multiset_from(diff_df, target_info, target, src, tgt, misplaced)
         fetched = len(src) + len(tgt)
     finally:
         src_df.unpersist()
