@@ -301,3 +301,104 @@ def test_of_the_copies_of_a_message_the_first_in_position_order_stays_and_the_re
             if d._hash != d._first_hash} == expected_conflicts
     kept = {(e.topic, e.partition, e.offset) for e in stream.events.select("topic", "partition", "offset").collect()}
     assert kept == {_position(m) for m in messages + [c for _o, c in copies]} - expected_copies
+
+
+# Well-formed transactions, then a few twists that make identities collide in every way
+# a damaged or hostile stream can: a message sent again (to its partition or another),
+# a row numbered like a BEGIN (-1) or a record (-3) or past a part's 64-bit mask, a
+# record on a segment, a statement on a framed message, a field lost.
+@st.composite
+def colliding_events(draw):
+    rows = [{"topic": "p.dtx", "partition": 0, "kind": "pipeline", "segment": -1}]
+    for lsn in range(10, 10 + draw(st.integers(1, 4))):
+        segment = draw(st.integers(0, 1))
+        frame = {"topic": "p.changes", "partition": segment, "segment": segment, "commit_lsn": lsn, "commit_ts": lsn}
+        rows += ([{**frame, "kind": "begin"}] + [{**frame, "kind": "row", "seq": n} for n in
+                                                 range(1, draw(st.integers(0, 3)) + 1)] + [{**frame, "kind": "end"}])
+        rows.append({"topic": "p.dtx", "partition": 0, "kind": "commit", "segment": -1, "commit_lsn": lsn})
+    rows.append({"topic": "p.changes", "partition": 1, "kind": "resolved", "segment": 1, "resolved_ts": 4})
+    copy = st.tuples(st.just("copy"), st.integers(0, 1))  # the likeliest twist: the one a capture restart makes
+    twist = st.one_of(
+        copy, copy, copy, st.tuples(st.just("seq"), st.sampled_from([-3, -1, 0, 1, 63, 64])),
+        st.tuples(st.just("segment"), st.sampled_from([0, None])), st.tuples(st.just("statement"), st.just("s")),
+        st.tuples(st.just("commit_lsn"), st.none()), st.tuples(st.just("kind"), st.sampled_from(["begin", "row", None])))
+    for what, value in draw(st.lists(twist, max_size=4)):
+        r = rows[draw(st.integers(1, len(rows) - 1))]  # any but the pipeline marker, which has no identity
+        if what == "copy":
+            rows.append({**r, "partition": value if r["topic"] == "p.changes" else 0})
+        else:
+            r[what] = value
+    offsets: dict[tuple[str, int], int] = {}
+    for r in rows:
+        for field in ("segment", "commit_lsn", "seq", "statement", "commit_ts", "resolved_ts"):
+            r.setdefault(field, None)
+        r["offset"] = offsets[(r["topic"], r["partition"])] = offsets.get((r["topic"], r["partition"]), -1) + 1
+        r["_corrupt_record"] = "x" if r["kind"] is None else None
+    seen = draw(st.none() | st.lists(st.tuples(st.sampled_from([0, 1, -1]), st.integers(10, 13)), max_size=2))
+    return rows, seen
+
+
+def _identity(r):
+    seq = {"row": r["seq"], "begin": -1, "end": -2, "commit": -3, "ddl": -4}.get(r["kind"])
+    return None if seq is None else (r["segment"], r["commit_lsn"], seq, r["statement"] or "")
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(colliding_events())
+def test_messages_set_apart_and_the_window_starts_are_those_of_every_identity_compared(spark, case):
+    """Whatever path prepare takes (a part's mask shows its identities distinct, or they
+    are compared one by one), the copies, the messages kept and where each partition's
+    window starts are those of the identities compared in plain Python."""
+    import datetime as dt
+
+    import pyarrow as pa
+
+    from gpcdc_toolkit.ingest._rows import arrow_schema
+
+    rows, seen = case
+    order = sorted(rows, key=lambda r: (r["topic"], r["partition"], r["offset"]))
+    first: dict[tuple, tuple] = {}
+    for r in order:
+        if _identity(r) is not None:
+            first.setdefault(_identity(r), (r["topic"], r["partition"], r["offset"]))
+    repeated = {i for i in first if sum(_identity(r) == i for r in rows) > 1}
+    copies, kept = {}, set()
+    for r in order:
+        position, identity = (r["topic"], r["partition"], r["offset"]), _identity(r)
+        again = identity in repeated and first[identity] != position
+        if identity is not None and seen is not None and (r["segment"], r["commit_lsn"]) in set(seen):
+            again = True
+        if again:  # a copy, with its first copy's offset when its identity is met more than once
+            copies[position] = first[identity][2] if identity in repeated else None
+        else:
+            kept.add(position)
+    starts = {}
+    for r in rows:
+        key = (r["topic"], r["partition"])
+        ts = r["commit_ts"] if r["commit_ts"] is not None else r["resolved_ts"]
+        # As SQL's OR: null or true is true.
+        pipeline = True if seen is not None else None if r["kind"] is None else r["kind"] == "pipeline"
+        s = starts.setdefault(key, [None, r["offset"], ts])
+        s[0] = pipeline if s[0] is None else (max(s[0], pipeline) if pipeline is not None else s[0])
+        s[1] = min(s[1], r["offset"])
+        s[2] = ts if s[2] is None else (min(s[2], ts) if ts is not None else s[2])
+
+    def stamp(ms):
+        return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
+
+    table = pa.Table.from_pylist([{**r, "commit_ts": stamp(r["commit_ts"]), "resolved_ts": stamp(r["resolved_ts"]),
+                                   "timestamp": stamp(1)} for r in rows], schema=arrow_schema())
+    seen_frame = None if seen is None else spark.createDataFrame(seen, "segment int, commit_lsn bigint")
+    stream = prepare(spark.createDataFrame(table), seen_frame)
+    got_copies = {(d.topic, d.partition, d.offset): d._first_offset for d in stream.duplicates.collect()}
+    assert got_copies == copies
+    assert {(e.topic, e.partition, e.offset) for e in stream.events.collect()} == kept
+    got_starts = {(s.topic, s.partition): [None if s.from_start is None else bool(s.from_start), s.first_offset,
+                                           None if s.first_ts is None else int(s.first_ts.timestamp() * 1000)]
+                  for s in stream.starts.collect()}
+    assert got_starts == starts
+    framed = [r for r in rows if (r["topic"], r["partition"], r["offset"]) in kept and r["kind"] in ("row", "begin", "end")
+              and r["segment"] is not None and r["segment"] >= 0]
+    assert sorted(p.offset for p in stream.parts.collect()) == sorted(
+        min(r["offset"] for r in framed if (r["topic"], r["partition"], r["segment"], r["commit_lsn"]) == k)
+        for k in {(r["topic"], r["partition"], r["segment"], r["commit_lsn"]) for r in framed})

@@ -32,6 +32,7 @@ class Stream:
     """The tables the rules read (see :func:`prepare`)."""
 
     events: DataFrame  # every message read once: duplicates removed
+    unframed: DataFrame  # of those, every one but a segment part's row, BEGIN or END: few
     duplicates: DataFrame  # the second and later copies, with the first copy's offset and hash
     parts: DataFrame  # one row per (segment, commit LSN)
     records: DataFrame  # coordinator commit records, with their position (offset) in coordinator order
@@ -112,46 +113,125 @@ def _payload_hash() -> Column:
 # shuffle; below, each task holds them all (a broadcast) and the events stay where they are.
 BROADCAST_REPEATS = 200_000
 
+# A part's row events whose sequence numbers all lie in 0..63 are shown distinct by a
+# 64-bit mask (see :func:`_parts`); a longer part's are compared identity by identity.
+_MASKED_SEQ = 63
+
+
+def _framed() -> Column:
+    """A segment part's message (row, BEGIN, END): nearly all of a stream. Every other
+    message (records, watermarks, marks, corrupt ones) is few."""
+    return F.coalesce((col("segment") >= 0) & col("kind").isin("row", "begin", "end"), lit(False))
+
 
 def prepare(events: DataFrame, seen: DataFrame | None = None) -> Stream:
     """The rules' tables from events of both topics (the ingest schema), each computed
     once, since the rules read them again and again: checkpointed where Spark keeps its
     blocks, memory then disk. ``seen``: (segment, commit_lsn) of transactions read
-    before these events (by an earlier scheduled run): met again, they are duplicates."""
+    before these events (by an earlier scheduled run): met again, they are duplicates.
+
+    The events are read whole twice at most: into the parts, and into the few other
+    messages. Only when a copy may be among them are they read again (see
+    :func:`_set_apart`)."""
     identified = (events.withColumn("_id_seq", _identity_seq())
                   .withColumn("_id_text", F.coalesce(col("statement"), lit(""))).localCheckpoint())
-    unique, duplicates = _set_apart(identified, seen)
-    starts = identified.groupBy("topic", "partition").agg(
+    unframed, parts = _unframed(identified), _parts(identified).localCheckpoint()
+    unique, duplicates = identified, _no_duplicates(identified)
+    if _copies_possible(identified, unframed, parts, seen):
+        unique, duplicates = _set_apart(identified, _candidates(identified, unframed, parts), seen)
+        unframed, parts = _unframed(unique), _parts(unique).localCheckpoint()
+    tables = (_records(unframed),
+              unframed.where(col("kind") == "ddl").select("gxid", "statement", "offset", "topic", "partition",
+                                                          "commit_ts", "timestamp"),
+              unframed.where(col("kind") == "resolved").select("topic", "partition", "segment", "offset", "timestamp",
+                                                               "resolved_lsn", "resolved_ts", "prepared", "prepared_ts",
+                                                               "number"),
+              unframed.where(col("kind").isin("pipeline", "lost", "repaired")),
+              _starts(parts, unframed, duplicates, seen))
+    return Stream(unique, unframed, duplicates, parts.drop(*_WORKING), *(frame.localCheckpoint() for frame in tables))
+
+
+def _unframed(events: DataFrame) -> DataFrame:
+    return events.where(~_framed() | col("_corrupt_record").isNotNull()).localCheckpoint()
+
+
+def _no_duplicates(identified: DataFrame) -> DataFrame:
+    nothing = F.lit(None).cast("bigint")
+    return identified.select("*", nothing.alias("_hash"), nothing.alias("_first_offset"),
+                             nothing.alias("_first_hash")).where(lit(False))
+
+
+def _starts(parts: DataFrame, unframed: DataFrame, duplicates: DataFrame, seen: DataFrame | None) -> DataFrame:
+    """Per partition read: whether the window holds its beginning, its first offset, its
+    earliest source time. Of every message read: the parts stand for their messages, the
+    other messages and the copies for themselves."""
+    single = [col("topic"), col("partition"), col("offset"), F.coalesce("commit_ts", "resolved_ts").alias("ts"),
+              (col("kind") == "pipeline").alias("pipeline")]
+    read = (parts.select("topic", "partition", "offset", col("_first_ts").alias("ts"), lit(False).alias("pipeline"))
+            .unionByName(unframed.select(*single)).unionByName(duplicates.select(*single)))
+    return read.groupBy("topic", "partition").agg(
         # A window that continues a scheduled run's (``seen``) has what came before it
         # accounted for, as if read from the start.
-        F.max(((col("kind") == "pipeline") | lit(seen is not None)).cast("int")).alias("from_start"),
+        F.max((col("pipeline") | lit(seen is not None)).cast("int")).alias("from_start"),
         F.min("offset").alias("first_offset"),
-        F.min(F.coalesce("commit_ts", "resolved_ts")).alias("first_ts"))
-    tables = (_parts(unique), _records(unique),
-              unique.where(col("kind") == "ddl").select("gxid", "statement", "offset", "topic", "partition",
-                                                        "commit_ts", "timestamp"),
-              unique.where(col("kind") == "resolved").select("topic", "partition", "segment", "offset", "timestamp",
-                                                             "resolved_lsn", "resolved_ts", "prepared", "prepared_ts",
-                                                             "number"),
-              unique.where(col("kind").isin("pipeline", "lost", "repaired")),
-              starts)
-    return Stream(unique, duplicates, *(frame.localCheckpoint() for frame in tables))
+        F.min("ts").alias("first_ts"))
 
 
-def _set_apart(identified: DataFrame, seen: DataFrame | None) -> tuple[DataFrame, DataFrame]:
+def _copies_possible(identified: DataFrame, unframed: DataFrame, parts: DataFrame, seen: DataFrame | None) -> bool:
+    """Whether a message may be a copy: a part not shown free of repeated identities
+    (:func:`_unproven`), two of the other messages with one identity, or a transaction
+    read by an earlier run. False is a proof; True only sends the events the long way."""
+    if not _unproven(parts).isEmpty():
+        return True
+    others = unframed.where(col("_id_seq").isNotNull() & ~_framed())
+    if not others.groupBy(*_IDENTITY).count().where(col("count") > 1).isEmpty():
+        return True
+    if seen is None:
+        return False
+    keys = seen.select("segment", "commit_lsn").distinct()
+    met = parts.select("segment", "commit_lsn").unionByName(others.select("segment", "commit_lsn"))
+    return not met.join(F.broadcast(keys), ["segment", "commit_lsn"], "left_semi").isEmpty()
+
+
+def _unproven(parts: DataFrame) -> DataFrame:
+    """(segment, commit_lsn) of the parts whose messages may share an identity: a part
+    whose BEGINs, ENDs or row sequence numbers are not shown distinct, or a transaction
+    with parts in two partitions. A part's are shown distinct by one BEGIN, one END and
+    as many numbered rows as bits set in their mask: so many rows only set so many bits
+    when each has a number of its own, from 0 to 63.
+
+    Any message sharing its identity with another is in one of these parts, or is not
+    framed (records and other messages): a framed message's identity can only equal
+    another framed one's, or a record's through a row's negative sequence number, which
+    sets no bit."""
+    shown = ((col("begins") <= 1) & (col("ends") <= 1)
+             & (col("_numbered_rows") == F.bit_count(F.coalesce(col("_seq_mask"), lit(0).cast("bigint")))))
+    spread = parts.groupBy("segment", "commit_lsn").count().where(col("count") > 1).select("segment", "commit_lsn")
+    return parts.where(~shown).select("segment", "commit_lsn").unionByName(spread)
+
+
+def _candidates(identified: DataFrame, unframed: DataFrame, parts: DataFrame) -> DataFrame:
+    """The messages among which every repeated identity has all its messages: those not
+    framed, and those of the parts :func:`_unproven` names."""
+    unproven = _unproven(parts).distinct().localCheckpoint()
+    few = unproven.count() <= BROADCAST_REPEATS
+    keys = unproven.select(col("segment").alias("_k_segment"), col("commit_lsn").alias("_k_lsn"))
+    framed = identified.where(_framed() & col("_id_seq").isNotNull()).join(
+        F.broadcast(keys) if few else keys,
+        col("segment").eqNullSafe(col("_k_segment")) & col("commit_lsn").eqNullSafe(col("_k_lsn")), "left_semi")
+    return unframed.where(col("_id_seq").isNotNull() & ~_framed()).unionByName(framed)
+
+
+def _set_apart(identified: DataFrame, candidates: DataFrame, seen: DataFrame | None) -> tuple[DataFrame, DataFrame]:
     """The messages read once, and the copies (each with its first copy's offset and
     content hash). Of the messages sharing an identity, the first in (topic, partition,
-    offset) order stays. Only identities met more than once are looked for, in narrow
-    columns: a message is known by its position, so the events are filtered, never sorted."""
-    repeated = (identified.where(col("_id_seq").isNotNull()).groupBy(*_IDENTITY)
+    offset) order stays. Identities met more than once are looked for among the
+    ``candidates`` alone (:func:`_candidates`), in narrow columns: a message is known by
+    its position, so the events are filtered, never sorted."""
+    repeated = (candidates.groupBy(*_IDENTITY)
                 .agg(F.count(lit(1)).alias("_copies"), F.min(_position()).alias("_first"))
                 .where(col("_copies") > 1).drop("_copies").localCheckpoint())
-    repeats = repeated.count()
-    if not repeats and seen is None:
-        nothing = F.lit(None).cast("bigint")
-        return identified, identified.select("*", nothing.alias("_hash"), nothing.alias("_first_offset"),
-                                             nothing.alias("_first_hash")).where(lit(False))
-    few = repeats <= BROADCAST_REPEATS
+    few = repeated.count() <= BROADCAST_REPEATS
     marked = _join_identity(identified, repeated, few)
     again = col("_first").isNotNull() & (_position() != col("_first"))
     if seen is not None:
@@ -169,10 +249,14 @@ def _set_apart(identified: DataFrame, seen: DataFrame | None) -> tuple[DataFrame
             duplicates.drop(*helpers).localCheckpoint())
 
 
+# Columns of the parts that only :func:`prepare` reads.
+_WORKING = ("_numbered_rows", "_seq_mask", "_first_ts")
+
+
 def _parts(events: DataFrame) -> DataFrame:
-    is_end = col("kind") == "end"
-    framed = events.where((col("segment") >= 0) & col("kind").isin("row", "begin", "end"))
-    return framed.groupBy("topic", "partition", "segment", "commit_lsn").agg(
+    is_end, is_row = col("kind") == "end", col("kind") == "row"
+    masked = is_row & col("seq").between(0, _MASKED_SEQ)
+    return events.where(_framed()).groupBy("topic", "partition", "segment", "commit_lsn").agg(
         F.min("offset").alias("offset"),
         F.min("timestamp").alias("first_seen"),
         F.max(F.when(is_end, col("offset"))).alias("end_offset"),
@@ -192,6 +276,11 @@ def _parts(events: DataFrame) -> DataFrame:
         F.max("commit_ts").alias("commit_ts"),
         F.max("end_lsn").alias("end_lsn"),
         F.max(F.when(is_end, col("number"))).alias("number"),
+        # Whether its rows' identities are distinct (:func:`_unproven`): the rows with a
+        # sequence number, and a bit for each number from 0 to 63.
+        F.count(F.when(is_row, col("seq"))).alias("_numbered_rows"),
+        F.bit_or(F.when(masked, F.expr("shiftleft(CAST(1 AS BIGINT), seq)"))).alias("_seq_mask"),
+        F.min(F.coalesce("commit_ts", "resolved_ts")).alias("_first_ts"),
     )
 
 
@@ -265,7 +354,7 @@ def _no_findings(stream: Stream) -> DataFrame:
 # -- rules ------------------------------------------------------------------------------
 
 def corrupt_messages(stream: Stream, t: Thresholds) -> DataFrame:
-    bad = stream.events.where(col("_corrupt_record").isNotNull() | col("kind").isNull())
+    bad = stream.unframed.where(col("_corrupt_record").isNotNull() | col("kind").isNull())
     return bad.select(finding(
         "corrupt_message", "error",
         F.concat(lit("not a protocol message: "), F.substring(F.coalesce(col("_corrupt_record"), lit("")), 1, 120)),
