@@ -130,15 +130,15 @@ def prepare(events: DataFrame, seen: DataFrame | None = None) -> Stream:
     blocks, memory then disk. ``seen``: (segment, commit_lsn) of transactions read
     before these events (by an earlier scheduled run): met again, they are duplicates.
 
-    The events are read whole twice at most: into the parts, and into the few other
-    messages. Only when a copy may be among them are they read again (see
-    :func:`_set_apart`)."""
+    The events are read whole twice: into the parts, and into the few other messages.
+    Only when some are copies are they read again, to set those apart (:func:`_set_apart`)."""
     identified = (events.withColumn("_id_seq", _identity_seq())
                   .withColumn("_id_text", F.coalesce(col("statement"), lit(""))).localCheckpoint())
     unframed, parts = _unframed(identified), _parts(identified).localCheckpoint()
     unique, duplicates = identified, _no_duplicates(identified)
-    if _copies_possible(identified, unframed, parts, seen):
-        unique, duplicates = _set_apart(identified, _candidates(identified, unframed, parts), seen)
+    repeated = _repeated(identified, unframed, _unproven(parts))
+    if not repeated.isEmpty() or _met_again(parts, unframed, seen):
+        unique, duplicates = _set_apart(identified, repeated, seen)
         unframed, parts = _unframed(unique), _parts(unique).localCheckpoint()
     tables = (_records(unframed),
               unframed.where(col("kind") == "ddl").select("gxid", "statement", "offset", "topic", "partition",
@@ -177,22 +177,6 @@ def _starts(parts: DataFrame, unframed: DataFrame, duplicates: DataFrame, seen: 
         F.min("ts").alias("first_ts"))
 
 
-def _copies_possible(identified: DataFrame, unframed: DataFrame, parts: DataFrame, seen: DataFrame | None) -> bool:
-    """Whether a message may be a copy: a part not shown free of repeated identities
-    (:func:`_unproven`), two of the other messages with one identity, or a transaction
-    read by an earlier run. False is a proof; True only sends the events the long way."""
-    if not _unproven(parts).isEmpty():
-        return True
-    others = unframed.where(col("_id_seq").isNotNull() & ~_framed())
-    if not others.groupBy(*_IDENTITY).count().where(col("count") > 1).isEmpty():
-        return True
-    if seen is None:
-        return False
-    keys = seen.select("segment", "commit_lsn").distinct()
-    met = parts.select("segment", "commit_lsn").unionByName(others.select("segment", "commit_lsn"))
-    return not met.join(F.broadcast(keys), ["segment", "commit_lsn"], "left_semi").isEmpty()
-
-
 def _unproven(parts: DataFrame) -> DataFrame:
     """(segment, commit_lsn) of the parts whose messages may share an identity: a part
     whose BEGINs, ENDs or row sequence numbers are not shown distinct, or a transaction
@@ -207,30 +191,40 @@ def _unproven(parts: DataFrame) -> DataFrame:
     shown = ((col("begins") <= 1) & (col("ends") <= 1)
              & (col("_numbered_rows") == F.bit_count(F.coalesce(col("_seq_mask"), lit(0).cast("bigint")))))
     spread = parts.groupBy("segment", "commit_lsn").count().where(col("count") > 1).select("segment", "commit_lsn")
-    return parts.where(~shown).select("segment", "commit_lsn").unionByName(spread)
+    return parts.where(~shown).select("segment", "commit_lsn").unionByName(spread).distinct().localCheckpoint()
 
 
-def _candidates(identified: DataFrame, unframed: DataFrame, parts: DataFrame) -> DataFrame:
-    """The messages among which every repeated identity has all its messages: those not
-    framed, and those of the parts :func:`_unproven` names."""
-    unproven = _unproven(parts).distinct().localCheckpoint()
-    few = unproven.count() <= BROADCAST_REPEATS
-    keys = unproven.select(col("segment").alias("_k_segment"), col("commit_lsn").alias("_k_lsn"))
-    framed = identified.where(_framed() & col("_id_seq").isNotNull()).join(
-        F.broadcast(keys) if few else keys,
-        col("segment").eqNullSafe(col("_k_segment")) & col("commit_lsn").eqNullSafe(col("_k_lsn")), "left_semi")
-    return unframed.where(col("_id_seq").isNotNull() & ~_framed()).unionByName(framed)
+def _repeated(identified: DataFrame, unframed: DataFrame, unproven: DataFrame) -> DataFrame:
+    """The identities met more than once, each with its first message's position. Only
+    the messages that may share one are compared, in narrow columns: those not framed,
+    and those of the parts :func:`_unproven` names (usually none)."""
+    candidates = unframed.where(col("_id_seq").isNotNull() & ~_framed())
+    if not unproven.isEmpty():
+        keys = unproven.select(col("segment").alias("_k_segment"), col("commit_lsn").alias("_k_lsn"))
+        framed = identified.where(_framed() & col("_id_seq").isNotNull()).join(
+            F.broadcast(keys) if keys.count() <= BROADCAST_REPEATS else keys,
+            col("segment").eqNullSafe(col("_k_segment")) & col("commit_lsn").eqNullSafe(col("_k_lsn")), "left_semi")
+        candidates = candidates.unionByName(framed)
+    return (candidates.groupBy(*_IDENTITY)
+            .agg(F.count(lit(1)).alias("_copies"), F.min(_position()).alias("_first"))
+            .where(col("_copies") > 1).drop("_copies").localCheckpoint())
 
 
-def _set_apart(identified: DataFrame, candidates: DataFrame, seen: DataFrame | None) -> tuple[DataFrame, DataFrame]:
+def _met_again(parts: DataFrame, unframed: DataFrame, seen: DataFrame | None) -> bool:
+    """Whether a transaction an earlier scheduled run read (``seen``) is read again."""
+    if seen is None:
+        return False
+    met = (parts.select("segment", "commit_lsn")
+           .unionByName(unframed.where(col("_id_seq").isNotNull()).select("segment", "commit_lsn")))
+    return not met.join(F.broadcast(seen.select("segment", "commit_lsn").distinct()), ["segment", "commit_lsn"],
+                        "left_semi").isEmpty()
+
+
+def _set_apart(identified: DataFrame, repeated: DataFrame, seen: DataFrame | None) -> tuple[DataFrame, DataFrame]:
     """The messages read once, and the copies (each with its first copy's offset and
-    content hash). Of the messages sharing an identity, the first in (topic, partition,
-    offset) order stays. Identities met more than once are looked for among the
-    ``candidates`` alone (:func:`_candidates`), in narrow columns: a message is known by
-    its position, so the events are filtered, never sorted."""
-    repeated = (candidates.groupBy(*_IDENTITY)
-                .agg(F.count(lit(1)).alias("_copies"), F.min(_position()).alias("_first"))
-                .where(col("_copies") > 1).drop("_copies").localCheckpoint())
+    content hash). Of the messages sharing an identity (``repeated``: :func:`_repeated`),
+    the first in (topic, partition, offset) order stays. A message is known by its
+    position, so the events are filtered, never sorted."""
     few = repeated.count() <= BROADCAST_REPEATS
     marked = _join_identity(identified, repeated, few)
     again = col("_first").isNotNull() & (_position() != col("_first"))
