@@ -32,7 +32,6 @@ class Stream:
     """The tables the rules read (see :func:`prepare`)."""
 
     events: DataFrame  # every message read once: duplicates removed
-    unframed: DataFrame  # of those, every one but a segment part's row, BEGIN or END: few
     duplicates: DataFrame  # the second and later copies, with the first copy's offset and hash
     parts: DataFrame  # one row per (segment, commit LSN)
     records: DataFrame  # coordinator commit records, with their position (offset) in coordinator order
@@ -42,6 +41,9 @@ class Stream:
     # Per partition read: whether the window holds its beginning (the pipeline marker),
     # its first offset, and the earliest source time in it (commit or resolved).
     starts: DataFrame
+    # Of the events, those that are not a segment part's row, BEGIN or END, and any
+    # corrupt one: few.
+    unframed: DataFrame
 
 
 def finding(rule: str, severity: str | Column, evidence: Column, **columns: Column | None) -> list[Column]:
@@ -148,7 +150,9 @@ def prepare(events: DataFrame, seen: DataFrame | None = None) -> Stream:
                                                                "number"),
               unframed.where(col("kind").isin("pipeline", "lost", "repaired")),
               _starts(parts, unframed, duplicates, seen))
-    return Stream(unique, unframed, duplicates, parts.drop(*_WORKING), *(frame.localCheckpoint() for frame in tables))
+    records, ddl, watermarks, marks, starts = (frame.localCheckpoint() for frame in tables)
+    return Stream(events=unique, duplicates=duplicates, parts=parts.drop(*_WORKING), records=records, ddl=ddl,
+                  watermarks=watermarks, marks=marks, starts=starts, unframed=unframed)
 
 
 def _unframed(events: DataFrame) -> DataFrame:
@@ -238,9 +242,9 @@ def _set_apart(identified: DataFrame, repeated: DataFrame, seen: DataFrame | Non
     firsts = copies.where(is_first).select(*_IDENTITY, col("offset").alias("_first_offset"),
                                            col("_hash").alias("_first_hash"))
     duplicates = _join_identity(copies.where(col("_again")), firsts, few)
-    helpers = ("_first", "_seen", "_again")
-    return (marked.where(~col("_again")).drop(*helpers).localCheckpoint(),
-            duplicates.drop(*helpers).localCheckpoint())
+    # In the events' own column order, whichever joins were made.
+    return (marked.where(~col("_again")).select(*identified.columns).localCheckpoint(),
+            duplicates.select(*identified.columns, "_hash", "_first_offset", "_first_hash").localCheckpoint())
 
 
 # Columns of the parts that only :func:`prepare` reads.
