@@ -305,8 +305,9 @@ def test_of_the_copies_of_a_message_the_first_in_position_order_stays_and_the_re
 
 # Well-formed transactions, then a few twists that make identities collide in every way
 # a damaged or hostile stream can: a message sent again (to its partition or another),
-# a row numbered like a BEGIN (-1) or a record (-3) or past a part's 64-bit mask, a
-# record on a segment, a statement on a framed message, a field lost.
+# a row numbered like a BEGIN or END (-1, -2) or a record (-3, -4) or past a part's
+# 64-bit mask, a record on a segment, a statement on a framed message, a kind or field
+# lost or changed, a framed message also corrupt.
 @st.composite
 def colliding_events(draw):
     rows = [{"topic": "p.dtx", "partition": 0, "kind": "pipeline", "segment": -1}]
@@ -316,12 +317,16 @@ def colliding_events(draw):
         rows += ([{**frame, "kind": "begin"}] + [{**frame, "kind": "row", "seq": n} for n in
                                                  range(1, draw(st.integers(0, 3)) + 1)] + [{**frame, "kind": "end"}])
         rows.append({"topic": "p.dtx", "partition": 0, "kind": "commit", "segment": -1, "commit_lsn": lsn})
+        if draw(st.booleans()):
+            rows.append({"topic": "p.dtx", "partition": 0, "kind": "ddl", "segment": -1, "commit_lsn": lsn,
+                         "statement": "ALTER TABLE t ADD c int"})
     rows.append({"topic": "p.changes", "partition": 1, "kind": "resolved", "segment": 1, "resolved_ts": 4})
     copy = st.tuples(st.just("copy"), st.integers(0, 1))  # the likeliest twist: the one a capture restart makes
     twist = st.one_of(
-        copy, copy, copy, st.tuples(st.just("seq"), st.sampled_from([-3, -1, 0, 1, 63, 64])),
+        copy, copy, copy, st.tuples(st.just("seq"), st.sampled_from([-4, -3, -2, -1, 0, 1, 63, 64, None])),
         st.tuples(st.just("segment"), st.sampled_from([0, None])), st.tuples(st.just("statement"), st.just("s")),
-        st.tuples(st.just("commit_lsn"), st.none()), st.tuples(st.just("kind"), st.sampled_from(["begin", "row", None])))
+        st.tuples(st.just("commit_lsn"), st.none()), st.tuples(st.just("_corrupt_record"), st.just("x")),
+        st.tuples(st.just("kind"), st.sampled_from(["begin", "end", "row", "commit", "ddl", None])))
     for what, value in draw(st.lists(twist, max_size=4)):
         r = rows[draw(st.integers(1, len(rows) - 1))]  # any but the pipeline marker, which has no identity
         if what == "copy":
@@ -333,9 +338,12 @@ def colliding_events(draw):
         for field in ("segment", "commit_lsn", "seq", "statement", "commit_ts", "resolved_ts"):
             r.setdefault(field, None)
         r["offset"] = offsets[(r["topic"], r["partition"])] = offsets.get((r["topic"], r["partition"]), -1) + 1
-        r["_corrupt_record"] = "x" if r["kind"] is None else None
+        r.setdefault("_corrupt_record", "x" if r["kind"] is None else None)
     seen = draw(st.none() | st.lists(st.tuples(st.sampled_from([0, 1, -1]), st.integers(10, 13)), max_size=2))
     return rows, seen
+
+
+_PAYLOAD = ("kind", "seq", "statement", "commit_ts")  # the content a copy's hash covers, of what is generated
 
 
 def _identity(r):
@@ -357,19 +365,21 @@ def test_messages_set_apart_and_the_window_starts_are_those_of_every_identity_co
 
     rows, seen = case
     order = sorted(rows, key=lambda r: (r["topic"], r["partition"], r["offset"]))
-    first: dict[tuple, tuple] = {}
+    first: dict[tuple, dict] = {}
     for r in order:
         if _identity(r) is not None:
-            first.setdefault(_identity(r), (r["topic"], r["partition"], r["offset"]))
+            first.setdefault(_identity(r), r)
     repeated = {i for i in first if sum(_identity(r) == i for r in rows) > 1}
     copies, kept = {}, set()
     for r in order:
         position, identity = (r["topic"], r["partition"], r["offset"]), _identity(r)
-        again = identity in repeated and first[identity] != position
+        again = identity in repeated and first[identity] is not r
         if identity is not None and seen is not None and (r["segment"], r["commit_lsn"]) in set(seen):
             again = True
-        if again:  # a copy, with its first copy's offset when its identity is met more than once
-            copies[position] = first[identity][2] if identity in repeated else None
+        if again:  # a copy: its first copy's offset, and whether its content differs, when its identity repeats
+            f = first[identity]
+            copies[position] = ((f["offset"], any(r[c] != f[c] for c in _PAYLOAD)) if identity in repeated
+                                else (None, None))
         else:
             kept.add(position)
     starts = {}
@@ -390,7 +400,8 @@ def test_messages_set_apart_and_the_window_starts_are_those_of_every_identity_co
                                    "timestamp": stamp(1)} for r in rows], schema=arrow_schema())
     seen_frame = None if seen is None else spark.createDataFrame(seen, "segment int, commit_lsn bigint")
     stream = prepare(spark.createDataFrame(table), seen_frame)
-    got_copies = {(d.topic, d.partition, d.offset): d._first_offset for d in stream.duplicates.collect()}
+    got_copies = {(d.topic, d.partition, d.offset): (d._first_offset, None if d._first_hash is None else
+                                                     d._hash != d._first_hash) for d in stream.duplicates.collect()}
     assert got_copies == copies
     assert {(e.topic, e.partition, e.offset) for e in stream.events.collect()} == kept
     got_starts = {(s.topic, s.partition): [None if s.from_start is None else bool(s.from_start), s.first_offset,
