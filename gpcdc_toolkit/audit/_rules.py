@@ -159,10 +159,14 @@ def _unframed(events: DataFrame) -> DataFrame:
     return events.where(~_framed() | col("_corrupt_record").isNotNull()).localCheckpoint()
 
 
+# What a copy carries besides its event's columns: its content hash, and its first copy's
+# offset and content hash.
+_COPY_COLUMNS = ("_hash", "_first_offset", "_first_hash")
+
+
 def _no_duplicates(identified: DataFrame) -> DataFrame:
     nothing = F.lit(None).cast("bigint")
-    return identified.select("*", nothing.alias("_hash"), nothing.alias("_first_offset"),
-                             nothing.alias("_first_hash")).where(lit(False))
+    return identified.select("*", *(nothing.alias(c) for c in _COPY_COLUMNS)).where(lit(False))
 
 
 def _starts(parts: DataFrame, unframed: DataFrame, duplicates: DataFrame, seen: DataFrame | None) -> DataFrame:
@@ -244,7 +248,7 @@ def _set_apart(identified: DataFrame, repeated: DataFrame, seen: DataFrame | Non
     duplicates = _join_identity(copies.where(col("_again")), firsts, few)
     # In the events' own column order, whichever joins were made.
     return (marked.where(~col("_again")).select(*identified.columns).localCheckpoint(),
-            duplicates.select(*identified.columns, "_hash", "_first_offset", "_first_hash").localCheckpoint())
+            duplicates.select(*identified.columns, *_COPY_COLUMNS).localCheckpoint())
 
 
 # Columns of the parts that only :func:`prepare` reads.
