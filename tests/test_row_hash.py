@@ -111,6 +111,61 @@ def test_two_values_hash_alike_on_two_servers_exactly_when_they_print_alike(serv
     assert (hash_a == hash_b) == (text_a == text_b), (type_name, a, b, text_a, text_b)
 
 
+# Types whose name as the catalog prints it carries a modifier, before an array's
+# brackets; with input forms that print alike and apart.
+MODIFIED = {
+    "character varying(8)": ["a", "a ", "ab", "", "NULL"],
+    "character varying(8)[]": ["{a,b}", "[0:1]={a,b}", "{{a,b}}", "{a}", "[2:2]={a}", "{}", '{"a b",c}', "{NULL}"],
+    "numeric(6,2)[]": ["{1.5,2}", "[0:1]={1.5,2}", "{{1.5,2}}", "{1.50,2.00}"],
+    "timestamp(3) with time zone[]": ["{2024-01-01 00:00:00+00}", "[5:5]={2024-01-01 00:00:00+00}",
+                                      "{2024-01-01 01:00:00+01}"],
+}
+
+
+@pytest.fixture(scope="module")
+def printed_names(servers):
+    """Each type's name as the catalog prints it (``format_type``), as validation reads it."""
+    names = {}
+    for declared in [t for t, _values in TYPES] + list(MODIFIED):
+        servers[0].execute(sql.SQL("CREATE TEMP TABLE probe (v {})").format(sql.SQL(declared)))
+        names[declared] = servers[0].execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
+                                             "WHERE attrelid = 'probe'::regclass AND attname = 'v'").fetchone()[0]
+        servers[0].execute("DROP TABLE probe")
+    return names
+
+
+def hashed_alike(servers, printed_names, declared, form, a, b):
+    """Whether a column of the type, as validation hashes it by ``form``, hashes ``a`` on
+    one server as ``b`` on the other; and whether they print alike."""
+    from gpcdc_toolkit.cluster._cluster import Table
+    from gpcdc_toolkit.validate._checksum import _row_hash
+
+    info = Table("t", ("v",), (printed_names[declared],), (), ())
+    query = sql.SQL("SELECT {}, v::text FROM (SELECT %s::{} AS v) t").format(_row_hash(info, form), sql.SQL(declared))
+    (hash_a, text_a), (hash_b, text_b) = (conn.execute(query, (v,)).fetchone() for conn, v in zip(servers, (a, b)))
+    return hash_a == hash_b, text_a == text_b
+
+
+@pytest.mark.parametrize("form", ROW_HASHES)
+def test_every_row_hash_tells_apart_values_of_a_modified_type_exactly_when_they_print_apart(servers, printed_names,
+                                                                                           form):
+    """Every pair of each type's values: an array's bounds and nesting, a number's scale
+    count wherever they print, whatever modifier the element type carries."""
+    for declared, values in MODIFIED.items():
+        for a in values:
+            for b in values:
+                alike, printed_alike = hashed_alike(servers, printed_names, declared, form, a, b)
+                assert alike == printed_alike, (declared, form, a, b)
+
+
+@given(pair=_typed_pairs, form=st.sampled_from(ROW_HASHES))
+@settings(max_examples=200, deadline=None)
+def test_every_row_hash_of_two_values_is_alike_exactly_when_they_print_alike(servers, printed_names, pair, form):
+    type_name, a, b = pair
+    alike, printed_alike = hashed_alike(servers, printed_names, type_name, form, a, b)
+    assert alike == printed_alike, (type_name, form, a, b)
+
+
 _cell = st.none() | st.sampled_from(["", "a", "ab", "b", "NULL"])
 
 

@@ -19,7 +19,7 @@ from psycopg import conninfo, sql
 
 from ..errors import ClusterError, UnreachableError
 from ..protocol import COORDINATOR, DistributedSnapshot, TransactionAssembler
-from ._routing import segment_for
+from ._routing import output_text, segment_for
 
 if TYPE_CHECKING:
     from ._writes import WriteSession
@@ -404,7 +404,7 @@ class Cluster:
         counts with it, in the scan that hashes the rows."""
         if not info.distribution_key:
             return sql.SQL("false")  # randomly distributed: any segment is the right one
-        key = sql.SQL(", ").join(sql.SQL("t.{}::text").format(sql.Identifier(c)) for c in info.distribution_key)
+        key = sql.SQL(", ").join(output_text(sql.Identifier("t", c)) for c in info.distribution_key)
         return sql.SQL("gp_dist.segment_of({}, VARIADIC ARRAY[{}]) <> {}").format(
             sql.Literal(self.segment_count), key, sql.Literal(node.content))
 

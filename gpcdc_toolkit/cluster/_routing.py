@@ -8,7 +8,8 @@ segments re-routes rows deterministically.
 
 The sandbox's servers compute the same routing in SQL (``gp_dist.segment_of``, a C
 function from ``sandbox/gp_dist.c``), so that a placement check runs where the rows
-are: the two forms must agree on every key.
+are: the two forms must agree on every key, and are given the same text
+(:func:`output_text` in SQL).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import decimal
 import uuid
 import zlib
 from collections.abc import Sequence
+
+from psycopg import sql
 
 _UNIT_SEPARATOR = "\x1f"
 _NULL = "\x00"
@@ -36,6 +39,14 @@ def key_text(value: object) -> str:
     if isinstance(value, dt.date):
         return value.isoformat()
     raise TypeError(f"unsupported distribution-key type {type(value).__name__}; use int, str, Decimal, UUID, date or timestamp")
+
+
+def output_text(value: sql.Composable) -> sql.Composable:
+    """SQL for ``value``'s text as its type's output function prints it (as
+    :func:`key_text` and the WAL give it), NULL kept NULL. A cast to text is not always
+    that text: ``true::text`` is 'true' where a boolean prints 't', an inet's cast adds
+    its mask length, a character(n)'s drops its padding."""
+    return sql.SQL("CASE WHEN {0} IS NULL THEN NULL ELSE concat({0}) END").format(value)
 
 
 def key_hash(values: Sequence[object]) -> int:

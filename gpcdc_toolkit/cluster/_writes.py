@@ -19,6 +19,7 @@ from psycopg import sql
 
 from ..errors import DistributedTransactionError
 from ._cluster import Cluster, Table, TableRef
+from ._routing import output_text
 
 Statement = sql.SQL | sql.Composed  # what psycopg runs, built with psycopg.sql
 
@@ -117,8 +118,7 @@ class Writes:
         deleted = self.execute(
             old_segment,
             sql.SQL("DELETE FROM {} WHERE {} RETURNING {}").format(
-                table.identifier, where, sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c))
-                                                             for c in table.writable)),
+                table.identifier, where, sql.SQL(", ").join(output_text(sql.Identifier(c)) for c in table.writable)),
             params,
         )
         moved = [{**dict(zip(table.writable, row)), **values} for row in deleted]

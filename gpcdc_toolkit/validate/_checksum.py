@@ -30,6 +30,7 @@ from psycopg import sql
 
 from ..cluster import COORDINATOR, Cluster, Node, TableRef
 from ..cluster._cluster import Table
+from ..cluster._routing import output_text
 from ..errors import GpcdcError
 from ..sandbox._functions import ROW_HASH_SYMBOL
 from ._chunks import (
@@ -137,6 +138,12 @@ def _row(info: Table) -> sql.Composable:
     return sql.SQL("ROW({})::text").format(sql.SQL(", ").join(sql.Identifier(c) for c in info.columns))
 
 
+def _texts(info: Table) -> sql.Composable:
+    """Each column's text as its type prints it: the text a row is routed by (a key's
+    cast to text is not always it) and written back from."""
+    return sql.SQL(", ").join(output_text(sql.Identifier(c)) for c in info.columns)
+
+
 # Types whose own extended hash is equality as their text shows it: hashed as they are.
 # Any other is hashed by its text, so that values that print differently never pass for
 # equal: floats and numerics (1.0 and 1.00), jsonb and arrays (whose hashes ignore
@@ -171,7 +178,12 @@ _MAX_ARGUMENTS = 100  # PostgreSQL's FUNC_MAX_ARGS: wider rows are hashed in run
 
 
 def _column_for_hash(column: str, type_name: str, form: str) -> sql.Composable:
-    base = type_name.split("(")[0]
+    # The name as the catalog prints it: an array's brackets follow the element's
+    # modifier ("character varying(8)[]"), which cutting at "(" would drop, leaving the
+    # array to its own hash (blind to bounds and nesting). Records of before were
+    # written that way, and are checked as they were written.
+    array = type_name.endswith("]") and form != RECORD_32
+    base = "array" if array else type_name.split("(")[0]
     if base in _HASHED_AS_IS or (form == RECORD_32 and base in _HASHED_SENT):
         return sql.Identifier(column)
     if base in _HASHED_SENT:
@@ -339,7 +351,7 @@ def _run_all(queries: list[Query]) -> list[list[tuple[Any, ...]]]:
 def _fetch(side: Snapshots, info: Table, hashed: sql.Composable,
            chunks: list[Chunk]) -> list[Query]:
     """Queries for the rows of ``chunks``: each row's columns as text, then its text."""
-    columns = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.columns)
+    columns = _texts(info)
     queries = []
     for shift in sorted({c.shift for c in chunks}):
         for node, conn in side.segments():
@@ -359,7 +371,7 @@ def _under_keys(side: Snapshots, info: Table, keys: Sequence[Text], hashed: sql.
     """Queries for every row under ``keys`` (primary-key values as text) on every node of
     ``side``, found through the key's index rather than by reading the table: each row's
     columns as text, its text and its hash."""
-    columns = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.columns)
+    columns = _texts(info)
     whole = [k for k in keys if None not in k]
     tests: list[sql.Composable] = []
     # Each key column's values as one array, so that the server looks them up in a hash
@@ -644,7 +656,7 @@ def _misplaced(target: Snapshots, info: Table, nodes: Sequence[Node] | None = No
     """Rows of the target stored where its distribution does not send their key: (node,
     the relation holding it there, columns as text, row text), on ``nodes`` (by default
     every segment). How to tell is the target's own (``Cluster.misplaced_rows``)."""
-    columns = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.columns)
+    columns = _texts(info)
     select = sql.SQL("{}, {}").format(columns, _row(info))
 
     def on(pair: tuple[Node, psycopg.Connection[Any]]) -> list[MisplacedRow]:

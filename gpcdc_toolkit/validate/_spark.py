@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from ..cluster import Table
-from ._checksum import ChecksumResult, Diff, MisplacedRow, _as_multiset, _by_key, _check_shapes, _misplaced, _row, finish
+from ._checksum import ChecksumResult, Diff, MisplacedRow, _as_multiset, _by_key, _check_shapes, _misplaced, _row, _texts, finish
 from ._snapshots import SESSION, Snapshots
 
 NAME = "gpcdc_table"
@@ -104,7 +104,7 @@ def read_side(spark: Any, side: Snapshots, info: Table) -> DataFrame:
     conn = side.connections()[0]
     from psycopg import sql
 
-    columns = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in info.columns)
+    columns = _texts(info)
     slices = [[node.content, side.cluster.dsn(node), side.names[node.content],
                sql.SQL("SELECT {}, {} FROM {} t").format(columns, _row(info), side.relation(node, info))
                .as_string(conn)] for node in side.cluster.segments]
