@@ -66,6 +66,47 @@ def test_the_servers_route_every_key_as_segment_for_does(source, keys, segments)
     assert routed == [segment_for(key, segments) for key in keys]
 
 
+# (type as declared, values as input text): types whose cast to text prints otherwise too.
+TYPED_VALUES = [
+    ("integer", ["7", "-0", "007"]), ("bigint", ["9223372036854775807"]), ("numeric", ["1.50", "NaN"]),
+    ("text", ["", " a ", "NULL"]), ("character varying(5)", ["ab ", ""]), ("character(4)", ["ab", "", "abcd"]),
+    ("boolean", ["true", "no", "1"]), ("inet", ["10.0.0.1", "10.0.0.1/32", "10.0.0.0/8", "::1"]),
+    ("cidr", ["10.0.0.0/8"]), ("uuid", ["A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11"]), ("date", ["2024-02-29"]),
+    ("timestamp with time zone", ["2024-01-01 01:00:00+01"]), ("flag", ["true", "f"]),
+    ("character varying(5)[]", ["{ab,NULL}", "[0:0]={x}"]), ("interval", ["P1D"]), ("float8", ["-0", "1e300"]),
+]
+
+
+@pytest.fixture(scope="module")
+def flag_domain(source):
+    with source.connect_node(source.segments[0]) as conn:
+        conn.execute("DROP DOMAIN IF EXISTS flag")
+        conn.execute("CREATE DOMAIN flag AS boolean")
+    yield
+    with source.connect_node(source.segments[0]) as conn:
+        conn.execute("DROP DOMAIN flag")
+
+
+@pytest.mark.parametrize(("declared", "values"), TYPED_VALUES)
+def test_a_keys_text_in_sql_is_its_printed_text_as_python_routes_it(source, flag_domain, declared, values):
+    """What the servers route a key by (``output_text``) is the text its type prints,
+    whatever the cast to text gives; NULL stays NULL."""
+    from psycopg import sql
+
+    from gpcdc_toolkit.cluster._routing import output_text
+
+    with source.connect_node(source.segments[0]) as conn:
+        conn.execute(sql.SQL("CREATE TEMP TABLE probe (v {})").format(sql.SQL(declared)))
+        printed = conn.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
+                               "WHERE attrelid = 'probe'::regclass AND attname = 'v'").fetchone()[0]
+        for value in [*values, None]:
+            conn.execute("TRUNCATE probe")
+            conn.execute("INSERT INTO probe VALUES (%s)", (value,))
+            text, output = conn.execute(sql.SQL("SELECT {}, format('%s', v) FROM probe").format(
+                output_text(sql.Identifier("v"), printed))).fetchone()
+            assert text == (None if value is None else output), (declared, value, text, output)
+
+
 def test_the_servers_refuse_a_cluster_without_segments(source):
     with source.connect_node(source.segments[0]) as conn, pytest.raises(psycopg.errors.InvalidParameterValue,
                                                                         match="at least 1 segment, got 0"):

@@ -404,7 +404,8 @@ class Cluster:
         counts with it, in the scan that hashes the rows."""
         if not info.distribution_key:
             return sql.SQL("false")  # randomly distributed: any segment is the right one
-        key = sql.SQL(", ").join(output_text(sql.Identifier("t", c)) for c in info.distribution_key)
+        key = sql.SQL(", ").join(output_text(sql.Identifier("t", c), info.types[info.columns.index(c)])
+                                 for c in info.distribution_key)
         return sql.SQL("gp_dist.segment_of({}, VARIADIC ARRAY[{}]) <> {}").format(
             sql.Literal(self.segment_count), key, sql.Literal(node.content))
 

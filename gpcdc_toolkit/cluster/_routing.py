@@ -41,11 +41,21 @@ def key_text(value: object) -> str:
     raise TypeError(f"unsupported distribution-key type {type(value).__name__}; use int, str, Decimal, UUID, date or timestamp")
 
 
-def output_text(value: sql.Composable) -> sql.Composable:
-    """SQL for ``value``'s text as its type's output function prints it (as
-    :func:`key_text` and the WAL give it), NULL kept NULL. A cast to text is not always
-    that text: ``true::text`` is 'true' where a boolean prints 't', an inet's cast adds
-    its mask length, a character(n)'s drops its padding."""
+# Types whose cast to text is their output function's (an I/O conversion, or the same
+# bytes): read by the cast, which is cheaper than concat() (a placement check's routing
+# of 3M rows by a two-column key: 0.53 s against 0.64 s). Any other type, domains among
+# them, is read through its output function.
+_CAST_IS_OUTPUT = frozenset({"smallint", "integer", "bigint", "numeric", "text", "character varying", "uuid", "date",
+                             "timestamp without time zone", "timestamp with time zone"})
+
+
+def output_text(value: sql.Composable, type_name: str) -> sql.Composable:
+    """SQL for ``value``'s text as its type (named as the catalog prints it) prints it:
+    as :func:`key_text` and the WAL give it; NULL stays NULL. A cast to text is not
+    always that text: ``true::text`` is 'true' where a boolean prints 't', an inet's
+    cast adds its mask length, a character(n)'s drops its padding."""
+    if type_name in _CAST_IS_OUTPUT or type_name.startswith("character varying("):
+        return sql.SQL("{}::text").format(value)
     return sql.SQL("CASE WHEN {0} IS NULL THEN NULL ELSE concat({0}) END").format(value)
 
 

@@ -118,7 +118,8 @@ class Writes:
         deleted = self.execute(
             old_segment,
             sql.SQL("DELETE FROM {} WHERE {} RETURNING {}").format(
-                table.identifier, where, sql.SQL(", ").join(output_text(sql.Identifier(c)) for c in table.writable)),
+                table.identifier, where, sql.SQL(", ").join(
+                    output_text(sql.Identifier(c), table.types[table.columns.index(c)]) for c in table.writable)),
             params,
         )
         moved = [{**dict(zip(table.writable, row)), **values} for row in deleted]

@@ -141,7 +141,7 @@ def _row(info: Table) -> sql.Composable:
 def _texts(info: Table) -> sql.Composable:
     """Each column's text as its type prints it: the text a row is routed by (a key's
     cast to text is not always it) and written back from."""
-    return sql.SQL(", ").join(output_text(sql.Identifier(c)) for c in info.columns)
+    return sql.SQL(", ").join(output_text(sql.Identifier(c), t) for c, t in zip(info.columns, info.types))
 
 
 # Types whose own extended hash is equality as their text shows it: hashed as they are.
