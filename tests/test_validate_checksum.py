@@ -588,3 +588,32 @@ def test_keys_whose_cast_to_text_is_not_their_printed_text_are_placed_checked_an
         for cluster in (source, target):
             with Session(cluster) as session:
                 session.ddl(f"DROP TABLE IF EXISTS {table}")
+
+
+ARRAY_KEYED = ("public", "Array Keyed")
+
+
+def test_rows_under_a_key_with_an_array_column_are_found_and_fixed(clusters):
+    """A primary key with an array in it (its text, '{1,2}', is no element of an array of
+    arrays): the rows under differing keys are looked up and the fix makes the tables equal."""
+    source, target = clusters
+    table = sql.Identifier(*ARRAY_KEYED).as_string(None)
+    rows = [{"id": i, "tags": [i, None, i + 1] if i % 2 else [], "v": f"v{i}"} for i in range(30)]
+    try:
+        for cluster in (source, target):
+            with Session(cluster) as session:
+                session.ddl(f"DROP TABLE IF EXISTS {table}")
+                session.ddl(f"CREATE TABLE {table} (id int, tags int[], v text, PRIMARY KEY (id, tags)) "
+                            "DISTRIBUTED BY (id)")
+                with session.transaction() as tx:
+                    tx.insert(ARRAY_KEYED, rows)
+        on_segment(target, ARRAY_KEYED, 3, "UPDATE {} SET v = 'changed' WHERE id = 3")
+        on_segment(target, ARRAY_KEYED, 4, "DELETE FROM {} WHERE id = 4")
+        result = compare_checksums(source, target, ARRAY_KEYED)
+        assert (result.diff.changed, result.diff.missing, result.diff.extra) == (1, 1, 0), result.diff.examples
+        apply(target, result)
+        assert compare_checksums(source, target, ARRAY_KEYED).equal
+    finally:
+        for cluster in (source, target):
+            with Session(cluster) as session:
+                session.ddl(f"DROP TABLE IF EXISTS {table}")

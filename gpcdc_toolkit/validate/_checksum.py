@@ -376,14 +376,19 @@ def _under_keys(side: Snapshots, info: Table, keys: Sequence[Text], hashed: sql.
     tests: list[sql.Composable] = []
     # Each key column's values as one array, so that the server looks them up in a hash
     # of them (= ANY) or joins them (unnest), rather than testing each row against each key.
-    arrays = [sql.SQL("ARRAY[{}]::{}[]").format(sql.SQL(", ").join(sql.Literal(k[i]) for k in whole),
-                                                sql.SQL(info.types[info.columns.index(c)]))
-              for i, c in enumerate(info.primary_key)]
-    if whole and len(arrays) == 1:
-        tests.append(sql.SQL("{} = ANY({})").format(sql.Identifier(info.primary_key[0]), arrays[0]))
-    elif whole:
-        tests.append(sql.SQL("({}) IN (SELECT * FROM unnest({}))").format(
-            sql.SQL(", ").join(map(sql.Identifier, info.primary_key)), sql.SQL(", ").join(arrays)))
+    types = [info.types[info.columns.index(c)] for c in info.primary_key]
+
+    def array(i: int, of: str) -> sql.Composable:
+        return sql.SQL("ARRAY[{}]::{}[]").format(sql.SQL(", ").join(sql.Literal(k[i]) for k in whole), sql.SQL(of))
+
+    if whole and len(types) == 1 and not types[0].endswith("]"):
+        tests.append(sql.SQL("{} = ANY({})").format(sql.Identifier(info.primary_key[0]), array(0, types[0])))
+    elif whole:  # each value cast alone: an array's text is no element of an array of arrays
+        names = [sql.Identifier(f"k{i}") for i in range(len(types))]
+        tests.append(sql.SQL("({}) IN (SELECT {} FROM unnest({}) u({}))").format(
+            sql.SQL(", ").join(map(sql.Identifier, info.primary_key)),
+            sql.SQL(", ").join(sql.SQL("{}::{}").format(n, sql.SQL(t)) for n, t in zip(names, types)),
+            sql.SQL(", ").join(array(i, "text") for i in range(len(types))), sql.SQL(", ").join(names)))
     # A NULL in a key (a segment's table lost its NOT NULL) is found by IS NULL, which = never matches.
     tests += [_where(info, info.primary_key, k) for k in keys if None in k]
     return [(conn, sql.SQL("SELECT {}, {}, {} FROM {} t WHERE {}").format(
