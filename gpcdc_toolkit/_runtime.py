@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import json
 import os
 import random
 import signal
 import socket
+import tempfile
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,18 +20,51 @@ _LISTEN_PORTS = range(20000, 65536)  # below: well-known services' customary por
 
 
 def free_port(avoid: Collection[int] = ()) -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now, not in ``avoid``.
+    """A TCP port on 127.0.0.1 that nothing listens on right now, not in ``avoid``, and
+    that no other process of this machine has been given by this function lately.
 
     Chosen outside the kernel's ephemeral range: a port from it can be taken, between
     this check and the server's bind, by any outgoing connection on the machine (a busy
-    test run makes thousands)."""
+    test run makes thousands). Given out once per ``_RESERVED_SECONDS``: two processes
+    creating servers at the same moment (a test run's workers) would otherwise both
+    find a port free, and the second server to bind it would fail."""
     low, high = _ephemeral_ports()
-    for _ in range(1000):
-        port = random.choice(_LISTEN_PORTS)
-        if not low <= port <= high and port not in avoid and not port_in_use(port):
-            return port
+    with _reservations() as reserved:
+        for _ in range(1000):
+            port = random.choice(_LISTEN_PORTS)
+            if not low <= port <= high and port not in avoid and port not in reserved and not port_in_use(port):
+                reserved[port] = time.time() + _RESERVED_SECONDS
+                return port
     raise OSError(errno.EADDRINUSE, f"no free port in {_LISTEN_PORTS.start}-{_LISTEN_PORTS.stop - 1} outside "
                                     f"the ephemeral range {low}-{high} after 1000 tries")
+
+
+# Long enough for the slowest server start after its port is chosen (a 64-segment
+# sandbox runs initdb for every node first); a server bound by then keeps it in use.
+_RESERVED_SECONDS = 900
+_RESERVATIONS = Path(tempfile.gettempdir()) / f"gpcdc-ports-{os.getuid()}.json"  # per user: theirs to lock
+
+
+@contextlib.contextmanager
+def _reservations() -> Iterator[dict[int, float]]:
+    """The ports given out lately on this machine (port: until when), read and written
+    back under an exclusive lock, those expired left out."""
+    fd = os.open(_RESERVATIONS, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with os.fdopen(os.dup(fd), "r+") as f:
+            try:
+                held = {int(port): until for port, until in json.load(f).items()}
+            except (ValueError, AttributeError, TypeError):
+                held = {}  # empty (just created) or damaged: nothing reserved
+            now = time.time()
+            reserved = {port: until for port, until in held.items() if until > now}
+            yield reserved
+            f.seek(0)
+            f.truncate()
+            json.dump({str(port): until for port, until in reserved.items()}, f)
+    finally:
+        os.close(fd)  # and with it the lock
 
 
 def _ephemeral_ports() -> tuple[int, int]:

@@ -27,13 +27,53 @@ def test_a_free_port_is_outside_the_ephemeral_range_and_can_be_listened_on():
             s.listen()
 
 
-def test_a_port_listened_on_or_to_avoid_is_never_chosen(monkeypatch):
+def test_a_port_listened_on_or_to_avoid_is_never_chosen(monkeypatch, tmp_path):
+    monkeypatch.setattr(_runtime, "_RESERVATIONS", tmp_path / "ports.json")
+    monkeypatch.setattr(_runtime, "_RESERVED_SECONDS", 0)  # each port given out is free again at once
     monkeypatch.setattr(_runtime, "_LISTEN_PORTS", range(20000, 20004))
     monkeypatch.setattr(_runtime, "_ephemeral_ports", lambda: (20003, 20003))
     monkeypatch.setattr(_runtime, "port_in_use", lambda port: port == 20000)
     assert {free_port(avoid={20001}) for _ in range(30)} == {20002}
     with pytest.raises(OSError, match=r"no free port in 20000-20003 outside the ephemeral range 20003-20003"):
         free_port(avoid={20001, 20002})
+
+
+# Another process choosing ports from the same few, with the same reservations.
+_CHOOSER = """
+import sys
+from pathlib import Path
+from gpcdc_toolkit import _runtime
+_runtime._RESERVATIONS, _runtime._LISTEN_PORTS = Path(sys.argv[1]), range(int(sys.argv[2]), int(sys.argv[3]))
+_runtime._ephemeral_ports = lambda: (1, 2)
+try:
+    print(_runtime.free_port())
+except OSError as e:
+    print("none:", e)
+"""
+
+
+def test_a_port_given_out_is_given_to_no_other_process_until_its_reservation_ends(monkeypatch, tmp_path):
+    """Two processes starting servers at once would both find a port free until one
+    binds it: each port goes to one of them."""
+    reservations = tmp_path / "ports.json"
+    monkeypatch.setattr(_runtime, "_RESERVATIONS", reservations)
+    monkeypatch.setattr(_runtime, "_LISTEN_PORTS", range(20000, 20003))
+    monkeypatch.setattr(_runtime, "_ephemeral_ports", lambda: (1, 2))
+    monkeypatch.setattr(_runtime, "port_in_use", lambda port: False)  # none of them bound yet
+    mine = free_port()
+    choosers = [subprocess.Popen([sys.executable, "-c", _CHOOSER, str(reservations), "20000", "20003"],
+                                 stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    answers = sorted(p.communicate(timeout=60)[0].strip() for p in choosers)
+    given = [int(a) for a in answers if not a.startswith("none")]
+    assert sorted([mine, *given]) == [20000, 20001, 20002], answers  # each once, whichever process asked first
+    assert answers[-1].startswith("none: [Errno 98] no free port in 20000-20002"), answers
+    with pytest.raises(OSError, match="no free port"):
+        free_port()
+    monkeypatch.setattr(_runtime, "_RESERVED_SECONDS", 0)
+    reservations.write_text('{"20000": 0, "20001": 1e18, "20002": 1e18}')  # the first expired: given out again
+    assert free_port() == 20000
+    reservations.write_text("not json")  # damaged: as if none were reserved
+    assert free_port() in (20000, 20001, 20002)
 
 
 # A parent that starts a child which exits at once, prints its pid, and never reaps it.
