@@ -285,3 +285,61 @@ def test_a_repairs_copy_replaces_exactly_the_rows_the_source_places_on_its_segme
         assert table_rows(cluster, "kv") == sorted(others + copy, key=repr)
     finally:
         target.down(remove=True)
+
+
+@pytest.mark.parametrize("replay_target", TARGETS, indirect=True)
+def test_identity_columns_generated_always_are_replayed_and_fixed_with_the_sources_values(source, replay_target):
+    """PostgreSQL refuses an explicit value for such a column unless the INSERT overrides
+    the system's, and lets an UPDATE set it only to DEFAULT: rows are written with the
+    source's values, a row whose identity value changes is written anew, and so does
+    the fix of a row that differs there."""
+    from gpcdc_toolkit.cluster import COORDINATOR
+    from gpcdc_toolkit.validate._checksum import compare_checksums
+
+    target, config, pipeline, group = replay_target
+    table = f'"Ident {uuid.uuid4().hex[:6]}"'
+    bootstrap(source, pipeline, "snapshot")
+    group.start()
+    with Session(source) as session:
+        session.ddl(f'CREATE TABLE {table} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, '
+                    f'"Seq No" bigint GENERATED ALWAYS AS IDENTITY, v text) DISTRIBUTED BY (id)')
+        with session.transaction() as tx:
+            tx.insert(table, [{"id": k, "Seq No": 100 + k, "v": f"v{k}"} for k in range(1, 9)])
+    wait_until_acknowledged(source, pipeline.slot)
+    with Replayer(config) as replayer:  # the inserts first: then each change below is replayed as one
+        replayer.run()
+    with Session(source) as session:
+        with session.transaction() as tx:
+            tx.update(table, {"id": 1}, {"v": "changed"})
+            tx.update(table, {"id": 2}, {"Seq No": 500})
+            tx.update(table, {"id": 3}, {"id": 300, "v": "moved"})
+            tx.delete(table, {"id": 4})
+    wait_until_acknowledged(source, pipeline.slot)
+    with Replayer(config) as replayer:
+        replayer.run()
+    target_cluster = target.cluster()
+    expected = sorted([(1, 101, "changed"), (2, 500, "v2"), (300, 103, "moved"), *((k, 100 + k, f"v{k}")
+                                                                                   for k in range(5, 9))], key=repr)
+    assert table_rows(source, table) == expected
+    assert table_rows(target_cluster, table) == expected
+
+    # The target's rows damaged where they are written: a row's identity value changed
+    # (written anew, as no UPDATE may set it to a value), a row gone.
+    def writer(key):
+        return (target_cluster.segments[target_cluster.home_of([key])] if target.flavour == "greenplum"
+                else target_cluster.coordinator)
+
+    with target_cluster.connect_node(writer(5)) as conn:
+        conn.execute(f"DELETE FROM {table} WHERE id = 5")
+        conn.execute(f"INSERT INTO {table} OVERRIDING SYSTEM VALUE VALUES (5, 999, 'v5')")
+    with target_cluster.connect_node(writer(6)) as conn:
+        conn.execute(f"DELETE FROM {table} WHERE id = 6")
+    result = compare_checksums(source, target_cluster, table)
+    assert (result.diff.missing, result.diff.changed, result.diff.extra) == (1, 1, 0), result.diff.examples
+    for content, statements in result.fix.items():
+        node = target_cluster.coordinator if content == COORDINATOR else target_cluster.segments[content]
+        with target_cluster.connect_node(node) as conn, conn.transaction():
+            for statement in statements:
+                conn.execute(statement)
+    assert compare_checksums(source, target_cluster, table).equal
+    assert table_rows(target_cluster, table) == expected

@@ -57,6 +57,9 @@ class Table:
     parts: tuple[str, str] = ("", "")  # (schema, name) exactly as the catalog has them
     generated: Mapping[str, str] = field(default_factory=dict)  # stored generated column -> its expression
     defaults: Mapping[str, str] = field(default_factory=dict)  # column -> its default's expression
+    # Identity columns GENERATED ALWAYS: a row names their values only in an INSERT that
+    # overrides the system value, and no UPDATE may set them (see ``Writes.rewrites``).
+    always_identity: frozenset[str] = frozenset()
 
     @property
     def identifier(self) -> sql.Composable:
@@ -244,7 +247,8 @@ class Cluster:
             columns = conn.execute(
                 "SELECT attname, format_type(atttypid, atttypmod), "
                 "CASE WHEN attgenerated <> '' THEN pg_get_expr(d.adbin, d.adrelid) END, "
-                "CASE WHEN attgenerated = '' THEN pg_get_expr(d.adbin, d.adrelid) END FROM pg_attribute a "
+                "CASE WHEN attgenerated = '' THEN pg_get_expr(d.adbin, d.adrelid) END, attidentity = 'a' "
+                "FROM pg_attribute a "
                 "LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
                 "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
                 (oid,),
@@ -263,8 +267,9 @@ class Cluster:
             distribution_key=distribution_key,
             primary_key=tuple(c for c, in pkey),
             parts=(schema, relname),
-            generated={c: expression for c, _, expression, _ in columns if expression is not None},
-            defaults={c: default for c, _, _, default in columns if default is not None},
+            generated={c: expression for c, _, expression, _, _ in columns if expression is not None},
+            defaults={c: default for c, _, _, default, _ in columns if default is not None},
+            always_identity=frozenset(c for c, *_, always in columns if always),
         )
 
     def _distribution_key(self, conn: psycopg.Connection[Any], oid: int, qualified: str) -> tuple[str, ...]:

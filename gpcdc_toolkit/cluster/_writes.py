@@ -66,6 +66,14 @@ class Writes:
         deleted where it is and inserted anew (an UPDATE cannot move it)."""
         return self.route(table, key) != self.route(table, new_key)
 
+    def rewrites(self, table: Table, old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+        """Whether a row going from ``old`` to ``new`` (each with the distribution key) is
+        deleted and inserted anew: it moves, or it writes an identity column GENERATED
+        ALWAYS that ``old`` does not show it already holds, which an UPDATE can only set
+        to DEFAULT."""
+        return (any(c in new and (c not in old or new[c] != old[c]) for c in table.always_identity)
+                or self.moves(table, old, new))
+
     def execute(self, segment: int, query: str | Statement, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         """Run a statement on one segment inside this transaction; returns its rows."""
         cur = self._segment(segment).execute(sql.SQL(query) if isinstance(query, str) else query, params)
@@ -85,9 +93,7 @@ class Writes:
         for row in rows:
             groups[(self.route(table, row), tuple(row))].append(row)
         for (segment, columns), seg_rows in groups.items():
-            head = sql.SQL("INSERT INTO {} ({}) VALUES ").format(
-                table.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)))
-            _values(self._segment(segment), head, columns, seg_rows, sql.SQL(""))
+            _values(self._segment(segment), insert_into(table, columns), columns, seg_rows, sql.SQL(""))
         return sum(len(r) for r in groups.values())
 
     def _where(self, table: Table, key: Mapping[str, Any]) -> tuple[sql.Composable, list[Any]]:
@@ -103,13 +109,13 @@ class Writes:
         """Update the rows matching ``key`` (which includes the distribution key).
 
         When ``values`` changes the distribution key so that the row belongs on another
-        segment, the row moves: deleted on its segment, inserted on the new one.
+        segment, the row moves: deleted on its segment, inserted on the new one. So is a
+        row rewritten whose identity column GENERATED ALWAYS ``values`` writes.
         """
         table = self.session.table(table_name)
         where, params = self._where(table, key)
         old_segment = self.route(table, key)
-        new_key = {c: values.get(c, key[c]) for c in table.distribution_key}
-        if not self.moves(table, key, new_key):
+        if not self.rewrites(table, key, {**key, **values}):
             assign, values_set = assignments(table, key, values)
             query = sql.SQL("UPDATE {} SET {} WHERE {}").format(table.identifier, assign, where)
             return self._segment(old_segment).execute(query, [*values_set, *params]).rowcount
@@ -142,13 +148,16 @@ class Writes:
             groups[(self.route(table, row), tuple(row))].append(row)
         for (segment, columns), seg_rows in groups.items():
             others = [c for c in columns if c not in table.primary_key]
+            if table.always_identity.intersection(others):
+                # ON CONFLICT's update cannot set such a column either: the rows are replaced.
+                self.delete_keys(table_name, [{c: row[c] for c in table.primary_key} for row in seg_rows])
+                _values(self._segment(segment), insert_into(table, columns), columns, seg_rows, sql.SQL(""))
+                continue
             action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
                 sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in others)) if others else sql.SQL("DO NOTHING")
-            head = sql.SQL("INSERT INTO {} ({}) VALUES ").format(
-                table.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)))
             tail = sql.SQL(" ON CONFLICT ({}) {}").format(sql.SQL(", ").join(map(sql.Identifier, table.primary_key)),
                                                           action)
-            _values(self._segment(segment), head, list(columns), seg_rows, tail)
+            _values(self._segment(segment), insert_into(table, columns), columns, seg_rows, tail)
         return sum(len(r) for r in groups.values())
 
     def delete_keys(self, table_name: TableRef, keys: Iterable[Mapping[str, Any]]) -> None:
@@ -165,14 +174,28 @@ class Writes:
                 cur.executemany(query, [[k[c] for c in columns] for k in seg_keys])
 
 
+def insert_into(table: Table, columns: Sequence[str]) -> sql.Composed:
+    """``INSERT INTO table (columns) VALUES``, overriding the system's value where the
+    table has an identity column GENERATED ALWAYS: a replica writes the source's."""
+    overriding = sql.SQL(" OVERRIDING SYSTEM VALUE") if table.always_identity else sql.SQL("")
+    return sql.SQL("INSERT INTO {} ({}){} VALUES ").format(
+        table.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)), overriding)
+
+
 def assignments(table: Table, old: Mapping[str, Any], values: Mapping[str, Any]) -> tuple[sql.Composable, list[Any]]:
     """The ``SET`` list writing ``values`` over a row that held ``old``. A distribution-key
     column whose value stays is left out, since a front door (Citus) refuses to set one
-    at all; an update left with nothing to set sets a column to itself, so that it still
-    finds, and counts, its row."""
-    changed = {c: v for c, v in values.items() if c not in table.distribution_key or c not in old or v != old[c]}
+    at all, and so is an identity column GENERATED ALWAYS (which only DEFAULT may set;
+    one that changes is written by ``Writes.rewrites``); an update left with nothing to
+    set sets a plain column to itself, so that it still finds, and counts, its row."""
+    fixed = set(table.distribution_key) | table.always_identity
+    changed = {c: v for c, v in values.items() if c not in fixed or c not in old or v != old[c]}
     if not changed:
-        return sql.SQL("{0} = {0}").format(sql.Identifier(next(iter(values), table.columns[0]))), []
+        itself = next((c for c in (*values, *table.columns) if c not in table.always_identity and c not in table.generated),
+                      None)
+        if itself is None:
+            raise DistributedTransactionError(f"{table.name} has no column an UPDATE may set to itself")
+        return sql.SQL("{0} = {0}").format(sql.Identifier(itself)), []
     return (sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in changed),
             list(changed.values()))
 

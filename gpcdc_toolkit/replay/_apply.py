@@ -342,7 +342,7 @@ class Applier:
             return len(tx.execute(segment, sql.SQL("DELETE FROM {} WHERE {} RETURNING 1").format(table.identifier, match),
                                   params))
         new = {**old, **event["after"]}
-        if tx.moves(table, old, new):  # out of one segment (or shard), into another
+        if tx.rewrites(table, old, new):  # into another segment (or shard), or an identity column written
             tx.execute(segment, sql.SQL("DELETE FROM {} WHERE {} RETURNING 1").format(table.identifier, match), params)
             return tx.insert(table.parts, [new])
         assign, values = assignments(table, old, new)

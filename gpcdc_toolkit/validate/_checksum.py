@@ -31,6 +31,7 @@ from psycopg import sql
 from ..cluster import COORDINATOR, Cluster, Node, TableRef
 from ..cluster._cluster import Table
 from ..cluster._routing import output_text
+from ..cluster._writes import insert_into
 from ..errors import GpcdcError
 from ..sandbox._functions import ROW_HASH_SYMBOL
 from ._chunks import (
@@ -717,10 +718,8 @@ def _insert(info: Table, target: Snapshots, row: Text) -> tuple[int, int, sql.Co
     """The insert of ``row``: (the node it runs on, ``INSERT``, the statement)."""
     index = {c: i for i, c in enumerate(info.columns)}
     node = target.cluster.home_of([row[index[c]] for c in info.distribution_key])
-    columns = [c for c in info.columns if c not in info.generated]
-    statement = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
-        info.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)),
-        sql.SQL(", ").join(_typed(info, c, v) for c, v in zip(info.columns, row) if c not in info.generated))
+    statement = sql.SQL("{}({})").format(insert_into(info, info.writable), sql.SQL(", ").join(
+        _typed(info, c, v) for c, v in zip(info.columns, row) if c not in info.generated))
     return node, INSERT, statement
 
 
@@ -785,7 +784,11 @@ def _by_unique_key(info: Table, target: Snapshots, src: Fetched, tgt: Fetched) -
             said = ", ".join(f"{c} {have[i]!r}, expected {want[i]!r}" for c, i in at.items())
             examples.append(f"key {k!r}: {said}")
         assignments = [_equal(info, c, want[i]) for c, i in at.items() if c not in info.generated]
-        if assignments:  # else only a generated column differs: its expression does, which no UPDATE mends
+        if info.always_identity.intersection(at):  # which no UPDATE may set: the row is written anew
+            fixes.append(Fix(row, target.cluster.writer_of(node), DELETE, sql.SQL("DELETE FROM {} WHERE {}").format(
+                info.identifier, _where(info, info.primary_key, k))))
+            fixes.append(Fix(row, *_insert(info, target, want)))
+        elif assignments:  # else only a generated column differs: its expression does, which no UPDATE mends
             fixes.append(Fix(row, target.cluster.writer_of(node), UPDATE, sql.SQL("UPDATE {} SET {} WHERE {}").format(
                 info.identifier, sql.SQL(", ").join(assignments), _where(info, info.primary_key, k))))
         rows.append(row)
