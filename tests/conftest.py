@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -33,6 +34,16 @@ settings.load_profile("gpcdc")
 # `pytest -m "not servers"` runs the pure tests alone, in seconds. (The Spark server's
 # suite starts its JVMs itself.)
 SERVER_FIXTURES = {"work_dir", "source_sandbox", "source", "broker", "spark", "replay_target"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A run stopped by SIGTERM (a CI's time limit, `kill`) ends as one stopped by Ctrl-C:
+    # the session's finalizers stop every server it started.
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
