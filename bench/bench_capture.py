@@ -28,7 +28,7 @@ from pathlib import Path
 
 from gpcdc_toolkit.bootstrap import Pipeline, bootstrap
 from gpcdc_toolkit.broker import EmbeddedBroker
-from gpcdc_toolkit.capture import CaptureGroup, CaptureWorker, WorkerSettings, quiet_collector, wait_until_acknowledged
+from gpcdc_toolkit.capture import CaptureGroup, CaptureWorker, WorkerSettings, tune_for_capture, wait_until_acknowledged
 from gpcdc_toolkit.cluster import Cluster, Session
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.protocol import Topics, kind_of, parse_lsn
@@ -55,8 +55,8 @@ def write_rows(cluster: Cluster, rows: int, payload: int, per_txn: int) -> None:
                            (payload, first, min(rows, first + per_txn) - 1))
 
 
-def throughput(cluster: Cluster, config, rows: int) -> None:
-    quiet_collector()  # as a worker's process does: here the worker is a thread of this one
+def throughput(cluster: Cluster, config, rows: int, broker_pid: int) -> None:
+    tune_for_capture()  # as a worker's process does: here the worker is a thread of this one
     pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
     start = bootstrap(cluster, pipeline, "snapshot")
     segment = cluster.segments[0]
@@ -79,11 +79,21 @@ def throughput(cluster: Cluster, config, rows: int) -> None:
     worker = CaptureWorker(cluster, segment, start, settings, database="postgres", partitions=cluster.segment_count)
     stop = threading.Event()
     thread = threading.Thread(target=worker.run, args=(stop,))
+    broker_before, machine_before = process_cpu(broker_pid), machine_cpu()
     t0 = time.perf_counter()
     thread.start()
     while confirmed(cluster, 0, pipeline.slot) < end:
         time.sleep(0.02)  # polling the slot's acknowledged position
     capture_s = time.perf_counter() - t0
+    # Where the CPU went meanwhile: every thread named here started with the worker.
+    with cluster.connect_node(segment) as conn:
+        walsender = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                                 (pipeline.slot,)).fetchone()[0]
+    cpu = {"capture's Python thread": thread_cpu(os.getpid(), thread.native_id),
+           "librdkafka's threads": sum(thread_cpu(os.getpid(), tid) for tid in threads(os.getpid(), "rdk:")),
+           "walsender (decoding the WAL)": process_cpu(walsender),
+           "Kafka broker": process_cpu(broker_pid) - broker_before}
+    machine, stolen = (after - before for after, before in zip(machine_cpu(), machine_before))
     stop.set()
     thread.join()
     print(f"throughput ({rows} rows, 1000 per transaction, one segment):")
@@ -93,6 +103,37 @@ def throughput(cluster: Cluster, config, rows: int) -> None:
     print("where a captured row's time goes, each stage alone on the same WAL:")
     for stage, seconds in [("pg_recvlogical", recv_s), *stage_s.items(), ("capture, all stages", capture_s)]:
         print(f"  {stage:<40}: {seconds / rows * 1e6:6.2f} us/row", flush=True)
+    print(f"CPU while capture ran, a row's share ({os.cpu_count()} cores: {os.cpu_count() * capture_s / rows * 1e6:.2f} "
+          "us/row to spend):")
+    for what, seconds in [*cpu.items(), ("the whole machine", machine), ("stolen by the hypervisor", stolen)]:
+        print(f"  {what:<40}: {seconds / rows * 1e6:6.2f} us/row", flush=True)
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu(pid: int, tid: int) -> float:
+    """CPU seconds of one thread, user and system."""
+    fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def process_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def threads(pid: int, prefix: str) -> list[int]:
+    """The threads of a process whose name begins with ``prefix``."""
+    return [int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()
+            if (task / "comm").read_text().startswith(prefix)]
+
+
+def machine_cpu() -> tuple[float, float]:
+    """CPU seconds the machine's cores worked in all, and those the hypervisor gave other
+    machines while this one had work (steal)."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, Path("/proc/stat").read_text().split()[1:9])
+    return (user + nice + system + irq + softirq) / _TICK, steal / _TICK
 
 
 def stages(cluster: Cluster, start, settings: WorkerSettings, end: int) -> dict[str, float]:
@@ -221,7 +262,8 @@ def main() -> None:
         with Session(cluster) as session:
             session.ddl("CREATE TABLE bench_rows (id bigint PRIMARY KEY, v text) DISTRIBUTED BY (id)")
         flags = {"work_dir": str(work), "kafka.bootstrap_servers": broker.bootstrap_servers, "source.sandbox": "bench"}
-        throughput(cluster, load_config({**flags, "kafka.topic_prefix": "tput"}, config_file=args.config, environ={}), args.rows)
+        throughput(cluster, load_config({**flags, "kafka.topic_prefix": "tput"}, config_file=args.config, environ={}), args.rows,
+                   broker.pid)
         latency(cluster, load_config({**flags, "kafka.topic_prefix": "lat"}, config_file=args.config, environ={}), args.rate, args.seconds)
         if args.large_mb:
             memory(cluster, load_config({**flags, "kafka.topic_prefix": "tput"}, config_file=args.config, environ={}), args.large_mb)

@@ -40,7 +40,7 @@ from gpcdc_toolkit._maven import resolve
 from gpcdc_toolkit._runtime import free_port, stop_pid
 from gpcdc_toolkit.bootstrap import Pipeline, bootstrap
 from gpcdc_toolkit.broker import KAFKA_VERSION, EmbeddedBroker
-from gpcdc_toolkit.capture import CaptureWorker, WorkerSettings, quiet_collector
+from gpcdc_toolkit.capture import CaptureWorker, WorkerSettings, tune_for_capture
 from gpcdc_toolkit.cluster import Cluster, Session
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.connect import kafka_client_settings
@@ -167,7 +167,7 @@ def main() -> None:
                 with session.transaction() as tx:
                     tx.execute(0, f"INSERT INTO {TABLE} SELECT g, repeat('x', 40) FROM "
                                "generate_series(%s::bigint, %s::bigint) g", (first, min(args.rows, first + 1000) - 1))
-        quiet_collector()  # as a worker's process does: here the worker is a thread of this one
+        tune_for_capture()  # as a worker's process does: here the worker is a thread of this one
         connect = start_connect(work, cluster, broker.bootstrap_servers, args.tuned)
         capture = start_capture(cluster, config, start)
         theirs_topic, ours_topic = f"dbz.public.{TABLE}", Topics("ours").changes

@@ -12,7 +12,7 @@ from ._worker import (
     delete_topics,
     ensure_topics,
     producer_config,
-    quiet_collector,
+    tune_for_capture,
 )
 
 __all__ = [
@@ -20,5 +20,5 @@ __all__ = [
     "CaptureGroup", "Started", "child_environment", "config_environment", "run_worker", "DroppedPipeline", "drop_pipeline",
     "extend_pipeline", "repair_segment",
     "CaptureWorker", "WorkerSettings", "WorkerStats", "delete_topics", "ensure_topics", "producer_config",
-    "quiet_collector",
+    "tune_for_capture",
 ]

@@ -27,7 +27,7 @@ from ..config import ENV_PREFIX, SETTINGS, Config
 from ..connect import kafka_client_settings, open_cluster
 from ..errors import GpcdcError, UnreachableError
 from ._hosts import check_nodes, holder, worker_application
-from ._worker import CaptureWorker, WorkerSettings, quiet_collector
+from ._worker import CaptureWorker, WorkerSettings, tune_for_capture
 
 
 def config_environment(config: Config) -> dict[str, str]:
@@ -228,7 +228,7 @@ def run_worker(config: Config, content: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     write_atomic(group.pid_file(content), str(os.getpid()))
-    quiet_collector()
+    tune_for_capture()
     try:
         worker.run(stop)
     finally:

@@ -18,6 +18,7 @@ slot's flush position; nothing is acknowledged meanwhile.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import logging
 import os
@@ -491,14 +492,40 @@ class CaptureWorker:
         return acked
 
 
-def quiet_collector() -> None:
-    """For a process whose main work is a capture loop. Each row event is a few dicts
-    that live until its transaction is produced; at Python's default thresholds the
-    cyclic collector runs every 700 allocations and its older generations rescan all the
-    process set up. Freezing what exists and collecting less often made capture 1.2x
-    faster (``bench/bench_capture.py``); the events hold no cycles, so little waits."""
+def tune_for_capture() -> None:
+    """For a process whose main work is a capture loop: its collector and its allocator.
+
+    Each row event is a few dicts that live until its transaction is produced. At
+    Python's default thresholds the cyclic collector runs every 700 allocations and its
+    older generations rescan all the process set up. Freezing what exists and collecting
+    less often made capture 1.2x faster (``bench/bench_capture.py``); the events hold no
+    cycles, so little waits.
+
+    A transaction's events are freed together once produced, at the top of the heap.
+    glibc's malloc gives that memory back to the kernel whenever more than 128 KB is free
+    there, and the next transaction faults the same pages in again, zeroed: a million
+    page faults for 200,000 rows, half of decoding's time on a virtual machine
+    (docs/benchmarks.md). Keeping up to ``_KEPT_FREE`` free at the top ends that; what
+    the process holds at its peak is bounded as before (``max_buffered`` events)."""
     gc.freeze()
     gc.set_threshold(20_000, 20, 20)
+    _keep_freed_memory()
+
+
+_KEPT_FREE = 64 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters, from glibc's malloc.h
+
+
+def _keep_freed_memory() -> None:
+    """Fixing the trim threshold also fixes the size from which blocks are mapped apart
+    (glibc stops adapting both): set as glibc's adaptation would end, at its largest, so
+    that only blocks of more than 32 MB (an oversized value) are mapped and returned."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except AttributeError:
+        return  # not glibc's allocator: left as it is
+    mallopt(_M_MMAP_THRESHOLD, _KEPT_FREE // 2)
+    mallopt(_M_TRIM_THRESHOLD, _KEPT_FREE)
 
 
 def ensure_topics(kafka: Mapping[str, Any], topics: Topics, partitions: int, replicas: int = 0) -> None:
