@@ -53,12 +53,11 @@ def _reservations() -> Iterator[dict[int, float]]:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         with os.fdopen(os.dup(fd), "r+") as f:
-            try:
-                held = {int(port): until for port, until in json.load(f).items()}
-            except (ValueError, AttributeError, TypeError):
-                held = {}  # empty (just created) or damaged: nothing reserved
             now = time.time()
-            reserved = {port: until for port, until in held.items() if until > now}
+            try:
+                reserved = {int(port): float(until) for port, until in json.load(f).items() if float(until) > now}
+            except (ValueError, AttributeError, TypeError):
+                reserved = {}  # empty (just created) or damaged: nothing reserved
             yield reserved
             f.seek(0)
             f.truncate()

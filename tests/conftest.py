@@ -43,6 +43,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _interrupt(signum: int, _frame: object) -> None:
+    signal.signal(signum, signal.SIG_IGN)  # a second one would break off the finalizers
     raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
 
 

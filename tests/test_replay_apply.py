@@ -308,16 +308,23 @@ def test_identity_columns_generated_always_are_replayed_and_fixed_with_the_sourc
     wait_until_acknowledged(source, pipeline.slot)
     with Replayer(config) as replayer:  # the inserts first: then each change below is replayed as one
         replayer.run()
+    target_cluster = target.cluster()
+    if target.flavour == "postgres":
+        # A table of the target's own refers to rows whose identity value stays: their
+        # updates must be updates, not a delete and an insert, which the reference refuses.
+        with target_cluster.coordinator_connection() as conn:
+            conn.execute(f"CREATE TABLE {table[:-1]} refs\" (id int PRIMARY KEY, ident bigint REFERENCES {table} (id))")
+            conn.execute(f"INSERT INTO {table[:-1]} refs\" VALUES (1, 1), (2, 8)")
     with Session(source) as session:
         with session.transaction() as tx:
             tx.update(table, {"id": 1}, {"v": "changed"})
+            tx.update(table, {"id": 8}, {"v": "v8"})  # to what it holds
             tx.update(table, {"id": 2}, {"Seq No": 500})
             tx.update(table, {"id": 3}, {"id": 300, "v": "moved"})
             tx.delete(table, {"id": 4})
     wait_until_acknowledged(source, pipeline.slot)
     with Replayer(config) as replayer:
         replayer.run()
-    target_cluster = target.cluster()
     expected = sorted([(1, 101, "changed"), (2, 500, "v2"), (300, 103, "moved"), *((k, 100 + k, f"v{k}")
                                                                                    for k in range(5, 9))], key=repr)
     assert table_rows(source, table) == expected
@@ -334,8 +341,19 @@ def test_identity_columns_generated_always_are_replayed_and_fixed_with_the_sourc
         conn.execute(f"INSERT INTO {table} OVERRIDING SYSTEM VALUE VALUES (5, 999, 'v5')")
     with target_cluster.connect_node(writer(6)) as conn:
         conn.execute(f"DELETE FROM {table} WHERE id = 6")
+    misplaced = 0
+    if target.flavour == "greenplum":  # and a row on a segment its key does not name, its identity value changed too
+        elsewhere = target_cluster.segments[1 - target_cluster.home_of([7])]
+        with target_cluster.connect_node(writer(7)) as conn:
+            conn.execute(f"DELETE FROM {table} WHERE id = 7")
+        with target_cluster.connect_node(elsewhere) as conn:
+            conn.execute(f"INSERT INTO {table} OVERRIDING SYSTEM VALUE VALUES (7, 777, 'v7')")
+        misplaced = 1
     result = compare_checksums(source, target_cluster, table)
-    assert (result.diff.missing, result.diff.changed, result.diff.extra) == (1, 1, 0), result.diff.examples
+    diff = result.diff
+    assert (diff.missing, diff.changed + diff.misplaced, diff.extra) == (1, 1 + misplaced, 0), diff.examples
+    inserts = [s for statements in result.fix.values() for s in statements if s.startswith("INSERT")]
+    assert len(inserts) == 2 + misplaced, inserts  # one a row: the missing one, those written anew
     for content, statements in result.fix.items():
         node = target_cluster.coordinator if content == COORDINATOR else target_cluster.segments[content]
         with target_cluster.connect_node(node) as conn, conn.transaction():
@@ -343,3 +361,35 @@ def test_identity_columns_generated_always_are_replayed_and_fixed_with_the_sourc
                 conn.execute(statement)
     assert compare_checksums(source, target_cluster, table).equal
     assert table_rows(target_cluster, table) == expected
+
+
+def test_a_change_of_a_keyless_row_the_target_lacks_stops_the_replay_with_nothing_of_it_applied(source, replay_target):
+    """As a keyed row's does: the target differs from the source, and going on would
+    leave it so silently (a moved row would even be inserted without its old one gone)."""
+    from gpcdc_toolkit.errors import GpcdcError
+
+    target, config, pipeline, group = replay_target
+    table = f'"Key Less {uuid.uuid4().hex[:6]}"'
+    bootstrap(source, pipeline, "snapshot")
+    group.start()
+    with Session(source) as session:
+        session.ddl(f"CREATE TABLE {table} (a int, b text) DISTRIBUTED BY (a)")
+        session.ddl(f"ALTER TABLE {table} REPLICA IDENTITY FULL")
+        with session.transaction() as tx:
+            tx.insert(table, [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}])
+    wait_until_acknowledged(source, pipeline.slot)
+    with Replayer(config) as replayer:
+        replayer.run()
+    target_cluster = target.cluster()
+    with target_cluster.connect_node(target_cluster.segments[target_cluster.home_of([2])]) as conn:
+        conn.execute(f"DELETE FROM {table} WHERE a = 2")  # someone else's change
+    with Session(source) as session:
+        with session.transaction() as tx:
+            tx.update(table, {"a": 1, "b": "x"}, {"b": "changed"})
+            tx.update(table, {"a": 2, "b": "y"}, {"a": 20})
+    wait_until_acknowledged(source, pipeline.slot)
+    with pytest.raises(GpcdcError, match=r"an update of \"public\"\.\"Key Less [0-9a-f]+\" key \{'a': 2, 'b': 'y'\} "
+                                         r"changed 0 rows on the target"):
+        with Replayer(config) as replayer:
+            replayer.run()
+    assert table_rows(target_cluster, table) == [(1, "x")]  # the transaction's other change not applied either

@@ -45,6 +45,7 @@ from pathlib import Path
 from gpcdc_toolkit import _runtime
 _runtime._RESERVATIONS, _runtime._LISTEN_PORTS = Path(sys.argv[1]), range(int(sys.argv[2]), int(sys.argv[3]))
 _runtime._ephemeral_ports = lambda: (1, 2)
+_runtime.port_in_use = lambda port: False  # whatever listens there now: what counts is who was given it
 try:
     print(_runtime.free_port())
 except OSError as e:
@@ -66,14 +67,15 @@ def test_a_port_given_out_is_given_to_no_other_process_until_its_reservation_end
     answers = sorted(p.communicate(timeout=60)[0].strip() for p in choosers)
     given = [int(a) for a in answers if not a.startswith("none")]
     assert sorted([mine, *given]) == [20000, 20001, 20002], answers  # each once, whichever process asked first
-    assert answers[-1].startswith("none: [Errno 98] no free port in 20000-20002"), answers
+    assert answers[-1].startswith("none: ") and "no free port in 20000-20002" in answers[-1], answers
     with pytest.raises(OSError, match="no free port"):
         free_port()
     monkeypatch.setattr(_runtime, "_RESERVED_SECONDS", 0)
     reservations.write_text('{"20000": 0, "20001": 1e18, "20002": 1e18}')  # the first expired: given out again
     assert free_port() == 20000
-    reservations.write_text("not json")  # damaged: as if none were reserved
-    assert free_port() in (20000, 20001, 20002)
+    for damaged in ("not json", "[1, 2]", '{"20000": null}', '{"20000": "soon"}', '{"x": 1e18}'):
+        reservations.write_text(damaged)  # as if none were reserved
+        assert free_port() in (20000, 20001, 20002)
 
 
 # A parent that starts a child which exits at once, prints its pid, and never reaps it.

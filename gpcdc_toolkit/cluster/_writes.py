@@ -68,10 +68,9 @@ class Writes:
 
     def rewrites(self, table: Table, old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
         """Whether a row going from ``old`` to ``new`` (each with the distribution key) is
-        deleted and inserted anew: it moves, or it writes an identity column GENERATED
-        ALWAYS that ``old`` does not show it already holds, which an UPDATE can only set
-        to DEFAULT."""
-        return (any(c in new and (c not in old or new[c] != old[c]) for c in table.always_identity)
+        deleted and inserted anew: it moves, or ``old`` shows an identity column GENERATED
+        ALWAYS changing, which an UPDATE can only set to DEFAULT."""
+        return (any(c in old and c in new and new[c] != old[c] for c in table.always_identity)
                 or self.moves(table, old, new))
 
     def execute(self, segment: int, query: str | Statement, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
@@ -110,19 +109,31 @@ class Writes:
 
         When ``values`` changes the distribution key so that the row belongs on another
         segment, the row moves: deleted on its segment, inserted on the new one. So is a
-        row rewritten whose identity column GENERATED ALWAYS ``values`` writes.
+        row whose identity column GENERATED ALWAYS holds another value than ``values``
+        gives it (the source set it anew), which no UPDATE may write.
         """
         table = self.session.table(table_name)
         where, params = self._where(table, key)
-        old_segment = self.route(table, key)
-        if not self.rewrites(table, key, {**key, **values}):
-            assign, values_set = assignments(table, key, values)
-            query = sql.SQL("UPDATE {} SET {} WHERE {}").format(table.identifier, assign, where)
-            return self._segment(old_segment).execute(query, [*values_set, *params]).rowcount
+        segment = self.route(table, key)
+        if self.rewrites(table, key, {**key, **values}):
+            return self._rewrite(table_name, table, segment, where, params, values)
+        assign, values_set = assignments(table, key, values)
+        held = [c for c in table.always_identity if c in values and c not in key]  # which the row must hold already
+        guard = sql.SQL("").join(sql.SQL(" AND {} IS NOT DISTINCT FROM %s").format(sql.Identifier(c)) for c in held)
+        query = sql.SQL("UPDATE {} SET {} WHERE {}{}").format(table.identifier, assign, where, guard)
+        count = self._segment(segment).execute(query, [*values_set, *params, *(values[c] for c in held)]).rowcount
+        if count or not held:
+            return count
+        return self._rewrite(table_name, table, segment, where, params, values)
+
+    def _rewrite(self, table_name: TableRef, table: Table, segment: int, where: sql.Composable, params: list[Any],
+                 values: Mapping[str, Any]) -> int:
+        """Delete the rows ``where`` finds on ``segment`` and insert them with ``values``
+        over them (where their key sends them); returns how many."""
         # As PostgreSQL's text: written back, every type reads as it was (a jsonb string,
         # an array, bytes), which Python values of some types would not.
         deleted = self.execute(
-            old_segment,
+            segment,
             sql.SQL("DELETE FROM {} WHERE {} RETURNING {}").format(
                 table.identifier, where, sql.SQL(", ").join(
                     output_text(sql.Identifier(c), table.types[table.columns.index(c)]) for c in table.writable)),
@@ -147,18 +158,26 @@ class Writes:
         for row in rows:
             groups[(self.route(table, row), tuple(row))].append(row)
         for (segment, columns), seg_rows in groups.items():
-            others = [c for c in columns if c not in table.primary_key]
-            if table.always_identity.intersection(others):
-                # ON CONFLICT's update cannot set such a column either: the rows are replaced.
-                self.delete_keys(table_name, [{c: row[c] for c in table.primary_key} for row in seg_rows])
-                _values(self._segment(segment), insert_into(table, columns), columns, seg_rows, sql.SQL(""))
-                continue
+            others = [c for c in columns if c not in table.primary_key and c not in table.always_identity]
+            if held := [c for c in columns if c in table.always_identity and c not in table.primary_key]:
+                # Which ON CONFLICT's update cannot set either: a row holding another value
+                # (the source set it anew) is deleted first, and inserted below.
+                self._delete_unless_holding(table, segment, held, seg_rows)
             action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
                 sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in others)) if others else sql.SQL("DO NOTHING")
             tail = sql.SQL(" ON CONFLICT ({}) {}").format(sql.SQL(", ").join(map(sql.Identifier, table.primary_key)),
                                                           action)
             _values(self._segment(segment), insert_into(table, columns), columns, seg_rows, tail)
         return sum(len(r) for r in groups.values())
+
+    def _delete_unless_holding(self, table: Table, segment: int, columns: Sequence[str],
+                               rows: Sequence[Mapping[str, Any]]) -> None:
+        """Delete the rows of ``rows``' primary keys that do not hold their values of ``columns``."""
+        where, _ = self._where(table, {c: None for c in table.primary_key})
+        differs = sql.SQL(" OR ").join(sql.SQL("{} IS DISTINCT FROM %s").format(sql.Identifier(c)) for c in columns)
+        query = sql.SQL("DELETE FROM {} WHERE {} AND ({})").format(table.identifier, where, differs)
+        with self._segment(segment).cursor() as cur:
+            cur.executemany(query, [[*(r[c] for c in table.primary_key), *(r[c] for c in columns)] for r in rows])
 
     def delete_keys(self, table_name: TableRef, keys: Iterable[Mapping[str, Any]]) -> None:
         """Delete the rows with these keys (each including the distribution key), in
@@ -185,11 +204,12 @@ def insert_into(table: Table, columns: Sequence[str]) -> sql.Composed:
 def assignments(table: Table, old: Mapping[str, Any], values: Mapping[str, Any]) -> tuple[sql.Composable, list[Any]]:
     """The ``SET`` list writing ``values`` over a row that held ``old``. A distribution-key
     column whose value stays is left out, since a front door (Citus) refuses to set one
-    at all, and so is an identity column GENERATED ALWAYS (which only DEFAULT may set;
-    one that changes is written by ``Writes.rewrites``); an update left with nothing to
-    set sets a plain column to itself, so that it still finds, and counts, its row."""
-    fixed = set(table.distribution_key) | table.always_identity
-    changed = {c: v for c, v in values.items() if c not in fixed or c not in old or v != old[c]}
+    at all, and so is every identity column GENERATED ALWAYS (which only DEFAULT may set:
+    a row whose value changes is written anew, see ``Writes.update``); an update left
+    with nothing to set sets a plain column to itself, so that it still finds, and
+    counts, its row."""
+    changed = {c: v for c, v in values.items() if c not in table.always_identity
+               and (c not in table.distribution_key or c not in old or v != old[c])}
     if not changed:
         itself = next((c for c in (*values, *table.columns) if c not in table.always_identity and c not in table.generated),
                       None)

@@ -338,16 +338,16 @@ class Applier:
                              "be told from others", fix=f"give {table.name} a primary key on the source")
         segment = tx.route(table, old)
         match, params = _keyless_match(table, old)
+        delete = sql.SQL("DELETE FROM {} WHERE {} RETURNING 1").format(table.identifier, match)
         if event["op"] == "d":
-            return len(tx.execute(segment, sql.SQL("DELETE FROM {} WHERE {} RETURNING 1").format(table.identifier, match),
-                                  params))
+            return _one_row(len(tx.execute(segment, delete, params)), table.parts, old, "delete")
         new = {**old, **event["after"]}
-        if tx.rewrites(table, old, new):  # into another segment (or shard), or an identity column written
-            tx.execute(segment, sql.SQL("DELETE FROM {} WHERE {} RETURNING 1").format(table.identifier, match), params)
+        if tx.rewrites(table, old, new):  # into another segment (or shard), or an identity column set anew
+            _one_row(len(tx.execute(segment, delete, params)), table.parts, old, "update")
             return tx.insert(table.parts, [new])
         assign, values = assignments(table, old, new)
         update = sql.SQL("UPDATE {} SET {} WHERE {} RETURNING 1").format(table.identifier, assign, match)
-        return len(tx.execute(segment, update, [*values, *params]))
+        return _one_row(len(tx.execute(segment, update, [*values, *params])), table.parts, old, "update")
 
     def _table(self, table: tuple[str, str], gxid: int | None) -> Table:
         try:
@@ -378,7 +378,9 @@ class Applier:
 def _one_row(count: int, table: tuple[str, str], key: Mapping[str, Any], what: str) -> int:
     """An update or delete of a row the source had must find that row on the target."""
     if count != 1:
-        raise ApplyError(f"an {what} of {quoted(*table)} key {dict(key)} changed {count} rows on the target, where the "
+        shown = repr(dict(key))  # a keyless table's whole row: cut to what a line can hold
+        shown = shown if len(shown) <= 200 else shown[:200] + "...}"
+        raise ApplyError(f"an {what} of {quoted(*table)} key {shown} changed {count} rows on the target, where the "
                          "source had the row: the target differs from the source",
                          fix="replay into a fresh target; find out who else writes to it")
     return count

@@ -648,9 +648,14 @@ def planned(target: Snapshots, info: Table, diff: TableDiff, fixes: list[Fix],
         else:
             moved.append(DifferingRow("misplaced", tuple(row[2][i] for i in key), target=row[2], target_segment=row[0]))
             moves.append((row, moved[-1]))
-    mended = Counter(by_move for _row, by_move in moves)
+    # The diff's own statements, but for the rows their moves mend: all those of each
+    # (a row written anew has two), of each of equal rows (twins) as many as it mends.
+    statements, instances = Counter(fix.row for fix in fixes), Counter(diff.rows)
+    mended: Counter[DifferingRow] = Counter()
+    for _row, by_move in moves:
+        mended[by_move] += statements[by_move] // max(1, instances[by_move])
     kept = []
-    for fix in fixes:  # the diff's own statements, but for the rows their moves mend
+    for fix in fixes:
         if mended[fix.row]:
             mended[fix.row] -= 1
         else:
