@@ -122,6 +122,15 @@ def test_replay_errors_are_one_line_and_write_nothing_first(broker, work_dir):
         target.down(remove=True)
 
 
+def create_keyless(source, table, rows):
+    """A table without a key, its whole old row logged, holding ``rows``."""
+    with Session(source) as session:
+        session.ddl(f"CREATE TABLE {table} (a int, b text) DISTRIBUTED BY (a)")
+        session.ddl(f"ALTER TABLE {table} REPLICA IDENTITY FULL")
+        with session.transaction() as tx:
+            tx.insert(table, rows)
+
+
 @pytest.mark.parametrize("replay_target", TARGETS, indirect=True)
 def test_a_table_without_a_primary_key_replays_twins_and_nulls(source, replay_target):
     from gpcdc_toolkit.cluster import segment_for
@@ -130,12 +139,9 @@ def test_a_table_without_a_primary_key_replays_twins_and_nulls(source, replay_ta
     table = f"kl_{uuid.uuid4().hex[:6]}"
     bootstrap(source, pipeline, "snapshot")
     group.start()
+    create_keyless(source, table, [{"a": 1, "b": "x"}, {"a": 1, "b": "x"}, {"a": 2, "b": None}, {"a": 3, "b": "y"},
+                                   {"a": 4, "b": None}])
     with Session(source) as session:
-        session.ddl(f"CREATE TABLE {table} (a int, b text) DISTRIBUTED BY (a)")
-        session.ddl(f"ALTER TABLE {table} REPLICA IDENTITY FULL")
-        with session.transaction() as tx:
-            tx.insert(table, [{"a": 1, "b": "x"}, {"a": 1, "b": "x"}, {"a": 2, "b": None}, {"a": 3, "b": "y"},
-                              {"a": 4, "b": None}])
         with session.transaction() as tx:  # one of two twins, a row with a NULL, a row moved
             tx.execute(segment_for([1], 3), f"UPDATE {table} SET b = 'w' WHERE ctid = "
                                              f"(SELECT ctid FROM {table} WHERE a = 1 LIMIT 1)")
@@ -372,11 +378,7 @@ def test_a_change_of_a_keyless_row_the_target_lacks_stops_the_replay_with_nothin
     table = f'"Key Less {uuid.uuid4().hex[:6]}"'
     bootstrap(source, pipeline, "snapshot")
     group.start()
-    with Session(source) as session:
-        session.ddl(f"CREATE TABLE {table} (a int, b text) DISTRIBUTED BY (a)")
-        session.ddl(f"ALTER TABLE {table} REPLICA IDENTITY FULL")
-        with session.transaction() as tx:
-            tx.insert(table, [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}])
+    create_keyless(source, table, [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}])
     wait_until_acknowledged(source, pipeline.slot)
     with Replayer(config) as replayer:
         replayer.run()
