@@ -19,9 +19,10 @@ from typing import Any
 _LISTEN_PORTS = range(20000, 65536)  # below: well-known services' customary ports
 
 
-def free_port(avoid: Collection[int] = ()) -> int:
+def free_port(avoid: Collection[int] = (), span: int = 1) -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now, not in ``avoid``, and
-    that no other process of this machine has been given by this function lately.
+    that no other process of this machine has been given by this function lately; with
+    ``span``, the first of that many consecutive such ports, all given out.
 
     Chosen outside the kernel's ephemeral range: a port from it can be taken, between
     this check and the server's bind, by any outgoing connection on the machine (a busy
@@ -31,10 +32,11 @@ def free_port(avoid: Collection[int] = ()) -> int:
     low, high = _ephemeral_ports()
     with _reservations() as reserved:
         for _ in range(1000):
-            port = random.choice(_LISTEN_PORTS)
-            if not low <= port <= high and port not in avoid and port not in reserved and not port_in_use(port):
-                reserved[port] = time.time() + _RESERVED_SECONDS
-                return port
+            block = range(first := random.choice(_LISTEN_PORTS), first + span)
+            if block[-1] < _LISTEN_PORTS.stop and not any(
+                    low <= port <= high or port in avoid or port in reserved or port_in_use(port) for port in block):
+                reserved.update(dict.fromkeys(block, time.time() + _RESERVED_SECONDS))
+                return first
     raise OSError(errno.EADDRINUSE, f"no free port in {_LISTEN_PORTS.start}-{_LISTEN_PORTS.stop - 1} outside "
                                     f"the ephemeral range {low}-{high} after 1000 tries")
 

@@ -14,17 +14,17 @@ from typing import Any
 
 import pytest
 
-from gpcdc_toolkit._runtime import free_port, port_in_use
+from gpcdc_toolkit._runtime import free_port
 
 
 def free_ports(count: int, room: int = 1024) -> int:
     """The first of ``count`` consecutive free ports, with ``room`` ports above it (a
     capture metrics port must leave room for 1024 nodes' ports)."""
     for _ in range(100):
-        first = free_port()
-        if first + max(count, room) <= 65535 and all(not port_in_use(p) for p in range(first, first + count)):
+        first = free_port(span=count)
+        if first + room <= 65535:
             return first
-    raise OSError(f"no {count} consecutive free ports after 100 tries")
+    raise OSError(f"no {count} consecutive free ports with {room} above them after 100 tries")
 
 
 class PrometheusServer:

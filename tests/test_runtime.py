@@ -78,6 +78,18 @@ def test_a_port_given_out_is_given_to_no_other_process_until_its_reservation_end
         assert free_port() in (20000, 20001, 20002)
 
 
+def test_a_span_of_ports_is_free_and_given_out_whole(monkeypatch, tmp_path):
+    monkeypatch.setattr(_runtime, "_RESERVATIONS", tmp_path / "ports.json")
+    monkeypatch.setattr(_runtime, "_LISTEN_PORTS", range(20000, 20004))
+    monkeypatch.setattr(_runtime, "_ephemeral_ports", lambda: (1, 2))
+    monkeypatch.setattr(_runtime, "port_in_use", lambda port: port == 20003)
+    first = free_port(span=2)
+    assert first in (20000, 20001)  # 20002-20003 holds one in use, 20003-20004 leaves the range
+    with pytest.raises(OSError, match="no free port"):
+        free_port(span=2)  # what is left is one port
+    assert free_port() == ({20000, 20001, 20002} - {first, first + 1}).pop()
+
+
 # A parent that starts a child which exits at once, prints its pid, and never reaps it.
 _PARENT = """
 import subprocess, sys, time
