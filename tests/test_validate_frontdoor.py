@@ -427,3 +427,36 @@ def test_a_sync_point_taken_while_writers_run_verifies_a_front_door_target(sourc
             t.join(60)
     assert not failures, failures
     assert commits[0] > 0
+
+
+@pytest.mark.citus
+def test_a_fix_at_a_citus_door_finds_rows_by_their_text_as_read_whatever_the_workers_print(source, work_dir):
+    """The workers run in another time zone and print floats otherwise: the fix's
+    settings, given at the door, must hold on the workers too, where a copy's text is
+    matched (Citus sends no SET LOCAL on by default)."""
+    table = f'"tz log {uuid.uuid4().hex[:6]}"'
+    rows = [{"k": k % 3, "at": f"2026-01-0{1 + k % 2} 12:00:00+00", "f": 0.1 * k} for k in range(9)]
+    box = Sandbox(f"tz-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2, flavour="citus")
+    try:
+        for node in box.nodes[1:]:
+            with psycopg.connect(node.dsn, autocommit=True) as conn:
+                conn.execute("ALTER SYSTEM SET TimeZone = 'Asia/Tokyo'")
+                conn.execute("ALTER SYSTEM SET extra_float_digits = -3")
+                conn.execute("SELECT pg_reload_conf()")
+        target = box.cluster()
+        for cluster in (source, target):
+            with cluster.session() as session:
+                session.ddl(f"CREATE TABLE {table} (k int, at timestamptz, f float8) DISTRIBUTED BY (k)")
+                with session.transaction() as tx:
+                    tx.insert(table, rows)
+        with target.coordinator_connection() as conn:  # a twin of a row: one copy extra
+            conn.execute(f"INSERT INTO {table} SELECT * FROM {table} WHERE k = 1 AND f > 0.35 AND f < 0.45")
+        result = compare_checksums(source, target, table)
+        assert (result.diff.extra, result.diff.missing, result.diff.changed) == (1, 0, 0), result.diff.examples
+        apply(target, result)
+        again = compare_checksums(source, target, table)
+        assert again.equal and again.diff.actual == len(rows), again.diff.line()
+    finally:
+        with Session(source) as session:
+            session.ddl(f"DROP TABLE IF EXISTS {table}")
+        box.down(remove=True)

@@ -128,6 +128,9 @@ class Cluster:
     # Rows are placed by the toolkit's routing: segment_for, and its SQL form on every
     # node (gp_dist.segment_of), which a placement check asks.
     toolkit_routing = True
+    # What a transaction at a node runs first so that its own SET LOCAL settings also hold
+    # where it sends statements on (a front door's workers); each node runs its own here.
+    settings_reach_workers: tuple[str, ...] = ()
 
     def __init__(self, coordinator_dsn: str, nodes: Sequence[Node]) -> None:
         self.coordinator_dsn = coordinator_dsn

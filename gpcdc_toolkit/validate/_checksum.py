@@ -619,7 +619,8 @@ def finish(info: Table, target: Snapshots, target_info: Table, diff: TableDiff, 
     schema, alter = _schema(info, target_info)
     # Each node's statements run in the session the rows' text was read in: a row is
     # found by its text, which the time zone, the date style... would print otherwise.
-    rendered = {node: [*_FIX_SESSION, *said] for node, said in _rendered(target, [(f.node, f.statement) for f in fixes]).items()}
+    session = [*target.cluster.settings_reach_workers, *_FIX_SESSION]
+    rendered = {node: [*session, *said] for node, said in _rendered(target, [(f.node, f.statement) for f in fixes]).items()}
     for node, said in _rendered(target, [(COORDINATOR, statement) for statement in alter]).items():
         rendered.setdefault(node, []).extend(said)  # DDL: the coordinator sends it to the segments
     return ChecksumResult(info.name, diff, rounds, chunks, fetched, time.monotonic() - started, rendered,
