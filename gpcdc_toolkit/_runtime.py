@@ -51,7 +51,7 @@ _RESERVATIONS = Path(tempfile.gettempdir()) / f"gpcdc-ports-{os.getuid()}.json" 
 def _reservations() -> Iterator[dict[int, float]]:
     """The ports given out lately on this machine (port: until when), read and written
     back under an exclusive lock, those expired left out."""
-    fd = os.open(_RESERVATIONS, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = os.open(_RESERVATIONS, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # the user's own file, not a link
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         with os.fdopen(os.dup(fd), "r+") as f:

@@ -90,6 +90,16 @@ def test_a_span_of_ports_is_free_and_given_out_whole(monkeypatch, tmp_path):
     assert free_port() == ({20000, 20001, 20002} - {first, first + 1}).pop()
 
 
+def test_a_link_in_place_of_the_reservations_is_refused_not_followed(monkeypatch, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("kept")
+    (tmp_path / "ports.json").symlink_to(victim)
+    monkeypatch.setattr(_runtime, "_RESERVATIONS", tmp_path / "ports.json")
+    with pytest.raises(OSError):
+        free_port()
+    assert victim.read_text() == "kept"
+
+
 # A parent that starts a child which exits at once, prints its pid, and never reaps it.
 _PARENT = """
 import subprocess, sys, time

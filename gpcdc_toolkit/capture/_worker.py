@@ -503,7 +503,7 @@ def tune_for_capture() -> None:
 
     A transaction's events are freed together once produced, at the top of the heap.
     glibc's malloc gives that memory back to the kernel whenever more than 128 KB is free
-    there, and the next transaction faults the same pages in again, zeroed: a million
+    there, and the next transaction faults the same pages in again, zeroed: 244,000
     page faults for 200,000 rows, half of decoding's time on a virtual machine
     (docs/benchmarks.md). Keeping up to ``_KEPT_FREE`` free at the top ends that; what
     the process holds at its peak is bounded as before (``max_buffered`` events)."""
