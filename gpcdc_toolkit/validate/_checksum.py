@@ -729,6 +729,13 @@ def _insert(info: Table, target: Snapshots, row: Text) -> tuple[int, int, sql.Co
     return node, INSERT, statement
 
 
+def _delete_key(info: Table, target: Snapshots, node: int, key: Text) -> tuple[int, int, sql.Composable]:
+    """The delete of the row of primary key ``key`` held on ``node``: (the node it runs
+    on, ``DELETE``, the statement)."""
+    return target.cluster.writer_of(node), DELETE, sql.SQL("DELETE FROM {} WHERE {}").format(
+        info.identifier, _where(info, info.primary_key, key))
+
+
 Diff = tuple[TableDiff, list[Fix]]
 
 
@@ -779,8 +786,7 @@ def _by_unique_key(info: Table, target: Snapshots, src: Fetched, tgt: Fetched) -
     for k in extra:
         node, have = actual[k]
         rows.append(DifferingRow("extra", k, target=have, target_segment=node))
-        fixes.append(Fix(rows[-1], target.cluster.writer_of(node), DELETE, sql.SQL("DELETE FROM {} WHERE {}").format(
-            info.identifier, _where(info, info.primary_key, k))))
+        fixes.append(Fix(rows[-1], *_delete_key(info, target, node, k)))
     for k in changed:
         node, have = actual[k]
         want = expected[k]
@@ -791,8 +797,7 @@ def _by_unique_key(info: Table, target: Snapshots, src: Fetched, tgt: Fetched) -
             examples.append(f"key {k!r}: {said}")
         assignments = [_equal(info, c, want[i]) for c, i in at.items() if c not in info.generated]
         if info.always_identity.intersection(at):  # which no UPDATE may set: the row is written anew
-            fixes.append(Fix(row, target.cluster.writer_of(node), DELETE, sql.SQL("DELETE FROM {} WHERE {}").format(
-                info.identifier, _where(info, info.primary_key, k))))
+            fixes.append(Fix(row, *_delete_key(info, target, node, k)))
             fixes.append(Fix(row, *_insert(info, target, want)))
         elif assignments:  # else only a generated column differs: its expression does, which no UPDATE mends
             fixes.append(Fix(row, target.cluster.writer_of(node), UPDATE, sql.SQL("UPDATE {} SET {} WHERE {}").format(
