@@ -19,6 +19,7 @@ from gpcdc_toolkit.protocol import (
     parse_lsn,
 )
 from gpcdc_toolkit.protocol import _pgoutput as pg
+from gpcdc_toolkit.protocol._events import PROTOCOL_VERSION
 
 from . import _pgwire as w
 
@@ -104,6 +105,62 @@ def test_a_segment_transaction_becomes_begin_rows_end():
     assert end["status"] == "END" and end["event_count"] == 2 and end["one_phase"] is True
     assert end["data_collections"] == [{"data_collection": "public.t", "event_count": 2}]
     assert end["end_lsn"] == 1040 and a.completed_end_lsn == 1040
+
+
+_NAMES = st.text(st.characters(codec="utf-8", exclude_characters="\0"), min_size=1, max_size=12)  # pgoutput's strings end at NUL
+_VALUES = st.one_of(st.none(), st.text(st.characters(codec="utf-8"), max_size=20),
+                    st.sampled_from(['"', "\\", "\u2028", '{"op":"c"}', "unchanged", "<toast>x", "null"]))
+
+
+@given(source=_NAMES, db=_NAMES, schema=_NAMES, table=_NAMES,
+       columns=st.lists(_NAMES, min_size=1, max_size=4, unique=True),
+       changes=st.lists(st.tuples(st.sampled_from("cud"), st.lists(_VALUES, min_size=4, max_size=4),
+                                  st.lists(_VALUES, min_size=4, max_size=4)), min_size=1, max_size=8),
+       gxid=st.one_of(st.none(), st.integers(1, 2**32 - 1)), one_phase=st.booleans(),
+       max_buffered=st.integers(1, 10), segment=st.integers(0, 300))
+def test_every_row_event_is_the_envelope_encoded_byte_for_byte(source, db, schema, table, columns, changes, gxid,
+                                                                 one_phase, max_buffered, segment):
+    """Row events are put together from parts encoded apart (the row images, the
+    table's names, the transaction's fields): whatever the names and values hold,
+    the result is the envelope's JSON, keys in the documented order, as one
+    encoding of the whole event gives it."""
+    names, oids = columns, [20, 25, 16, 25][:len(columns)]
+    a = TransactionAssembler(segment, source_name=source, database=db, max_buffered=max_buffered, clock=lambda: 7.25)
+    first = [w.message("gpcdc.gxid", str(gxid))] if gxid is not None else []
+    last = [w.message("gpcdc.one_phase", str(gxid))] if gxid is not None and one_phase else []
+
+    def row(values, i):  # a key column never null; the typed columns hold their types' text
+        out = [str(i), *values[1:len(names)]]
+        if len(names) > 2:
+            out[2] = "t" if values[2] is None else "f"
+        return out
+
+    payloads = [w.insert(1, row(new, i)) if op == "c" else w.delete(1, row(old, i + 1000), old_kind="O") if op == "d"
+                else w.update(1, row(new, i), old=row(old, i + 1000), old_kind="O")
+                for i, (op, new, old) in enumerate(changes)]
+    events = a.feed(w.relation(1, schema, table, list(zip(names, oids, [True] + [False] * 3))))
+    for payload in [w.begin(5000, 77), *first, *payloads, *last, w.commit(5000, 5040)]:
+        events += a.feed(payload)
+    rows = [e for e in events if e.kind == "row"]
+    streamed = len(changes) >= max_buffered
+    flag = None if streamed else (True if gxid is not None and one_phase else (False if gxid is not None else None))
+    counts: dict[str, int] = {}
+    for seq, (event, (op, new, old)) in enumerate(zip(rows, changes), start=1):
+        image = {}
+        for values, i in ((new, seq - 1), (old, seq + 999)):
+            image[values is new] = {n: pg.convert(o, v) for n, o, v in zip(names, oids, row(values, i))}
+        order = counts[f"{schema}.{table}"] = counts.get(f"{schema}.{table}", 0) + 1
+        expected = {
+            "before": None if op == "c" else image[False],
+            "after": None if op == "d" else image[True],
+            "source": {"version": PROTOCOL_VERSION, "connector": "gpcdc", "name": source, "db": db, "schema": schema,
+                       "table": table, "segment": segment, "txId": 77, "commit_lsn": 5000,
+                       "ts_ms": 1_700_000_000_000, "gxid": gxid, "seq": seq, "one_phase": flag},
+            "op": op, "ts_ms": 7250,
+            "transaction": {"id": f"{segment}:77", "total_order": seq, "data_collection_order": order},
+        }
+        assert event.value == orjson.dumps(expected)
+        assert event.key == orjson.dumps({names[0]: seq - 1 if op != "d" else seq + 999})
 
 
 # What a consumer written for Debezium's PostgreSQL envelope reads (bench/bench_debezium.py

@@ -175,7 +175,7 @@ class CitusStream(TransactionAssembler):
             if self._txn is not None:
                 raise ProtocolError(f"node {self.content}: BEGIN PREPARE of {message.gid!r} inside xid {self._txn.begin.xid}")
             self._txn = _Txn(pg.Begin(message.prepare_lsn, message.prepare_ts_us, message.xid), pending=[], counts={},
-                             held=True)
+                             records=[], held=True)
             return []
         if isinstance(message, pg.Prepare):
             txn = self._current(f"PREPARE of {message.gid!r}")
@@ -296,14 +296,11 @@ class CitusStream(TransactionAssembler):
         counts: dict[str, int] = {}
         txn = _Txn(first.begin, gxid=merge.gxid, pending=[], counts=counts)
         for part in merge.parts:
-            for event, key in part.pending or []:
+            for row in part.pending or []:  # the transaction's own fields are the first part's, at encoding
                 txn.seq += 1
-                table = f"{event['source']['schema']}.{event['source']['table']}"
-                order = counts[table] = counts.get(table, 0) + 1
-                event["source"].update(commit_lsn=first.begin.final_lsn, ts_ms=first.begin.commit_ts_us // 1000,
-                                       txId=first.begin.xid, gxid=merge.gxid, seq=txn.seq)
-                event["transaction"] = {"id": self._txid(txn), "total_order": txn.seq, "data_collection_order": order}
-                txn.pending.append((event, key))  # type: ignore[union-attr]
+                row.seq = txn.seq
+                row.order = counts[row.table.qualified] = counts.get(row.table.qualified, 0) + 1
+                txn.pending.append(row)  # type: ignore[union-attr]
         return self._finish(txn, merge.end_lsn)
 
     # -- coordinator decisions --------------------------------------------------------------

@@ -104,19 +104,19 @@ def _qualified(schema: str, name: str) -> str:
 @dataclass(slots=True)
 class _Table:
     qualified: str
-    schema: str
-    name: str
     columns: tuple[str, ...]
     typed: tuple[tuple[int, str, Callable[[str], Any]], ...]  # (position, name, converter) of non-text columns
     key_columns: tuple[str, ...]
+    source: bytes  # its part of a row event's "source", encoded once
 
     @classmethod
     def of(cls, relation: pg.Relation, schema: str, name: str) -> _Table:
         columns = relation.columns
-        return cls(_qualified(schema, name), schema, name, tuple(c.name for c in columns),
+        return cls(_qualified(schema, name), tuple(c.name for c in columns),
                    tuple((i, c.name, to_json) for i, c in enumerate(columns)
                          if (to_json := pg.converter(c.type_oid)) is not None),
-                   tuple(c.name for c in columns if c.is_key))
+                   tuple(c.name for c in columns if c.is_key),
+                   b'"schema":%b,"table":%b,' % (orjson.dumps(schema), orjson.dumps(name)))
 
     def image(self, values: tuple[str | None, ...]) -> dict[str, Any]:
         # Most columns stay text: only the others are converted (one row in every event).
@@ -134,6 +134,29 @@ class _Table:
 
 
 @dataclass(slots=True)
+class _Row:
+    """A row event's own parts, encoded, held until its transaction's are final (the
+    gxid and one-phase flag a later marker gives, or for a Citus part merged with
+    others, its place among them): see ``TransactionAssembler._encode``."""
+
+    table: _Table
+    op: bytes  # b"c", b"u", b"d" or b"t"
+    before: bytes  # the row images as JSON (b"null": none)
+    after: bytes
+    key: bytes | None
+    seq: int
+    order: int  # its place among the transaction's changes of its table
+    ts_ms: int  # when it was decoded
+    unchanged: bytes = b""  # b',"unchanged":[...]' for the columns an update left out
+
+
+# A row event, Debezium's envelope: the keys in this order, as documented in protocol.md.
+_ROW_EVENT = (b'{"before":%b,"after":%b,"source":{%b%b%b"seq":%d,"one_phase":%b},"op":"%b","ts_ms":%d,'
+              b'"transaction":{"id":%b,"total_order":%d,"data_collection_order":%d}%b}')
+_ONE_PHASE = {None: b"null", True: b"true", False: b"false"}
+
+
+@dataclass(slots=True)
 class _Txn:
     begin: pg.Begin
     gxid: int | None = None
@@ -145,7 +168,8 @@ class _Txn:
     resent: bool = False  # in Kafka already, before the point this session resumed numbering from
     number: int | None = None  # its place among the node's parts handed out (when numbered)
     seq: int = 0
-    pending: list[tuple[dict[str, Any], bytes | None]] | None = None  # row events held back
+    pending: list[_Row] | None = None  # row events held back
+    records: list[dict[str, Any]] | None = None  # the coordinator's: its commit and DDL records
     counts: dict[str, int] | None = None
 
 
@@ -183,6 +207,8 @@ class TransactionAssembler:
         self.numbered = numbered_after is not None
         self.resent_up_to, self.parts_handed_out = numbered_after or (-1, 0)
         self.row_events = 0
+        self._source = b'"version":%d,"connector":"gpcdc","name":%b,"db":%b,' % (
+            PROTOCOL_VERSION, orjson.dumps(source_name), orjson.dumps(database))
 
     @property
     def in_transaction(self) -> bool:
@@ -213,7 +239,7 @@ class TransactionAssembler:
         if isinstance(message, pg.Begin):
             if self._txn is not None:
                 raise ProtocolError(f"node {self.content}: BEGIN of xid {message.xid} inside xid {self._txn.begin.xid}")
-            self._txn = _Txn(message, pending=[], counts={})
+            self._txn = _Txn(message, pending=[], counts={}, records=[])
             return []
         if isinstance(message, pg.Commit):
             return self._commit(message)
@@ -278,7 +304,7 @@ class TransactionAssembler:
             else:
                 body["statement"] = marker.statement
             body.update(self._position(txn))
-            txn.pending.append((body, None))  # type: ignore[union-attr]
+            txn.records.append(body)  # type: ignore[union-attr]
         return []
 
     def _known_nodes(self, gxid: int, segments: Iterable[int]) -> None:
@@ -308,34 +334,32 @@ class TransactionAssembler:
         if table is None:
             raise ProtocolError(f"node {self.content}: a change of relation {message.relid} before its RELATION message")
         if isinstance(message, pg.Insert):
-            op, before, after = "c", None, table.image(message.new)
-            key = table.key(after)
-        elif isinstance(message, pg.Update):
-            op, after = "u", table.image(message.new)
-            before = table.image(message.old) if message.old is not None else None
-            if pg.UNCHANGED_TOAST in message.new:
-                # Not in the WAL: listed apart, so that no value can pass for the marker.
-                unchanged = [c for c, v in zip(table.columns, message.new) if v is pg.UNCHANGED_TOAST]
-                for column in unchanged:
-                    del after[column]
-                if before is not None:
-                    before = {c: v for c, v in before.items() if v is not pg.UNCHANGED_TOAST}
-                for column in table.key_columns:  # an unchanged key the WAL left out: from the old row, if logged
-                    if column not in after:
-                        if before is None or column not in before:
-                            raise ProtocolError(
-                                f"node {self.content}: an update of {table.qualified} leaves out its key column "
-                                f"{column!r} (a TOASTed value the WAL does not carry), so the row cannot be named; "
-                                f"run ALTER TABLE {table.qualified} REPLICA IDENTITY FULL on the source")
-                        after[column] = before[column]
-                        unchanged.remove(column)
-                return self._emit_row(txn, table.qualified, table.schema, table.name, op, before, after,
-                                      table.key(after), unchanged)
-            key = table.key(after)
-        else:
-            op, before, after = "d", table.image(message.old), None
-            key = table.key(before)
-        return self._emit_row(txn, table.qualified, table.schema, table.name, op, before, after, key)
+            image = table.image(message.new)
+            return self._emit_row(txn, table, b"c", b"null", orjson.dumps(image), table.key(image))
+        if isinstance(message, pg.Delete):
+            image = table.image(message.old)
+            return self._emit_row(txn, table, b"d", orjson.dumps(image), b"null", table.key(image))
+        after = table.image(message.new)
+        before = table.image(message.old) if message.old is not None else None
+        unchanged: list[str] | None = None
+        if pg.UNCHANGED_TOAST in message.new:
+            # Not in the WAL: listed apart, so that no value can pass for the marker.
+            unchanged = [c for c, v in zip(table.columns, message.new) if v is pg.UNCHANGED_TOAST]
+            for column in unchanged:
+                del after[column]
+            if before is not None:
+                before = {c: v for c, v in before.items() if v is not pg.UNCHANGED_TOAST}
+            for column in table.key_columns:  # an unchanged key the WAL left out: from the old row, if logged
+                if column not in after:
+                    if before is None or column not in before:
+                        raise ProtocolError(
+                            f"node {self.content}: an update of {table.qualified} leaves out its key column "
+                            f"{column!r} (a TOASTed value the WAL does not carry), so the row cannot be named; "
+                            f"run ALTER TABLE {table.qualified} REPLICA IDENTITY FULL on the source")
+                    after[column] = before[column]
+                    unchanged.remove(column)
+        return self._emit_row(txn, table, b"u", orjson.dumps(before), orjson.dumps(after), table.key(after),
+                              unchanged)
 
     def _truncate(self, message: pg.Truncate) -> list[Outbound]:
         txn = self._current("TRUNCATE")
@@ -349,43 +373,39 @@ class TransactionAssembler:
             table = self._tables.get(relid)
             if table is None:
                 raise ProtocolError(f"node {self.content}: TRUNCATE of relation {relid} before its RELATION message")
-            out += self._emit_row(txn, table.qualified, table.schema, table.name, "t", None, None, None)
+            out += self._emit_row(txn, table, b"t", b"null", b"null", None)
         return out
 
-    def _emit_row(self, txn: _Txn, qualified: str, schema: str, name: str, op: str,
-                  before: dict[str, Any] | None, after: dict[str, Any] | None, key: bytes | None,
+    def _emit_row(self, txn: _Txn, table: _Table, op: bytes, before: bytes, after: bytes, key: bytes | None,
                   unchanged: list[str] | None = None) -> list[Outbound]:
         if txn.dropped:
             return []
         txn.seq += 1
         counts = txn.counts if txn.counts is not None else {}
-        order = counts[qualified] = counts.get(qualified, 0) + 1
-        event: dict[str, Any] = {
-            "before": before,
-            "after": after,
-            "source": {"version": PROTOCOL_VERSION, "connector": "gpcdc", "name": self.source_name,
-                       "db": self.database, "schema": schema, "table": name, "segment": self.content,
-                       "txId": txn.begin.xid, "commit_lsn": txn.begin.final_lsn,
-                       "ts_ms": txn.begin.commit_ts_us // 1000, "gxid": txn.gxid, "seq": txn.seq,
-                       "one_phase": None},
-            "op": op,
-            "ts_ms": int(self.clock() * 1000),
-            "transaction": {"id": self._txid(txn), "total_order": txn.seq, "data_collection_order": order},
-        }
-        if unchanged:
-            event[UNCHANGED] = unchanged
+        order = counts[table.qualified] = counts.get(table.qualified, 0) + 1
+        row = _Row(table, op, before, after, key, txn.seq, order, int(self.clock() * 1000),
+                   b",%b:%b" % (orjson.dumps(UNCHANGED), orjson.dumps(unchanged)) if unchanged else b"")
         self.row_events += 1
         if txn.streaming:
-            return [Outbound("row", key, orjson.dumps(event))]
-        txn.pending.append((event, key))  # type: ignore[union-attr]
+            return self._encode(txn, [row], None)
+        txn.pending.append(row)  # type: ignore[union-attr]
         if txn.held or len(txn.pending) < self.max_buffered:  # type: ignore[arg-type]
             return []
         # Too large to hold back: send what is held, and stream the rest.
         txn.streaming = True
-        out = [self._begin(txn)]
-        out += [Outbound("row", k, orjson.dumps(e)) for e, k in txn.pending]  # type: ignore[union-attr]
+        out = [self._begin(txn)] + self._encode(txn, txn.pending, None)  # type: ignore[arg-type]
         txn.pending = None
         return out
+
+    def _encode(self, txn: _Txn, rows: list[_Row], one_phase: bool | None) -> list[Outbound]:
+        """Row events as Kafka messages, the transaction's fields as they are now."""
+        begin = txn.begin
+        position = b'"segment":%d,"txId":%d,"commit_lsn":%d,"ts_ms":%d,"gxid":%b,' % (
+            self.content, begin.xid, begin.final_lsn, begin.commit_ts_us // 1000, orjson.dumps(txn.gxid))
+        txid, flag, source = orjson.dumps(self._txid(txn)), _ONE_PHASE[one_phase], self._source
+        return [Outbound("row", row.key, _ROW_EVENT % (
+            row.before, row.after, source, row.table.source, position, row.seq, flag, row.op, row.ts_ms, txid,
+            row.seq, row.order, row.unchanged)) for row in rows]
 
     def _txid(self, txn: _Txn) -> str:
         return f"{self.content}:{txn.begin.xid}"
@@ -430,7 +450,7 @@ class TransactionAssembler:
         self.transactions += 1
         self.last_commit_ts_ms = txn.begin.commit_ts_us // 1000
         if self.content == COORDINATOR:
-            bodies = [body for body, _ in txn.pending or []]
+            bodies = txn.records or []
             ddl = sum(body["type"] == "ddl" for body in bodies)
             for body in bodies:
                 if body["type"] == "commit":
@@ -441,9 +461,7 @@ class TransactionAssembler:
         # Unknown for a part without a gxid that is not marked one-phase (legacy markers).
         one_phase = True if txn.one_phase else (False if txn.gxid is not None else None)
         out = [] if txn.streaming else [self._begin(txn)]
-        for event, key in txn.pending or []:
-            event["source"]["one_phase"] = one_phase
-            out.append(Outbound("row", key, orjson.dumps(event)))
+        out += self._encode(txn, txn.pending or [], one_phase)
         end = {"status": "END", "id": self._txid(txn), "ts_ms": txn.begin.commit_ts_us // 1000,
                "event_count": txn.seq,
                "data_collections": [{"data_collection": t, "event_count": n} for t, n in (txn.counts or {}).items()],
