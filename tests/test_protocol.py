@@ -1,5 +1,7 @@
 """The event protocol without servers: pgoutput decoding, assembly, start points."""
 
+from unittest import mock
+
 import orjson
 import pytest
 from hypothesis import given
@@ -14,6 +16,7 @@ from gpcdc_toolkit.protocol import (
     ProtocolError,
     StartPoint,
     TransactionAssembler,
+    _assembler,
     format_lsn,
     parse,
     parse_lsn,
@@ -114,18 +117,20 @@ _VALUES = st.one_of(st.none(), st.text(st.characters(codec="utf-8"), max_size=20
 
 @given(source=_NAMES, db=_NAMES, schema=_NAMES, table=_NAMES,
        columns=st.lists(_NAMES, min_size=1, max_size=4, unique=True),
-       changes=st.lists(st.tuples(st.sampled_from("cud"), st.lists(_VALUES, min_size=4, max_size=4),
+       changes=st.lists(st.tuples(st.sampled_from(["c", "u", "d", "u without its old row"]), st.lists(_VALUES, min_size=4, max_size=4),
                                   st.lists(_VALUES, min_size=4, max_size=4)), min_size=1, max_size=8),
        gxid=st.one_of(st.none(), st.integers(1, 2**32 - 1)), one_phase=st.booleans(),
-       max_buffered=st.integers(1, 10), segment=st.integers(0, 300))
+       max_buffered=st.integers(1, 10), segment=st.integers(0, 300), compiled=st.booleans())
 def test_every_row_event_is_the_envelope_encoded_byte_for_byte(source, db, schema, table, columns, changes, gxid,
-                                                                 one_phase, max_buffered, segment):
-    """Row events are put together from parts encoded apart (the row images, the
-    table's names, the transaction's fields): whatever the names and values hold,
-    the result is the envelope's JSON, keys in the documented order, as one
-    encoding of the whole event gives it."""
+                                                                 one_phase, max_buffered, segment, compiled):
+    """Row events are put together from parts encoded apart (the row images, by the
+    compiled encoder or the general path, the table's names, the transaction's
+    fields): whatever the names and values hold, the result is the envelope's JSON,
+    keys in the documented order, as one encoding of the whole event gives it."""
     names, oids = columns, [20, 25, 16, 25][:len(columns)]
-    a = TransactionAssembler(segment, source_name=source, database=db, max_buffered=max_buffered, clock=lambda: 7.25)
+    with mock.patch.object(_assembler, "_encode_tuple", _assembler._encode_tuple if compiled else None):
+        a = TransactionAssembler(segment, source_name=source, database=db, max_buffered=max_buffered,
+                                 clock=lambda: 7.25)
     first = [w.message("gpcdc.gxid", str(gxid))] if gxid is not None else []
     last = [w.message("gpcdc.one_phase", str(gxid))] if gxid is not None and one_phase else []
 
@@ -136,7 +141,8 @@ def test_every_row_event_is_the_envelope_encoded_byte_for_byte(source, db, schem
         return out
 
     payloads = [w.insert(1, row(new, i)) if op == "c" else w.delete(1, row(old, i + 1000), old_kind="O") if op == "d"
-                else w.update(1, row(new, i), old=row(old, i + 1000), old_kind="O")
+                else w.update(1, row(new, i), old=row(old, i + 1000), old_kind="O") if op == "u"
+                else w.update(1, row(new, i))
                 for i, (op, new, old) in enumerate(changes)]
     events = a.feed(w.relation(1, schema, table, list(zip(names, oids, [True] + [False] * 3))))
     for payload in [w.begin(5000, 77), *first, *payloads, *last, w.commit(5000, 5040)]:
@@ -151,12 +157,12 @@ def test_every_row_event_is_the_envelope_encoded_byte_for_byte(source, db, schem
             image[values is new] = {n: pg.convert(o, v) for n, o, v in zip(names, oids, row(values, i))}
         order = counts[f"{schema}.{table}"] = counts.get(f"{schema}.{table}", 0) + 1
         expected = {
-            "before": None if op == "c" else image[False],
+            "before": None if op in ("c", "u without its old row") else image[False],
             "after": None if op == "d" else image[True],
             "source": {"version": PROTOCOL_VERSION, "connector": "gpcdc", "name": source, "db": db, "schema": schema,
                        "table": table, "segment": segment, "txId": 77, "commit_lsn": 5000,
                        "ts_ms": 1_700_000_000_000, "gxid": gxid, "seq": seq, "one_phase": flag},
-            "op": op, "ts_ms": 7250,
+            "op": op[0], "ts_ms": 7250,
             "transaction": {"id": f"{segment}:77", "total_order": seq, "data_collection_order": order},
         }
         assert event.value == orjson.dumps(expected)

@@ -169,8 +169,7 @@ class CitusStream(TransactionAssembler):
         return self.shards(schema, relation)
 
     # -- the stream ---------------------------------------------------------------------
-    def feed(self, payload: bytes) -> list[Outbound]:
-        message = pg.parse(payload)
+    def _on(self, message: pg.PgoutputMessage) -> list[Outbound]:
         if isinstance(message, pg.BeginPrepare):
             if self._txn is not None:
                 raise ProtocolError(f"node {self.content}: BEGIN PREPARE of {message.gid!r} inside xid {self._txn.begin.xid}")
@@ -209,7 +208,7 @@ class CitusStream(TransactionAssembler):
             return self._local_commit(message)
         if isinstance(message, pg.Begin):
             self._decisions = []
-        return super().feed(payload)
+        return super()._on(message)
 
     def _local_commit(self, commit: pg.Commit) -> list[Outbound]:
         """A plain COMMIT: on a worker, a one-phase transaction (no gxid); on the

@@ -26,6 +26,11 @@ from . import _pgoutput as pg
 from ._events import COORDINATOR, PROTOCOL_VERSION, UNCHANGED, kind_of
 from ._startpoint import Repair, StartPoint
 
+try:
+    from ._rowjson import encode as _encode_tuple
+except ImportError:  # built without a C compiler: every row takes the general path
+    _encode_tuple = None  # type: ignore[assignment]
+
 
 class ProtocolError(StreamError, ValueError):
     """The stream breaks the protocol: the message says where."""
@@ -108,15 +113,30 @@ class _Table:
     typed: tuple[tuple[int, str, Callable[[str], Any]], ...]  # (position, name, converter) of non-text columns
     key_columns: tuple[str, ...]
     source: bytes  # its part of a row event's "source", encoded once
+    # For the compiled encoder (None: every row of it takes the general path): each
+    # column's name as JSON with its colon, and its JSON kind, upper case for a key column.
+    layout: tuple[tuple[bytes, ...], bytes] | None
 
     @classmethod
     def of(cls, relation: pg.Relation, schema: str, name: str) -> _Table:
         columns = relation.columns
-        return cls(_qualified(schema, name), tuple(c.name for c in columns),
+        names = tuple(c.name for c in columns)
+        kinds = "".join(pg.json_kind(c.type_oid).upper() if c.is_key else pg.json_kind(c.type_oid) for c in columns)
+        # A name said twice (no server sends it) makes an image whose last value wins: the general path's.
+        layout = ((tuple(orjson.dumps(n) + b":" for n in names), kinds.encode())
+                  if _encode_tuple is not None and len(set(names)) == len(names) else None)
+        return cls(_qualified(schema, name), names,
                    tuple((i, c.name, to_json) for i, c in enumerate(columns)
                          if (to_json := pg.converter(c.type_oid)) is not None),
                    tuple(c.name for c in columns if c.is_key),
-                   b'"schema":%b,"table":%b,' % (orjson.dumps(schema), orjson.dumps(name)))
+                   b'"schema":%b,"table":%b,' % (orjson.dumps(schema), orjson.dumps(name)), layout)
+
+    def encoded(self, payload: bytes, pos: int) -> tuple[bytes, bytes | None, int] | None:
+        """The tuple at ``payload[pos:]`` as (image, key, end), both as JSON, by the
+        compiled encoder; None when it leaves the tuple to the general path."""
+        if self.layout is None:
+            return None
+        return _encode_tuple(payload, pos, *self.layout)
 
     def image(self, values: tuple[str | None, ...]) -> dict[str, Any]:
         # Most columns stay text: only the others are converted (one row in every event).
@@ -124,7 +144,10 @@ class _Table:
         for position, name, to_json in self.typed:
             value = values[position]
             if value is not None and value is not pg.UNCHANGED_TOAST:
-                image[name] = to_json(value)
+                try:
+                    image[name] = to_json(value)
+                except ValueError:
+                    raise ValueError(f"column {name!r} holds {value[:40]!r}, not a value of its type") from None
         return image
 
     def key(self, image: dict[str, Any]) -> bytes | None:
@@ -154,6 +177,7 @@ class _Row:
 _ROW_EVENT = (b'{"before":%b,"after":%b,"source":{%b%b%b"seq":%d,"one_phase":%b},"op":"%b","ts_ms":%d,'
               b'"transaction":{"id":%b,"total_order":%d,"data_collection_order":%d}%b}')
 _ONE_PHASE = {None: b"null", True: b"true", False: b"false"}
+_ROW_CHANGES = (b"I", b"U", b"D")
 
 
 @dataclass(slots=True)
@@ -233,7 +257,13 @@ class TransactionAssembler:
 
     # -- the stream ------------------------------------------------------------------
     def feed(self, payload: bytes) -> list[Outbound]:
-        message = pg.parse(payload)
+        if payload[:1] in _ROW_CHANGES and self._txn is not None and self.content != COORDINATOR:
+            out = self._encoded_row(payload)
+            if out is not None:
+                return out
+        return self._on(pg.parse(payload))
+
+    def _on(self, message: pg.PgoutputMessage) -> list[Outbound]:
         if isinstance(message, (pg.Insert, pg.Update, pg.Delete)):
             return self._row(message)
         if isinstance(message, pg.Begin):
@@ -334,13 +364,13 @@ class TransactionAssembler:
         if table is None:
             raise ProtocolError(f"node {self.content}: a change of relation {message.relid} before its RELATION message")
         if isinstance(message, pg.Insert):
-            image = table.image(message.new)
+            image = self._image(table, message.new)
             return self._emit_row(txn, table, b"c", b"null", orjson.dumps(image), table.key(image))
         if isinstance(message, pg.Delete):
-            image = table.image(message.old)
+            image = self._image(table, message.old)
             return self._emit_row(txn, table, b"d", orjson.dumps(image), b"null", table.key(image))
-        after = table.image(message.new)
-        before = table.image(message.old) if message.old is not None else None
+        after = self._image(table, message.new)
+        before = self._image(table, message.old) if message.old is not None else None
         unchanged: list[str] | None = None
         if pg.UNCHANGED_TOAST in message.new:
             # Not in the WAL: listed apart, so that no value can pass for the marker.
@@ -360,6 +390,46 @@ class TransactionAssembler:
                     unchanged.remove(column)
         return self._emit_row(txn, table, b"u", orjson.dumps(before), orjson.dumps(after), table.key(after),
                               unchanged)
+
+    def _image(self, table: _Table, values: tuple[str | None, ...]) -> dict[str, Any]:
+        if len(values) != len(table.columns):
+            raise ProtocolError(f"node {self.content}: a change of {table.qualified} has {len(values)} values, "
+                                f"but its RELATION message {len(table.columns)} columns")
+        try:
+            return table.image(values)
+        except ValueError as e:  # a number's or a float's text that is none
+            raise ProtocolError(f"node {self.content}: a change of {table.qualified}: {e}") from None
+
+    def _encoded_row(self, payload: bytes) -> list[Outbound] | None:
+        """A row change the compiled encoder turns into JSON straight from the payload;
+        None when it is not the usual case, left to the general path (``_row``), which
+        decodes it or says what is wrong with it."""
+        if len(payload) < 6:
+            return None
+        table = self._tables.get(int.from_bytes(payload[1:5]))
+        if table is None or table.layout is None:
+            return None
+        kind, tag = payload[0], payload[5]
+        if tag == 0x4E and kind != 0x44:  # INSERT, or UPDATE with no old values: the new tuple
+            if (new := table.encoded(payload, 6)) is None:
+                return None
+            return self._emit_encoded(table, b"c" if kind == 0x49 else b"u", b"null", new[0], new[1])
+        if tag not in (0x4B, 0x4F):  # an old key or old row: DELETE's, or UPDATE's before its new tuple
+            return None
+        if (old := table.encoded(payload, 6)) is None:
+            return None
+        if kind == 0x44:  # DELETE
+            return self._emit_encoded(table, b"d", old[0], b"null", old[1])
+        end = old[2]
+        if kind != 0x55 or end >= len(payload) or payload[end] != 0x4E or (new := table.encoded(payload, end + 1)) is None:
+            return None
+        return self._emit_encoded(table, b"u", old[0], new[0], new[1])
+
+    def _emit_encoded(self, table: _Table, op: bytes, before: bytes, after: bytes, key: bytes | None) -> list[Outbound]:
+        txn = self._txn
+        assert txn is not None
+        self._decide(txn)
+        return self._emit_row(txn, table, op, before, after, key)
 
     def _truncate(self, message: pg.Truncate) -> list[Outbound]:
         txn = self._current("TRUNCATE")

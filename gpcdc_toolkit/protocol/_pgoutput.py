@@ -275,21 +275,25 @@ def _float(text: str) -> float | str:
     return text if text in ("NaN", "Infinity", "-Infinity") else float(text)  # JSON has no NaN or infinities
 
 
-_CONVERTERS: dict[int, Callable[[str], Any]] = {
-    16: lambda text: text == "t",  # bool
-    20: int, 21: int, 23: int, 26: int,  # int8, int2, int4, oid
-    700: _float, 701: _float,  # float4, float8
-}
+# The JSON form of a type's values (the others stay PostgreSQL's text): "b" a boolean,
+# "i" an integer, "f" a float (NaN and the infinities as text). _rowjson.c knows them too.
+_JSON_KINDS = {16: "b", 20: "i", 21: "i", 23: "i", 26: "i", 700: "f", 701: "f"}  # bool, int8/2/4, oid, float4/8
+_CONVERTERS: dict[str, Callable[[str], Any]] = {"b": lambda text: text == "t", "i": int, "f": _float}
+
+
+def json_kind(type_oid: int) -> str:
+    """How a value of the type becomes JSON: "b", "i", "f", or "t" (it stays text)."""
+    return _JSON_KINDS.get(type_oid, "t")
 
 
 def converter(type_oid: int) -> Callable[[str], Any] | None:
     """How a value of the type becomes JSON's (None: it stays PostgreSQL's text)."""
-    return _CONVERTERS.get(type_oid)
+    return _CONVERTERS.get(json_kind(type_oid))
 
 
 def convert(type_oid: int, text: str | None) -> Any:
     """A JSON-friendly value: ints, floats and booleans as such, the rest as PostgreSQL's text."""
-    to_json = _CONVERTERS.get(type_oid)
+    to_json = converter(type_oid)
     if text is None or text is UNCHANGED_TOAST or to_json is None:
         return text
     return to_json(text)
