@@ -49,6 +49,7 @@ def test_decode_each_message_kind():
     (b"Z123", "unknown pgoutput message type 'Z'"),
     (b"B\x00\x01", "truncated or malformed pgoutput 'B'"),
     (b"I\x00\x00\x00\x01X", "INSERT without a new tuple"),
+    (w.insert(1, ["1", "12345678"])[:-5], "a column value of 8 bytes, but 3 left in the message"),
 ])
 def test_malformed_payloads_are_named(payload, message):
     with pytest.raises(PgoutputError, match=message):
@@ -128,9 +129,7 @@ def test_every_row_event_is_the_envelope_encoded_byte_for_byte(source, db, schem
     fields): whatever the names and values hold, the result is the envelope's JSON,
     keys in the documented order, as one encoding of the whole event gives it."""
     names, oids = columns, [20, 25, 16, 25][:len(columns)]
-    with mock.patch.object(_assembler, "_encode_tuple", _assembler._encode_tuple if compiled else None):
-        a = TransactionAssembler(segment, source_name=source, database=db, max_buffered=max_buffered,
-                                 clock=lambda: 7.25)
+    a = TransactionAssembler(segment, source_name=source, database=db, max_buffered=max_buffered, clock=lambda: 7.25)
     first = [w.message("gpcdc.gxid", str(gxid))] if gxid is not None else []
     last = [w.message("gpcdc.one_phase", str(gxid))] if gxid is not None and one_phase else []
 
@@ -144,7 +143,9 @@ def test_every_row_event_is_the_envelope_encoded_byte_for_byte(source, db, schem
                 else w.update(1, row(new, i), old=row(old, i + 1000), old_kind="O") if op == "u"
                 else w.update(1, row(new, i))
                 for i, (op, new, old) in enumerate(changes)]
-    events = a.feed(w.relation(1, schema, table, list(zip(names, oids, [True] + [False] * 3))))
+    with mock.patch.object(_assembler, "_encode_tuple", _assembler._encode_tuple if compiled else None):
+        events = a.feed(w.relation(1, schema, table, list(zip(names, oids, [True] + [False] * 3))))
+    assert (a._tables[1].layout is not None) == compiled
     for payload in [w.begin(5000, 77), *first, *payloads, *last, w.commit(5000, 5040)]:
         events += a.feed(payload)
     rows = [e for e in events if e.kind == "row"]

@@ -184,6 +184,8 @@ def _tuple(buf: bytes, pos: int) -> tuple[tuple[str | None, ...], int]:
         if kind == 0x74:  # 't'
             (length,) = _U32.unpack_from(buf, pos)
             pos += 4
+            if length > len(buf) - pos:
+                raise PgoutputError(f"a column value of {length} bytes, but {len(buf) - pos} left in the message")
             append(buf[pos:pos + length].decode())
             pos += length
         elif kind == 0x6E:  # 'n'

@@ -6,7 +6,9 @@
  * when no column is a key), and the offset after the tuple. It returns None whenever
  * the tuple is anything but the usual case: a count other than the relation's, an
  * unchanged TOASTed value, a binary value, a truncated message, text that is not
- * UTF-8, a number or boolean not in PostgreSQL's canonical output. The caller then
+ * UTF-8, an integer not in PostgreSQL's canonical form or out of 64 bits, a float
+ * whose text is not a JSON number of a finite double, a boolean other than t or f, a
+ * float in the key (see put_value). The caller then
  * takes the general path (protocol/_pgoutput.py and the assembler's dictionaries),
  * which decodes what this one does not, or says what is wrong with it: so this file
  * never raises for the stream's content, and never decides anything the Python code
@@ -17,8 +19,10 @@
  * 'b' a boolean, 'f' a float (NaN and the infinities as strings); upper case for a key
  * column.
  *
- * The same value as the general path, always; the same bytes, except for floats, whose
- * digits are PostgreSQL's (shortest exact) where the general path prints Python's.
+ * The same value as the general path, always; the same bytes, except for floats in
+ * the image, whose digits are PostgreSQL's (shortest exact) where the general path
+ * prints orjson's. A key's bytes are the same on both paths: Kafka partitions and
+ * compacts by them.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -66,6 +70,8 @@ static const char HEX[] = "0123456789abcdef";
 
 /* A JSON string, escaped as orjson escapes: '"', '\\' and the control characters. */
 static int put_string(Buffer *b, const unsigned char *s, Py_ssize_t n) {
+    if (n > (PY_SSIZE_T_MAX - 2) / 6) /* its escaped length might not fit a Py_ssize_t */
+        return FALL_BACK;
     Py_ssize_t escaped = n + 2; /* counted first: a large value reserves what it needs, no more */
     int ascii = 1;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -123,12 +129,15 @@ static int digits(const unsigned char *s, Py_ssize_t n, Py_ssize_t *i) {
     return *i > start;
 }
 
-/* An integer as PostgreSQL prints it, small enough for orjson (18 digits at most). */
+/* An integer as PostgreSQL prints it, within 64 bits (orjson's range is wider). */
 static int put_integer(Buffer *b, const unsigned char *s, Py_ssize_t n) {
     Py_ssize_t i = s[0] == '-';
-    Py_ssize_t first = i;
-    if (!digits(s, n, &i) || i != n || n - first > 18 || (s[first] == '0' && n - first > 1)
-        || (first && n == 2 && s[1] == '0'))
+    Py_ssize_t first = i, count;
+    if (!digits(s, n, &i) || i != n)
+        return FALL_BACK;
+    count = n - first;
+    if ((s[first] == '0' && count > 1) || (first && count == 1 && s[1] == '0') || count > 19
+        || (count == 19 && memcmp(s + first, first ? "9223372036854775808" : "9223372036854775807", 19) > 0))
         return FALL_BACK;
     return put(b, (const char *)s, n);
 }
@@ -182,6 +191,10 @@ static int put_value(Buffer *b, char kind, const unsigned char *s, Py_ssize_t n)
     case 'i':
         return n > 0 ? put_integer(b, s, n) : FALL_BACK;
     case 'f':
+        /* In a key, orjson's digits (the general path's), never PostgreSQL's: Kafka
+           partitions and compacts by the key's bytes, which must not depend on the path. */
+        if (kind == 'F')
+            return FALL_BACK;
         return n > 0 ? put_float(b, s, n) : FALL_BACK;
     case 'b':
         if (n == 1 && (s[0] == 't' || s[0] == 'f'))
@@ -209,7 +222,7 @@ static PyObject *encode(PyObject *module, PyObject *const *args, Py_ssize_t narg
         PyErr_Format(PyExc_ValueError, "%zd names but %zd kinds", columns, PyBytes_GET_SIZE(args[3]));
         return NULL;
     }
-    if (pos < 0 || pos > size - 2 || ((buf[pos] << 8) | buf[pos + 1]) != columns)
+    if (pos < 0 || pos > size - 2 || (int16_t)((buf[pos] << 8) | buf[pos + 1]) != columns) /* Int16, signed */
         Py_RETURN_NONE;
     pos += 2;
 
