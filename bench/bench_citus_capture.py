@@ -21,6 +21,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench_capture import stages  # the same stages, timed the same way (bench/ is the script's directory)
+
 from gpcdc_toolkit.bootstrap import Pipeline, bootstrap
 from gpcdc_toolkit.broker import EmbeddedBroker
 from gpcdc_toolkit.capture import CaptureWorker, WorkerSettings
@@ -54,7 +56,8 @@ def throughput(cluster: Cluster, config, rows: int) -> None:
     start = bootstrap(cluster, pipeline, "snapshot")
     worker = cluster.segments[0]
     with cluster.connect_node(worker) as conn:
-        conn.execute("SELECT pg_create_logical_replication_slot('recv', 'pgoutput', false, true)")
+        for slot in ("recv", "stages"):
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, true)", (slot,))
     t0 = time.perf_counter()
     with cluster.coordinator_connection() as conn:
         for first in range(0, rows, 1000):
@@ -74,16 +77,21 @@ def throughput(cluster: Cluster, config, rows: int) -> None:
 
     settings = WorkerSettings(prefix=config.kafka.topic_prefix, kafka=kafka_client_settings(config))
     warm_up(settings.kafka)
+    stage_s = stages(cluster, start, settings, end)
     capture = CaptureWorker(cluster, worker, start, settings, database="postgres", partitions=cluster.segment_count)
     stop = threading.Event()
     thread = threading.Thread(target=capture.run, args=(stop,))
     t0 = time.perf_counter()
     thread.start()
-    slot = "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s"
-    while position(cluster, slot, pipeline.slot) < end:
+    # Waited on by the worker's own record of what it acknowledged (as bench_capture.py
+    # does): a connection every 20 ms would take the GIL from the worker's thread.
+    while capture.stats.acked_lsn < end:
         assert thread.is_alive(), capture.stats.last_error
-        time.sleep(0.02)  # polling the slot's acknowledged position
+        time.sleep(0.02)
     capture_s = time.perf_counter() - t0
+    slot = "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s"
+    while position(cluster, slot, pipeline.slot) < end:  # and the server has it
+        time.sleep(0.02)
     stop.set()
     thread.join()
     print(f"citus capture ({rows} rows written through the coordinator in {write_s:.1f} s, 1000 per transaction; "
@@ -91,6 +99,9 @@ def throughput(cluster: Cluster, config, rows: int) -> None:
     print(f"  pg_recvlogical, two-phase -> /dev/null : {on_worker / recv_s:>10,.0f} rows/s")
     print(f"  capture -> Kafka, acked               : {on_worker / capture_s:>10,.0f} rows/s")
     print(f"  ratio                                 : {recv_s / capture_s:>10.2f}", flush=True)
+    print("where a captured row's time goes, each stage alone on the same WAL:")
+    for stage, seconds in [("pg_recvlogical", recv_s), *stage_s.items(), ("capture, all stages", capture_s)]:
+        print(f"  {stage:<40}: {seconds / on_worker * 1e6:6.2f} us/row", flush=True)
 
 
 def main() -> None:

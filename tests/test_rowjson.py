@@ -11,7 +11,12 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from gpcdc_toolkit.protocol import TransactionAssembler, _assembler, _rowjson  # not built: `./dev setup` builds it (a C compiler)
+from gpcdc_toolkit.protocol import (  # not built: `./dev setup` builds it (a C compiler)
+    TransactionAssembler,
+    _assembler,
+    _rowjson,
+    encoder_built,
+)
 from gpcdc_toolkit.protocol import _pgoutput as pg
 
 from . import _pgwire as w
@@ -22,7 +27,7 @@ OIDS = {"t": 25, "i": 20, "b": 16, "f": 701}
 def test_the_row_encoder_is_built_where_the_tests_run():
     """The general path alone would pass every other test here, slower: this one says
     that the compiled encoder is what capture runs (`./dev setup` builds it)."""
-    assert _assembler._encode_tuple is _rowjson.encode
+    assert _assembler._encode_tuple is _rowjson.encode and encoder_built()
 
 
 def tuple_bytes(cells) -> bytes:

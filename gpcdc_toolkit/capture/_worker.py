@@ -51,6 +51,7 @@ from ..protocol import (
     ProtocolError,
     StartPoint,
     Topics,
+    encoder_built,
     format_lsn,
     is_pipeline_marker,
     lost_marker,
@@ -171,6 +172,10 @@ class CaptureWorker:
     # -- the outer loop: reconnect with backoff -------------------------------------------
     def run(self, stop: threading.Event) -> None:
         self.stats.pid = os.getpid()
+        if not encoder_built():
+            log.warning("%s: capture's row encoder is not built (the package was installed without a C compiler or "
+                        "Python's headers): rows are encoded in Python, at about half the speed; reinstall the "
+                        "package where gcc and python3-dev are", self.node)
         backoff = 0.5
         while not stop.is_set():
             began = time.monotonic()

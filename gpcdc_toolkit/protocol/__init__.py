@@ -7,6 +7,7 @@ from ._assembler import (
     ProtocolError,
     TransactionAssembler,
     UnknownNodesError,
+    encoder_built,
     lost_marker,
     numbering_of,
     pipeline_marker,
@@ -36,7 +37,7 @@ from ._topics import Dispatcher, Topics
 
 __all__ = [
     "COORDINATOR", "PROTOCOL_VERSION", "UNCHANGED", "Outbound", "ProtocolError", "TransactionAssembler", "UnknownNodesError",
-    "pipeline_marker", "lost_marker", "numbering_of", "repaired_marker",
+    "encoder_built", "pipeline_marker", "lost_marker", "numbering_of", "repaired_marker",
     "KINDS", "CoordinatorRecord", "Kind", "PipelineMarker", "RowEvent", "Source",
     "TransactionEvent", "Watermark", "is_pipeline_marker", "kind_of", "problem_of",
     "CreateTable", "DdlError", "parse_create_table",
