@@ -162,7 +162,7 @@ def stages(cluster: Cluster, start, settings: WorkerSettings, end: int) -> dict[
     while True:
         message = cur.read_message()
         if message is None:
-            if cur.wal_end >= end and payloads and payloads[-1][0] == 0x43:  # a COMMIT at the end of the WAL
+            if cur.wal_end >= end and payloads and payloads[-1][0] in (0x43, 0x4B):  # a COMMIT (or COMMIT PREPARED) at the end
                 break
             select.select([conn], [], [], 0.1)
             continue
