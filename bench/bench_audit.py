@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from gpcdc_toolkit._runtime import interrupt_on_sigterm
+
 BASE_TS = 1_795_000_000_000
 SKEW_MS, SILENCE_MS = 1000, 30_000
 
@@ -361,4 +363,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()  # `timeout` or `kill` ends it as Ctrl-C does: what it started is stopped
     main()

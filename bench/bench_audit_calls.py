@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from py4j import clientserver  # noqa: E402
 
+from gpcdc_toolkit._runtime import interrupt_on_sigterm  # noqa: E402
 from gpcdc_toolkit.audit import Thresholds, events_frame  # noqa: E402
 from gpcdc_toolkit.audit import _rules as rules  # noqa: E402
 from gpcdc_toolkit.audit._warm import warm_stream  # noqa: E402
@@ -84,4 +85,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()  # `timeout` or `kill` ends it as Ctrl-C does: what it started is stopped
     main()

@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpcdc_toolkit._runtime import interrupt_on_sigterm
+
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_audit_session import heap_mib  # noqa: E402  (a sibling script, not a package)
 
@@ -125,4 +127,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()  # `timeout` or `kill` ends it as Ctrl-C does: what it started is stopped
     main()

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpcdc_toolkit._runtime import interrupt_on_sigterm
+
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_audit import generate  # noqa: E402  (a sibling script, not a package)
 
@@ -70,4 +72,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()  # `timeout` or `kill` ends it as Ctrl-C does: what it started is stopped
     main()

@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpcdc_toolkit._runtime import interrupt_on_sigterm
 from gpcdc_toolkit.broker import EmbeddedBroker, kafka_classpath
 
 
@@ -58,4 +59,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()  # `timeout` or `kill` ends it as Ctrl-C does: what it started is stopped
     main()

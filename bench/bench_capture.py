@@ -26,6 +26,7 @@ import threading
 import time
 from pathlib import Path
 
+from gpcdc_toolkit._runtime import interrupt_on_sigterm
 from gpcdc_toolkit.bootstrap import Pipeline, bootstrap
 from gpcdc_toolkit.broker import EmbeddedBroker
 from gpcdc_toolkit.capture import CaptureGroup, CaptureWorker, WorkerSettings, tune_for_capture, wait_until_acknowledged
@@ -282,4 +283,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()  # `timeout` or `kill` ends it as Ctrl-C does: what it started is stopped
     main()

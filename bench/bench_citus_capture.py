@@ -23,6 +23,7 @@ from pathlib import Path
 
 from bench_capture import stages  # the same stages, timed the same way (bench/ is the script's directory)
 
+from gpcdc_toolkit._runtime import interrupt_on_sigterm
 from gpcdc_toolkit.bootstrap import Pipeline, bootstrap
 from gpcdc_toolkit.broker import EmbeddedBroker
 from gpcdc_toolkit.capture import CaptureWorker, WorkerSettings
@@ -125,4 +126,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()  # `timeout` or `kill` ends it as Ctrl-C does: what it started is stopped
     main()

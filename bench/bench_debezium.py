@@ -37,7 +37,7 @@ from typing import Any
 import orjson
 
 from gpcdc_toolkit._maven import resolve
-from gpcdc_toolkit._runtime import free_port, stop_pid
+from gpcdc_toolkit._runtime import free_port, interrupt_on_sigterm, stop_pid
 from gpcdc_toolkit.bootstrap import Pipeline, bootstrap
 from gpcdc_toolkit.broker import KAFKA_VERSION, EmbeddedBroker
 from gpcdc_toolkit.capture import CaptureWorker, WorkerSettings, tune_for_capture
@@ -261,4 +261,5 @@ def _topics(kafka: dict[str, str]) -> set[str]:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()  # `timeout` or `kill` ends it as Ctrl-C does: what it started is stopped
     main()

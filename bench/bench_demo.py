@@ -13,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpcdc_toolkit._runtime import interrupt_on_sigterm
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.demo import DemoOptions, run_demo
 from gpcdc_toolkit.report import read_runs, run_notebook
@@ -50,4 +51,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()  # `timeout` or `kill` ends it as Ctrl-C does: what it started is stopped
     main()

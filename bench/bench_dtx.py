@@ -18,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+from gpcdc_toolkit._runtime import interrupt_on_sigterm
 from gpcdc_toolkit.cluster import Cluster, Session, segment_for
 from gpcdc_toolkit.sandbox import Sandbox
 
@@ -121,4 +122,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()  # `timeout` or `kill` ends it as Ctrl-C does: what it started is stopped
     main()

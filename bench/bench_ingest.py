@@ -32,6 +32,7 @@ import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from gpcdc_toolkit._runtime import interrupt_on_sigterm
 from gpcdc_toolkit.broker import EmbeddedBroker
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.ingest import end_offsets
@@ -115,4 +116,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()  # `timeout` or `kill` ends it as Ctrl-C does: what it started is stopped
     main()

@@ -23,6 +23,7 @@ import time
 
 from bench_replay import SPEC, Timeline, captured_source
 
+from gpcdc_toolkit._runtime import interrupt_on_sigterm
 from gpcdc_toolkit.archive import write_archive
 from gpcdc_toolkit.bootstrap import distributed_tables
 from gpcdc_toolkit.capture import wait_until_acknowledged
@@ -84,4 +85,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()  # `timeout` or `kill` ends it as Ctrl-C does: what it started is stopped
     main()

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from gpcdc_toolkit._runtime import interrupt_on_sigterm
 from gpcdc_toolkit.bootstrap import Pipeline, bootstrap
 from gpcdc_toolkit.broker import EmbeddedBroker
 from gpcdc_toolkit.capture import CaptureGroup, wait_until_acknowledged
@@ -229,4 +230,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()  # `timeout` or `kill` ends it as Ctrl-C does: what it started is stopped
     main()

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpcdc_toolkit._runtime import interrupt_on_sigterm
 from gpcdc_toolkit.audit import run_audit
 from gpcdc_toolkit.bootstrap import Pipeline, bootstrap, drop_slots
 from gpcdc_toolkit.broker import EmbeddedBroker
@@ -172,4 +173,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()  # `timeout` or `kill` ends it as Ctrl-C does: what it started is stopped
     main()

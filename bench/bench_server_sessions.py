@@ -27,6 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from gpcdc_toolkit._runtime import interrupt_on_sigterm
+
 _PROCESS = """
 import json, sys, time
 from pyspark.sql import SparkSession
@@ -119,4 +121,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()  # `timeout` or `kill` ends it as Ctrl-C does: what it started is stopped
     main()

@@ -33,6 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from gpcdc_toolkit._runtime import interrupt_on_sigterm
 from gpcdc_toolkit.cluster import Cluster, Session, segment_for
 from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.validate import compare_checksums, take_syncpoint
@@ -243,4 +244,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()  # `timeout` or `kill` ends it as Ctrl-C does: what it started is stopped
     main()

@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpcdc_toolkit._runtime import interrupt_on_sigterm
 from gpcdc_toolkit.cluster import Session, segment_for
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.sandbox import Sandbox
@@ -111,4 +112,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()  # `timeout` or `kill` ends it as Ctrl-C does: what it started is stopped
     main()

@@ -147,6 +147,19 @@ def running_pid(pid_file: Path, *command_parts: str) -> int | None:
     return pid if all(runs(pid, part) for part in command_parts) else None
 
 
+def interrupt_on_sigterm() -> None:
+    """End this process on SIGTERM as Ctrl-C ends it (a KeyboardInterrupt), so that its
+    ``finally`` blocks and finalizers stop the servers it started: a CI's time limit,
+    ``timeout`` or ``kill`` otherwise ends it at once, leaving them running. A second
+    SIGTERM is ignored while they run."""
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    signal.signal(signum, signal.SIG_IGN)  # a second one would break off the clean-up
+    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+
 def kill_pid(pid: int) -> None:
     """SIGKILL a process, as a crash would, and return once it is gone."""
     os.kill(pid, signal.SIGKILL)

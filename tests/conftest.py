@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import signal
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from gpcdc_toolkit._runtime import interrupt_on_sigterm
 from gpcdc_toolkit.broker import EmbeddedBroker
 from gpcdc_toolkit.cluster import Cluster
 from gpcdc_toolkit.ingest import SparkServer
@@ -39,12 +39,7 @@ SERVER_FIXTURES = {"work_dir", "source_sandbox", "source", "broker", "spark", "r
 def pytest_configure(config: pytest.Config) -> None:
     # A run stopped by SIGTERM (a CI's time limit, `kill`) ends as one stopped by Ctrl-C:
     # the session's finalizers stop every server it started.
-    signal.signal(signal.SIGTERM, _interrupt)
-
-
-def _interrupt(signum: int, _frame: object) -> None:
-    signal.signal(signum, signal.SIG_IGN)  # a second one would break off the finalizers
-    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+    interrupt_on_sigterm()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

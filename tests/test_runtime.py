@@ -2,6 +2,7 @@
 connections (which take theirs from the kernel's ephemeral range); processes that have
 exited are not alive, whoever has to reap them."""
 
+import signal
 import socket
 import subprocess
 import sys
@@ -155,3 +156,27 @@ def test_stopping_a_group_stops_its_leader_and_what_it_started():
     finally:
         leader.kill()
         leader.wait()
+
+
+def test_sigterm_ends_a_process_as_ctrl_c_does_its_clean_up_run(tmp_path):
+    """What a benchmark or a test run started is stopped by its ``finally`` blocks when a
+    time limit or ``kill`` ends it; without the handler SIGTERM ends it at once."""
+    program = f"""
+import sys, threading
+from gpcdc_toolkit._runtime import interrupt_on_sigterm
+if sys.argv[1] == "handled":
+    interrupt_on_sigterm()
+try:
+    print("ready", flush=True)
+    threading.Event().wait()
+finally:
+    open({str(tmp_path / "cleaned")!r} + sys.argv[1], "w").write("stopped")
+"""
+    for mode in ("handled", "default"):
+        child = subprocess.Popen([sys.executable, "-c", program, mode], stdout=subprocess.PIPE, text=True)
+        assert child.stdout.readline() == "ready\n"
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=30) != 0
+        child.stdout.close()
+    assert (tmp_path / "cleanedhandled").read_text() == "stopped"
+    assert not (tmp_path / "cleaneddefault").exists()
