@@ -83,25 +83,28 @@ def throughput(cluster: Cluster, config, rows: int, broker_pid: int) -> None:
     broker_before, machine_before = process_cpu(broker_pid), machine_cpu()
     t0 = time.perf_counter()
     thread.start()
-    # Polled by the worker's own record of what it acknowledged: a query of the slot
-    # every 20 ms (a connection each) took the GIL from the worker for a sixth of its
-    # time, which a worker's process does not share with anything.
-    while worker.stats.acked_lsn < end:
-        time.sleep(0.02)
-    capture_s = time.perf_counter() - t0
-    while confirmed(cluster, 0, pipeline.slot) < end:  # and the server has it
-        time.sleep(0.02)
-    # Where the CPU went meanwhile: every thread named here started with the worker.
-    with cluster.connect_node(segment) as conn:
-        walsender = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
-                                 (pipeline.slot,)).fetchone()[0]
-    cpu = {"capture's Python thread": thread_cpu(os.getpid(), thread.native_id),
-           "librdkafka's threads": sum(thread_cpu(os.getpid(), tid) for tid in threads(os.getpid(), "rdk:")),
-           "walsender (decoding the WAL)": process_cpu(walsender),
-           "Kafka broker": process_cpu(broker_pid) - broker_before}
-    machine, stolen = (after - before for after, before in zip(machine_cpu(), machine_before))
-    stop.set()
-    thread.join()
+    try:
+        # Polled by the worker's own record of what it acknowledged: a query of the slot
+        # every 20 ms (a connection each) took the GIL from the worker for a sixth of its
+        # time, which a worker's process does not share with anything.
+        while worker.stats.acked_lsn < end:
+            assert thread.is_alive(), worker.stats.last_error
+            time.sleep(0.02)
+        capture_s = time.perf_counter() - t0
+        while confirmed(cluster, 0, pipeline.slot) < end:  # and the server has it
+            time.sleep(0.02)
+        # Where the CPU went meanwhile: every thread named here started with the worker.
+        with cluster.connect_node(segment) as conn:
+            walsender = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                                     (pipeline.slot,)).fetchone()[0]
+        cpu = {"capture's Python thread": thread_cpu(os.getpid(), thread.native_id),
+               "librdkafka's threads": sum(thread_cpu(os.getpid(), tid) for tid in threads(os.getpid(), "rdk:")),
+               "walsender (decoding the WAL)": process_cpu(walsender),
+               "Kafka broker": process_cpu(broker_pid) - broker_before}
+        machine, stolen = (after - before for after, before in zip(machine_cpu(), machine_before))
+    finally:
+        stop.set()  # interrupted too: the worker's thread would keep the process alive
+        thread.join()
     print(f"throughput ({rows} rows, 1000 per transaction, one segment):")
     print(f"  pg_recvlogical -> /dev/null : {rows / recv_s:>10,.0f} rows/s")
     print(f"  capture -> Kafka, acked     : {rows / capture_s:>10,.0f} rows/s")

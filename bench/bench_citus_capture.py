@@ -84,17 +84,19 @@ def throughput(cluster: Cluster, config, rows: int) -> None:
     thread = threading.Thread(target=capture.run, args=(stop,))
     t0 = time.perf_counter()
     thread.start()
-    # Waited on by the worker's own record of what it acknowledged (as bench_capture.py
-    # does): a connection every 20 ms would take the GIL from the worker's thread.
-    while capture.stats.acked_lsn < end:
-        assert thread.is_alive(), capture.stats.last_error
-        time.sleep(0.02)
-    capture_s = time.perf_counter() - t0
-    slot = "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s"
-    while position(cluster, slot, pipeline.slot) < end:  # and the server has it
-        time.sleep(0.02)
-    stop.set()
-    thread.join()
+    try:
+        # Waited on by the worker's own record of what it acknowledged (as bench_capture.py
+        # does): a connection every 20 ms would take the GIL from the worker's thread.
+        while capture.stats.acked_lsn < end:
+            assert thread.is_alive(), capture.stats.last_error
+            time.sleep(0.02)
+        capture_s = time.perf_counter() - t0
+        slot = "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s"
+        while position(cluster, slot, pipeline.slot) < end:  # and the server has it
+            time.sleep(0.02)
+    finally:
+        stop.set()  # interrupted too: the worker's thread would keep the process alive
+        thread.join()
     print(f"citus capture ({rows} rows written through the coordinator in {write_s:.1f} s, 1000 per transaction; "
           f"worker 0 holds {on_worker}):")
     print(f"  pg_recvlogical, two-phase -> /dev/null : {on_worker / recv_s:>10,.0f} rows/s")
