@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
 import os
 import select
@@ -199,6 +200,9 @@ def stages(cluster: Cluster, start, settings: WorkerSettings, end: int) -> dict[
                 producer.poll(0.05)
     producer.flush()
     produce_s = time.perf_counter() - t0
+    kinds = collections.Counter(out.kind for out in events)
+    print(f"  (the stages' stream: {len(payloads):,} pgoutput messages, {dict(kinds)} events, "
+          f"{sum(len(out.value) for out in events) / max(1, len(events)):.0f} bytes an event on average)", flush=True)
     return {"read pgoutput (psycopg2)": read_s, "decode and encode (assembler)": decode_s,
             "produce to Kafka, acks=all, flushed": produce_s}
 
