@@ -413,7 +413,7 @@ class TransactionAssembler:
         if len(payload) < 6:
             return None
         table = self._tables.get(int.from_bytes(payload[1:5]))
-        if table is None or table.layout is None:
+        if table is None:
             return None
         kind, tag = payload[0], payload[5]
         if tag == 0x4E and kind != 0x44:  # INSERT, or UPDATE with no old values: the new tuple
