@@ -180,3 +180,47 @@ finally:
         child.stdout.close()
     assert (tmp_path / "cleanedhandled").read_text() == "stopped"
     assert not (tmp_path / "cleaneddefault").exists()
+
+
+def test_a_state_writer_keeps_its_caller_out_of_a_slow_write_and_ends_on_the_latest_state(monkeypatch, tmp_path):
+    import json
+    import threading
+
+    started, release = threading.Event(), threading.Event()
+    real_write = _runtime.write_atomic
+
+    def slow_write(path, text):  # a disk that takes its time, as ext4 replacing a file under load
+        started.set()
+        assert release.wait(30)
+        real_write(path, text)
+
+    monkeypatch.setattr(_runtime, "write_atomic", slow_write)
+    path = tmp_path / "node0.status.json"
+    writer = _runtime.StateWriter(path)
+    state = {"state": "streaming", "events": 0, "kinds": {"row": 0}}
+    writer.write(state)
+    assert started.wait(30)
+    for events in range(1, 1000):  # the caller goes on while the first write waits
+        state["events"] = events
+        state["kinds"]["row"] = events
+        writer.write(state)
+    state["state"] = "stopped"  # changed after the last write: not what was handed over
+    release.set()
+    writer.close()
+    assert json.loads(path.read_text()) == {"state": "streaming", "events": 999, "kinds": {"row": 999}}
+    assert not writer._thread.is_alive()
+
+
+def test_a_state_that_cannot_be_written_is_logged_and_the_next_one_still_written(tmp_path, caplog):
+    import json
+
+    path = tmp_path / "gone" / "node0.status.json"
+    writer = _runtime.StateWriter(path)
+    writer.write({"state": "starting"})
+    writer.close()
+    assert "is not written" in caplog.text and str(path) in caplog.text and not path.exists()
+    path.parent.mkdir()
+    writer = _runtime.StateWriter(path)
+    writer.write({"state": "streaming"})
+    writer.close()
+    assert json.loads(path.read_text()) == {"state": "streaming"}
