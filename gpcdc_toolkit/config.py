@@ -119,7 +119,8 @@ class CaptureSettings:
     heartbeat_interval: float = setting(1.0, "seconds between resolved watermarks", minimum=0.01)
     max_buffered: int = setting(1000, "events of one transaction held back before it is streamed", minimum=1)
     ack_interval: float = setting(0.5, "seconds between acknowledgements to the slot", minimum=0.01)
-    flush_timeout: float = setting(10.0, "seconds Kafka may take to confirm a batch before the session restarts",
+    flush_timeout: float = setting(10.0, "seconds Kafka may take to confirm events before the worker reports "
+                                         "waiting for it (a pipeline marker: before the session restarts)",
                                    minimum=0.1)
     max_backoff: float = setting(30.0, "longest wait, in seconds, between reconnection attempts", minimum=0.1)
     producer_queue_kbytes: int = setting(65536, "the Kafka producer's buffer, in KiB", minimum=1024)

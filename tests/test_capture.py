@@ -371,7 +371,8 @@ def test_nothing_is_acknowledged_while_kafka_is_away(source, work_dir, source_sa
     config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
                           "kafka.topic_prefix": f"o{uuid.uuid4().hex[:8]}", "source.sandbox": "source"}, environ={})
     pipeline = pipeline_of(config)
-    group = CaptureGroup(config.with_settings({"capture.heartbeat_interval": 0.2}))
+    # A worker that waited for Kafka's answer before reading on would wait 30 s at a time.
+    group = CaptureGroup(config.with_settings({"capture.heartbeat_interval": 0.2, "capture.flush_timeout": 30}))
     truth = work_dir / "truth-outage.jsonl"
     truth.unlink(missing_ok=True)
     try:
@@ -383,7 +384,17 @@ def test_nothing_is_acknowledged_while_kafka_is_away(source, work_dir, source_sa
         # empty is another story, told by test_replay_trust.
         os.kill(broker.pid, signal.SIGSTOP)
         run_workload(source, WorkloadSpec(threads=2, transactions=100, hot_keys=2), ground_truth=truth)
+        written = {}
+        for node in source.segments:
+            with source.connect_node(node) as conn:
+                written[node.content] = parse_lsn(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
         stop = threading.Event()
+        # The workers read and produce everything while Kafka is away: their watermarks
+        # (in the producer's queue) pass what was written.
+        deadline = time.monotonic() + 25
+        while not all((group.status(c) or {}).get("resolved_lsn", 0) >= lsn for c, lsn in written.items()):
+            assert time.monotonic() < deadline, [group.status(c) for c in written]
+            stop.wait(0.2)  # polling the workers' own account of how far they have read
         deadline = time.monotonic() + 90
         while not all("waiting for Kafka" in (group.status(c) or {}).get("state", "")
                       or "reconnecting" in (group.status(c) or {}).get("state", "") for c in (-1, 0, 1, 2)):

@@ -68,7 +68,7 @@ def test_the_producer_waits_for_kafka_rather_than_leave_a_gap():
 
     assert set(DELIVERY_GUARANTEES) <= GUARDED_CLIENT_SETTINGS
     config = producer_config(WorkerSettings(kafka={"linger.ms": "1"}, capture=CaptureSettings(), prefix="p",
-                                            replicas=0), on_error=None)
+                                            replicas=0))
     assert config["message.timeout.ms"] == 0 and config["enable.gapless.guarantee"] is True
     assert config["acks"] == "all" and config["enable.idempotence"] is True
 
@@ -82,7 +82,7 @@ def test_the_producer_compresses_with_lz4_unless_kafka_client_chooses_otherwise(
         path.write_text(file_text)
         config = load_config({"kafka.bootstrap_servers": "127.0.0.1:9"}, config_file=path, environ={})
         settings = WorkerSettings(kafka=kafka_client_settings(config), capture=CaptureSettings(), prefix="p", replicas=0)
-        return producer_config(settings, on_error=None)["compression.type"]
+        return producer_config(settings)["compression.type"]
 
     assert compression("") == "lz4"
     assert compression('[kafka.client]\n"compression.type" = "none"\n') == "none"

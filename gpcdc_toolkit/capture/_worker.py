@@ -2,11 +2,12 @@
 
 The loop reads pgoutput from the node's slot (psycopg2's replication stream), turns it
 into protocol events (:class:`~gpcdc_toolkit.protocol.TransactionAssembler`) and
-produces them with an idempotent producer. Every ``ack_interval`` it waits until
-Kafka has acknowledged everything produced so far and only then moves the slot's
-flush position to the end of the last transaction produced; so a crash at any moment
-loses nothing, and what is sent again after a restart carries the same
-(segment, commit LSN, sequence) and is recognisable as a duplicate.
+produces them with an idempotent producer. It does not wait for Kafka: every
+``ack_interval`` it notes how far the events produced so far would let the slot's
+flush position move, and moves it there once Kafka has confirmed them all
+(``_confirmations``); so a crash at any moment loses nothing, and what is sent again
+after a restart carries the same (segment, commit LSN, sequence) and is recognisable
+as a duplicate.
 
 Every ``heartbeat_interval`` it produces a resolved watermark: every commit of the
 node below ``resolved`` is in Kafka, and so is every commit that happened on the
@@ -38,7 +39,7 @@ import psycopg2
 import psycopg2.extras
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from .._runtime import write_json
+from .._runtime import StateWriter
 from ..cluster import Cluster, Node
 from ..config import CaptureSettings
 from ..connect import kafka_logger
@@ -60,12 +61,16 @@ from ..protocol import (
     pipeline_marker,
 )
 from ._changes import REBOOTSTRAP, added_nodes, node_change
+from ._confirmations import Confirmations
 from ._hosts import worker_application
 
 log = logging.getLogger(__name__)
 
 _ANY_PARTITION = [-1]  # the client's partitioner chooses, by key
 _CLOCK_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+# While confirmations are awaited and the slot is quiet, how often the loop looks for
+# them: Kafka's delivery reports do not wake its select().
+_CONFIRMATION_POLL = 0.005
 
 
 class DeliveryFailed(RuntimeError):
@@ -127,7 +132,7 @@ DELIVERY_GUARANTEES: dict[str, Any] = {
 }
 
 
-def producer_config(settings: WorkerSettings, on_error: Any) -> dict[str, Any]:
+def producer_config(settings: WorkerSettings) -> dict[str, Any]:
     return {
         # Batches compressed: the broker writes and replicates about a third of the bytes,
         # and producing takes 40% less time a row (docs/benchmarks.md). [kafka.client]
@@ -140,9 +145,8 @@ def producer_config(settings: WorkerSettings, on_error: Any) -> dict[str, Any]:
         "queue.buffering.max.kbytes": settings.capture.producer_queue_kbytes,
         "queue.buffering.max.messages": 200000,
         "partitioner": "murmur2_random",
-        # Only failures call back into Python: success is learnt from flush().
-        "delivery.report.only.error": True,
-        "on_delivery": on_error,
+        # No callback by default: only the events that prove others ask for their
+        # delivery reports (``_confirmations``).
         "logger": kafka_logger(),
     }
 
@@ -166,11 +170,20 @@ class CaptureWorker:
         self.slot = start.node(node.content).slot
         self.status_file = status_file
         self.stats = WorkerStats(node=node.content, slot=self.slot)
-        self._delivery_error: KafkaError | None = None
+        self._confirmations = Confirmations()
         self._last_keepalive = 0.0  # when the worker last told the server it is there, waiting for Kafka
+        self._status: StateWriter | None = None  # the status file's writer, while ``run`` runs
 
     # -- the outer loop: reconnect with backoff -------------------------------------------
     def run(self, stop: threading.Event) -> None:
+        self._status = StateWriter(self.status_file) if self.status_file is not None else None
+        try:
+            self._run(stop)
+        finally:
+            if self._status is not None:
+                self._status.close()
+
+    def _run(self, stop: threading.Event) -> None:
         self.stats.pid = os.getpid()
         if not encoder_built():
             log.warning("%s: capture's row encoder is not built (the package was installed without a C compiler or "
@@ -209,12 +222,8 @@ class CaptureWorker:
 
     def _write_status(self) -> None:
         self.stats.updated_ms = int(time.time() * 1000)
-        if self.status_file is not None:
-            write_json(self.status_file, self.stats.__dict__)
-
-    def _on_delivery_error(self, err: KafkaError | None, _msg: Any) -> None:
-        if err is not None and self._delivery_error is None:
-            self._delivery_error = err
+        if self._status is not None:
+            self._status.write(self.stats.__dict__)
 
     # -- one session: from the slot's flush position until stopped or broken --------------
     def _session(self, stop: threading.Event) -> None:
@@ -222,8 +231,8 @@ class CaptureWorker:
 
         check_reachable(self.settings.kafka)
         ensure_topics(self.settings.kafka, self.topics, self.dispatcher.partitions, self.settings.replicas)
-        self._delivery_error = None
-        producer = Producer(producer_config(self.settings, self._on_delivery_error))
+        self._confirmations = Confirmations()
+        producer = Producer(producer_config(self.settings))
         self.node = self._current_node()
         probe = self.cluster.connect_node(self.node)
         conn = None
@@ -289,8 +298,7 @@ class CaptureWorker:
             return
         content = self.node.content
         topic, partition = (self.topics.dtx, 0) if content == COORDINATOR else (self.topics.changes, content)
-        producer.produce(topic, lost_marker(content, reason).value, partition=partition)
-        if producer.flush(self.settings.capture.flush_timeout) or self._delivery_error is not None:
+        if not self._deliver(producer, topic, partition, lost_marker(content, reason).value):
             raise DeliveryFailed(f"Kafka did not take {self.node}'s lost mark; {reason}")
 
     def _check_history(self, producer: Producer, acked: int) -> None:
@@ -312,8 +320,7 @@ class CaptureWorker:
                     fix="bootstrap the pipeline again (`gpcdc bootstrap drop --delete-topics`, then "
                         "`gpcdc bootstrap create`) and replay into a fresh target")
             marker = pipeline_marker(identity, content, numbered=self._numbered)
-            producer.produce(topic, marker.value, partition=partition)
-            if producer.flush(self.settings.capture.flush_timeout) or self._delivery_error is not None:
+            if not self._deliver(producer, topic, partition, marker.value):
                 raise DeliveryFailed(f"Kafka did not take the pipeline marker of {topic} partition {partition}")
             return
         if located(first)[1] > 0:
@@ -331,6 +338,13 @@ class CaptureWorker:
                    "something other than this pipeline's marker") + ": the topics belong to another pipeline",
                 fix="use another kafka.topic_prefix, or delete the old topics "
                     "(`gpcdc bootstrap drop --delete-topics`) and bootstrap again")
+
+    def _deliver(self, producer: Producer, topic: str, partition: int, value: bytes) -> bool:
+        """Produce one reported event and wait until Kafka confirms it; False if Kafka
+        did not within ``flush_timeout``."""
+        producer.produce(topic, value, partition=partition, on_delivery=self._confirmations.on_delivery)
+        self._confirmations.sent(topic, partition)
+        return producer.flush(self.settings.capture.flush_timeout) == 0 and self._confirmations.error is None
 
     @property
     def _numbered(self) -> bool:
@@ -379,6 +393,7 @@ class CaptureWorker:
         next_ack = next_beat = time.monotonic()
         self._set_state("streaming")
         produce = self._producer(producer, stop, cur)
+        confirmations = self._confirmations
         while not stop.is_set():
             message = cur.read_message()
             caught_up = message is None
@@ -408,16 +423,24 @@ class CaptureWorker:
                 self._write_status()
             if now >= next_ack:
                 next_ack = now + settings.capture.ack_interval
-                acked = self._acknowledge(producer, cur, acked, self._ack_target(assembler, produced_end, resolved))
+                confirmations.checkpoint(self._ack_target(assembler, produced_end, resolved), now)
+                producer.poll(0)  # serves delivery reports
+                acked = self._acknowledge(cur, acked, now)
                 stats.transactions = assembler.transactions
                 stats.last_commit_ts_ms = assembler.last_commit_ts_ms
                 stats.dropped_transactions = assembler.dropped_transactions
                 stats.rolled_back_parts = assembler.rolled_back_parts
             if caught_up:
                 producer.poll(0)
+                acked = self._acknowledge(cur, acked, now)
                 wait = max(0.0, min(next_ack, next_beat) - time.monotonic())
+                if confirmations.waiting_since() is not None:
+                    wait = min(wait, _CONFIRMATION_POLL)
                 select.select([conn], [], [], wait)
-        self._acknowledge(producer, cur, acked, self._ack_target(assembler, produced_end, resolved))
+        # Stopping: what Kafka confirms within flush_timeout is not sent again.
+        confirmations.checkpoint(self._ack_target(assembler, produced_end, resolved), time.monotonic())
+        producer.flush(settings.capture.flush_timeout)
+        self._acknowledge(cur, acked, time.monotonic())
 
     @staticmethod
     def _ack_target(assembler: Any, produced_end: int, resolved: int) -> int:
@@ -447,13 +470,20 @@ class CaptureWorker:
         partitions_for = self.dispatcher.partitions_for
         kinds = stats.kinds
         send = producer.produce
+        confirmations = self._confirmations
+        reported = confirmations.on_delivery
 
         def produce(outs: list[Outbound]) -> None:
             for out in outs:
+                row = out.kind == "row"
                 for partition in fixed or partitions_for(out.kind, content) or _ANY_PARTITION:
                     while True:
                         try:
-                            send(topic, out.value, out.key, partition=partition)
+                            if row:  # proven by the reported event that follows it (``_confirmations``)
+                                send(topic, out.value, out.key, partition=partition)
+                            else:
+                                send(topic, out.value, out.key, partition=partition, on_delivery=reported)
+                                confirmations.sent(topic, partition)
                             break
                         except BufferError:  # the bounded queue is full: let deliveries drain it
                             self._wait_for_room(producer, stop, cur)
@@ -467,8 +497,7 @@ class CaptureWorker:
         """While Kafka does not take the queue's events, none of them times out (see
         ``DELIVERY_GUARANTEES``): the wait ends when room is made, a delivery fails or a
         stop is asked for."""
-        if self._delivery_error is not None:
-            raise DeliveryFailed(f"Kafka did not take an event: {self._delivery_error.str()}")
+        self._raise_delivery_error()
         if stop.is_set():
             raise StopRequested()
         if not self.stats.state.startswith("waiting for Kafka"):
@@ -480,21 +509,26 @@ class CaptureWorker:
             self._last_keepalive = time.monotonic()
         producer.poll(0.05)
 
-    def _acknowledge(self, producer: Producer, cur: Any, acked: int, target: int) -> int:
-        """Move the slot to ``target`` once Kafka has every event produced so far."""
-        remaining = producer.flush(self.settings.capture.flush_timeout)
-        if self._delivery_error is not None:
-            raise DeliveryFailed(f"Kafka did not take an event: {self._delivery_error.str()}")
-        if remaining:
-            self._set_state(f"waiting for Kafka ({remaining} events unacknowledged)")
-            return acked
-        if target > acked:
-            cur.send_feedback(write_lsn=target, flush_lsn=target, apply_lsn=target, force=True)
-            self.stats.acked_lsn = target
-            if self.stats.state != "streaming":
-                self._set_state("streaming")
-            return target
+    def _acknowledge(self, cur: Any, acked: int, now: float) -> int:
+        """Move the slot as far as the delivery reports served so far allow."""
+        self._raise_delivery_error()
+        confirmations = self._confirmations
+        position = confirmations.confirmed()
+        if position is not None and position > acked:
+            cur.send_feedback(write_lsn=position, flush_lsn=position, apply_lsn=position, force=True)
+            self.stats.acked_lsn = acked = position
+        since = confirmations.waiting_since()
+        if since is not None and now - since > self.settings.capture.flush_timeout:
+            if not self.stats.state.startswith("waiting for Kafka"):
+                self._set_state(f"waiting for Kafka ({confirmations.unconfirmed()} events unconfirmed "
+                                f"for {now - since:.0f} s)")
+        elif self.stats.state != "streaming":
+            self._set_state("streaming")
         return acked
+
+    def _raise_delivery_error(self) -> None:
+        if (error := self._confirmations.error) is not None:
+            raise DeliveryFailed(f"Kafka did not take an event: {error.str()}")
 
 
 def tune_for_capture() -> None:

@@ -1,0 +1,87 @@
+"""The bookkeeping that lets a capture worker acknowledge its slot without waiting for
+Kafka (``capture/_confirmations.py``), against a model of a producer whose partitions
+confirm their events in order, in any interleaving."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpcdc_toolkit.capture._confirmations import Confirmations
+
+
+@dataclass(frozen=True)
+class _Message:
+    number: int
+    name: str = "changes"
+
+    def topic(self) -> str:
+        return self.name
+
+    def partition(self) -> int:
+        return self.number
+
+
+PARTITIONS = 3
+_steps = st.lists(st.one_of(
+    st.tuples(st.just("send"), st.integers(0, PARTITIONS - 1)),
+    st.tuples(st.just("confirm"), st.integers(0, PARTITIONS - 1)),
+    st.tuples(st.just("checkpoint"), st.integers(-3, 5)),  # a step back too: an ack limit that fell
+), max_size=80)
+
+
+@given(_steps)
+def test_a_position_is_confirmed_once_every_event_produced_before_it_is_and_not_before(steps):
+    confirmations = Confirmations()
+    produced = [0] * PARTITIONS  # reported events produced, per partition
+    delivered = [0] * PARTITIONS  # of those, confirmed (a partition confirms in order)
+    checkpoints: list[tuple[int, list[int]]] = []  # (position, produced by then)
+    position, acknowledged = 0, -1
+    for step, (action, value) in enumerate(steps):
+        if action == "send":
+            confirmations.sent("changes", value)
+            produced[value] += 1
+        elif action == "confirm" and delivered[value] < produced[value]:
+            confirmations.on_delivery(None, _Message(value))
+            delivered[value] += 1
+        elif action == "checkpoint":
+            position = max(0, position + value)
+            confirmations.checkpoint(position, now=float(step))
+            checkpoints.append((position, list(produced)))
+        if (got := confirmations.confirmed()) is not None:
+            assert got > acknowledged, "a position confirmed twice, or going back"
+            acknowledged = got
+        proven = [p for p, by_then in checkpoints if all(d >= n for d, n in zip(delivered, by_then))]
+        assert acknowledged == max(proven, default=-1)
+        assert confirmations.unconfirmed() == sum(produced) - sum(delivered)
+    assert confirmations.error is None
+
+
+def test_what_waits_for_kafka_and_since_when():
+    confirmations = Confirmations()
+    confirmations.checkpoint(10, now=1.0)
+    assert confirmations.confirmed() == 10 and confirmations.waiting_since() is None  # nothing produced yet
+    confirmations.sent("changes", 0)
+    confirmations.checkpoint(10, now=2.0)  # no further, but resting on an event Kafka has not confirmed
+    confirmations.checkpoint(10, now=3.0)  # nothing new: the same checkpoint
+    confirmations.sent("changes", 1)
+    confirmations.checkpoint(20, now=4.0)
+    assert confirmations.confirmed() is None and confirmations.waiting_since() == 2.0
+    assert confirmations.unconfirmed() == 2
+    confirmations.on_delivery(None, _Message(0, "dtx"))  # another topic's: not the one waited for
+    confirmations.on_delivery(None, _Message(1))  # another partition's: partition 0 still waits
+    assert confirmations.confirmed() is None and confirmations.waiting_since() == 2.0
+    confirmations.on_delivery(None, _Message(0))
+    assert confirmations.confirmed() == 20 and confirmations.waiting_since() is None
+
+
+def test_a_failed_event_is_kept_and_never_counted_as_confirmed():
+    confirmations = Confirmations()
+    confirmations.sent("changes", 0)
+    confirmations.checkpoint(5, now=0.0)
+    confirmations.on_delivery("broker: record too large", _Message(0))
+    confirmations.on_delivery("a later error", _Message(0))
+    assert confirmations.error == "broker: record too large"
+    assert confirmations.confirmed() is None and confirmations.unconfirmed() == 1
