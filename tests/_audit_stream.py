@@ -26,9 +26,10 @@ class StreamBuilder:
     def _put(self, topic, partition, key, value, ts):
         self.partitions.setdefault((topic, partition), []).append((key, value, ts))
 
-    def part(self, segment, gxid, lsn, ts, rows=(("t", 1),), one_phase=False, count=None, lost=False):
+    def part(self, segment, gxid, lsn, ts, rows=(("t", 1),), one_phase=False, count=None, lost=False, ended=True):
         """A segment's local transaction: BEGIN, a row event per (table, key), END
-        (``lost``: numbered, and then lost on its way)."""
+        (``lost``: numbered, and then lost on its way; not ``ended``: its END never
+        written, as by a worker killed after its rows)."""
         common = {"segment": segment, "gxid": gxid, "xid": lsn, "commit_lsn": lsn, "commit_ts_ms": ts}
         if self.numbers is not None:
             self.numbers[segment] += 1
@@ -43,6 +44,8 @@ class StreamBuilder:
                       "seq": seq, "one_phase": one_phase}
             self._put(self.changes, segment, orjson.dumps({"id": key}),
                       {"before": None, "after": {"id": key, "v": seq}, "source": source, "op": "c", "ts_ms": ts}, ts)
+        if not ended:
+            return self
         self._put(self.changes, segment, None, {"status": "END", "id": f"{segment}:{lsn}", "ts_ms": ts,
                                                  "event_count": len(rows) if count is None else count,
                                                  "data_collections": [], "one_phase": one_phase, "end_lsn": lsn + 8,

@@ -219,6 +219,36 @@ def test_a_repaired_node_is_a_warning_and_its_parts_in_the_copy_are_no_finding(s
     assert "it is in repair 1's copy of segment 1's rows" in covered["evidence"]
 
 
+def test_a_part_a_lost_mark_cut_off_before_its_end_is_the_loss_not_damage(spark):
+    """A worker killed between a part's rows and its END, whose node is then lost and
+    repaired: the rows never get their END, the repair's copy holds the part. The
+    replayer drops them at the mark; the audit reports the loss, not a damaged part.
+    Without a mark between, the same rows are damage."""
+    def stream(marked):
+        b = StreamBuilder(segments=2)
+        b.record(1, [0, 1], 10, 1000).part(0, 1, 100, 1001).part(1, 1, 100, 1001)
+        b.record(2, [0, 1], 20, 2000).part(0, 2, 110, 2001).part(1, 2, 110, 2001, rows=[("t", 7), ("t", 8)],
+                                                                 ended=False)
+        if marked:
+            b.lost(1, "the slot of segment 1 was invalidated")
+            b.repaired(1, 1, xmax=5)
+        b.record(6, [0, 1], 60, 6000).part(0, 6, 150, 6001).part(1, 6, 300 if marked else 150, 6001)
+        return b
+
+    found = findings_of(spark, stream(marked=True))
+    assert not [f for f in found if f["severity"] == "error"], found
+    assert [(f["rule"], f["severity"]) for f in found if f["rule"] == "lost_node"] == [("lost_node", "warning")]
+    assert [(f["rule"], f["gxid"]) for f in found if f["rule"].endswith("_part")] == [("covered_part", 2)]
+    framer = Framer("t")
+    framed = [framer.feed(-1 if m.topic.endswith(".dtx") else m.partition, m.offset, orjson.loads(m.value))
+              for m in stream(marked=True).messages()]
+    assert [(p.gxid, p.commit_lsn) for p in framed if isinstance(p, Part) and p.segment == 1] == [(1, 100), (6, 300)]
+
+    [damaged] = [f for f in findings_of(spark, stream(marked=False)) if f["rule"] == "damaged_part"]
+    assert (damaged["gxid"], damaged["segments"], damaged["severity"]) == (2, [1], "error")
+    assert "has no END before the next transaction" in damaged["evidence"]
+
+
 def test_a_node_lost_again_after_its_repair_is_an_error_and_its_parts_after_are_missing(spark):
     b = StreamBuilder(segments=2)
     b.lost(1, "slot gpcdc_x is missing")

@@ -387,7 +387,8 @@ def lost_nodes(stream: Stream, t: Thresholds) -> DataFrame:
 
 def damaged_parts(stream: Stream, t: Thresholds) -> DataFrame:
     """A part whose rows do not match its END (count, sequence 1..count), or with no END
-    although a later transaction follows it in its partition."""
+    although a later transaction follows it in its partition (and no lost or repaired
+    mark between them)."""
     order = Window.partitionBy("topic", "partition").orderBy("offset")
     parts = (stream.parts.withColumn("next_offset", F.lead("offset").over(order))
              .withColumn("previous_offset", F.lag("offset").over(order))
@@ -395,7 +396,16 @@ def damaged_parts(stream: Stream, t: Thresholds) -> DataFrame:
     # The first part of a window read from partway may have begun before it: its rows
     # are not all here, which proves nothing.
     parts = parts.where(~((col("from_start") == 0) & col("previous_offset").isNull() & (col("begins") == 0)))
-    unended = (col("ends") == 0) & col("next_offset").isNotNull()
+    # A lost or repaired mark ends what came before it in its partition: a part it cut
+    # off before its END (a worker killed after the rows) never gets it, as the replayer
+    # knows too. That is the node's loss (lost_node), not damage.
+    marks = F.broadcast(stream.marks.where(col("kind").isin("lost", "repaired"))
+                        .select("topic", "partition", col("offset").alias("mark_offset")))
+    cut_off = (parts.where(col("ends") == 0).join(marks, ["topic", "partition"])
+               .where((col("mark_offset") > col("offset")) & (col("mark_offset") < col("next_offset")))
+               .select("topic", "partition", "offset").distinct().withColumn("cut_off", lit(True)))
+    parts = parts.join(cut_off, ["topic", "partition", "offset"], "left")
+    unended = (col("ends") == 0) & col("next_offset").isNotNull() & col("cut_off").isNull()
     uncounted = (col("ends") > 0) & col("event_count").isNull()
     short = (col("ends") > 0) & col("event_count").isNotNull() & (
         (col("rows") != col("event_count")) | ((col("rows") > 0) & (
