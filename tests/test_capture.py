@@ -153,6 +153,10 @@ def test_snapshot_filter_cuts_between_slots_and_start_point(source, config):
     for segment in (0, 1):
         gxids = slot_gxids(source, source.segments[segment], pipeline)
         assert before in gxids and across in gxids  # both decoded; the filter decides
+    # Nothing captures yet: waiting says how far each slot stands, and that no worker holds it.
+    with pytest.raises(GpcdcError, match=r"did not acknowledge nodes \[-1, 0, 1\b.* within 0.2 s \(node -1: at "
+                                         r"[0-9A-F]+/[0-9A-F]+, held by no worker, [0-9A-F]+/[0-9A-F]+ wanted; node 0: "):
+        wait_until_acknowledged(source, pipeline.slot, timeout=0.2)
     group = CaptureGroup(config.with_settings({"capture.heartbeat_interval": 0.3}))
     group.start()
     wait_until_acknowledged(source, pipeline.slot)

@@ -89,6 +89,17 @@ def test_the_producer_compresses_with_lz4_unless_kafka_client_chooses_otherwise(
     assert compression('[kafka.client]\n"compression.type" = "zstd"\n') == "zstd"
 
 
+def test_the_producer_refreshes_partition_leaders_within_seconds_unless_kafka_client_says_otherwise():
+    from gpcdc_toolkit.capture._worker import producer_config
+
+    def refresh(client):
+        settings = WorkerSettings(kafka=client, capture=CaptureSettings(), prefix="p", replicas=0)
+        return int(producer_config(settings)["topic.metadata.refresh.interval.ms"])
+
+    assert refresh({}) <= 10_000  # librdkafka's default, 5 minutes, is how long a lost leader stalled a partition
+    assert refresh({"topic.metadata.refresh.interval.ms": "60000"}) == 60_000
+
+
 def test_dsn_replaces_the_default_sandbox():
     config = load_config({"source.dsn": "host=db port=5432"}, environ={})
     assert config.source.dsn == "host=db port=5432" and config.source.sandbox is None

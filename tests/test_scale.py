@@ -3,6 +3,7 @@ hosts (two work directories): bootstrap by each method while writers run, 65 wor
 every transaction captured whole and once, replay into a 16-segment target, the audit
 clean and the target validated equal. Run by `./dev test-scale` (about 4 minutes)."""
 
+import re
 import shutil
 import uuid
 
@@ -13,6 +14,7 @@ from gpcdc_toolkit.bootstrap import Pipeline, bootstrap, drop_slots
 from gpcdc_toolkit.capture import CaptureGroup, capture_status, kafka_watermarks, parse_nodes, wait_until_acknowledged
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.connect import kafka_client_settings
+from gpcdc_toolkit.errors import GpcdcError
 from gpcdc_toolkit.protocol import Topics
 from gpcdc_toolkit.replay import Replayer
 from gpcdc_toolkit.sandbox import Sandbox
@@ -78,7 +80,7 @@ def test_the_pipeline_at_64_segments_with_workers_on_two_hosts(clusters, broker,
         done = run_workload(source, WorkloadSpec(threads=4, duration=None, transactions=600, hot_keys=8,
                                                     multi_segment_share=0.5),
                             ground_truth=truth)
-        wait_until_acknowledged(source, pipeline.slot, timeout=300)
+        acknowledged(source, hosts, pipeline.slot, timeout=300)
         check = check_against_truth(read_captured(a), read_ground_truth(truth), start.snapshot.sees)
         assert check.ok, check.problems[:5]
         assert check.after >= done.committed > 0
@@ -94,6 +96,18 @@ def test_the_pipeline_at_64_segments_with_workers_on_two_hosts(clusters, broker,
         for config in hosts:
             CaptureGroup(config).stop()
         drop_slots(source, pipeline.slot, publication=pipeline.publication)
+
+
+def acknowledged(source, hosts, slot, timeout):
+    """wait_until_acknowledged; when it fails, with what the workers of the nodes behind
+    say of themselves (their status files, on whichever host runs them)."""
+    try:
+        wait_until_acknowledged(source, slot, timeout=timeout)
+    except GpcdcError as e:
+        behind = [int(n) for n in re.search(r"nodes \[([-0-9, ]+)\]", str(e)).group(1).split(", ")]
+        said = {node: status for config in hosts for node in behind
+                if (status := CaptureGroup(config).status(node)) is not None}
+        pytest.fail(f"{e}; the workers say: {said}")
 
 
 def watermarks_of(config):

@@ -136,15 +136,22 @@ def wait_until_acknowledged(cluster: Cluster, slot: str, timeout: float = 60.0,
         pending = {content: parse_lsn(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])  # type: ignore[index]
                    for content, conn in conns.items()}
         deadline = time.monotonic() + timeout
+        where: dict[int, str] = {}  # each pending node's slot, as last read
         while True:
             for content in list(pending):
                 row = conns[content].execute(
-                    "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
-                if row and parse_lsn(row[0]) >= pending[content]:
+                    "SELECT confirmed_flush_lsn::text, active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                    (slot,)).fetchone()
+                if row and row[0] is not None and parse_lsn(row[0]) >= pending[content]:
                     del pending[content]
+                else:
+                    held = "no slot" if row is None else (
+                        f"at {row[0]}, held by pid {row[1]}" if row[1] is not None else f"at {row[0]}, held by no worker")
+                    where[content] = f"node {content}: {held}, {format_lsn(pending[content])} wanted"
             if not pending:
                 return
             if time.monotonic() > deadline:
-                raise GpcdcError(f"capture did not acknowledge nodes {sorted(pending)} within {timeout:g} s",
+                raise GpcdcError(f"capture did not acknowledge nodes {sorted(pending)} within {timeout:g} s ("
+                                 + "; ".join(where[c] for c in sorted(pending)) + ")",
                                  fix="check `gpcdc status` and the workers' logs")
             time.sleep(0.1)  # polling the slots' positions, the condition itself
