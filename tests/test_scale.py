@@ -70,8 +70,11 @@ def test_the_pipeline_at_64_segments_with_workers_on_two_hosts(clusters, broker,
                 drop_slots(source, pipeline.slot, publication=pipeline.publication)
                 shutil.rmtree(pipeline.directory)
         shutil.copytree(pipeline.directory, Pipeline(b.work_dir, prefix).directory)
-        on_a = CaptureGroup(a).start(nodes=parse_nodes("coordinator,0-31"), timeout=180)
-        on_b = CaptureGroup(b).start(nodes=parse_nodes("32-63"), timeout=180)
+        # Against a hang, not a speed: 33 workers catching up while 32 more start starve
+        # this machine's broker (its controller's events took up to 30 s, and it was
+        # fenced and unfenced six times, in one run): workers wait and retry meanwhile.
+        on_a = CaptureGroup(a).start(nodes=parse_nodes("coordinator,0-31"), timeout=420)
+        on_b = CaptureGroup(b).start(nodes=parse_nodes("32-63"), timeout=420)
         assert len(on_a.pids) + len(on_b.pids) == SEGMENTS + 1
         rows = {r.node: r for r in capture_status(source, CaptureGroup(a), watermarks_of(a))}
         assert all(r.alive for r in rows.values())
