@@ -396,15 +396,7 @@ def damaged_parts(stream: Stream, t: Thresholds) -> DataFrame:
     # The first part of a window read from partway may have begun before it: its rows
     # are not all here, which proves nothing.
     parts = parts.where(~((col("from_start") == 0) & col("previous_offset").isNull() & (col("begins") == 0)))
-    # A lost or repaired mark ends what came before it in its partition: a part it cut
-    # off before its END (a worker killed after the rows) never gets it, as the replayer
-    # knows too. That is the node's loss (lost_node), not damage.
-    marks = F.broadcast(stream.marks.where(col("kind").isin("lost", "repaired"))
-                        .select("topic", "partition", col("offset").alias("mark_offset")))
-    cut_off = (parts.where(col("ends") == 0).join(marks, ["topic", "partition"])
-               .where((col("mark_offset") > col("offset")) & (col("mark_offset") < col("next_offset")))
-               .select("topic", "partition", "offset").distinct().withColumn("cut_off", lit(True)))
-    parts = parts.join(cut_off, ["topic", "partition", "offset"], "left")
+    parts = parts.join(F.broadcast(_cut_off(stream)), ["topic", "partition", "offset"], "left")
     unended = (col("ends") == 0) & col("next_offset").isNotNull() & col("cut_off").isNull()
     uncounted = (col("ends") > 0) & col("event_count").isNull()
     short = (col("ends") > 0) & col("event_count").isNotNull() & (
@@ -422,6 +414,21 @@ def damaged_parts(stream: Stream, t: Thresholds) -> DataFrame:
         gxid=col("gxid"), segments=F.array(col("segment")), topic=col("topic"), partition=col("partition"),
         offsets=F.when(unended, F.array(col("offset"), col("next_offset"))).otherwise(_part_offsets()),
         commit_ts=col("commit_ts"), first_seen=col("first_seen")))
+
+
+def _cut_off(stream: Stream) -> DataFrame:
+    """Parts a lost or repaired mark cut off before their END (``cut_off``; a few, if
+    any): a mark ends what came before it in its partition, so the part just before it
+    never gets its END (a worker killed after the rows). The replayer drops such rows
+    at the mark; they are the node's loss (lost_node), not damage."""
+    marks = F.broadcast(stream.marks.where(col("kind").isin("lost", "repaired"))
+                        .select("topic", "partition", col("offset").alias("mark_offset")))
+    last_before = (stream.parts.select("topic", "partition", "offset", "ends").join(marks, ["topic", "partition"])
+                   .where(col("offset") < col("mark_offset"))
+                   .groupBy("topic", "partition", "mark_offset").agg(F.max(F.struct("offset", "ends")).alias("last")))
+    return (last_before.where(col("last.ends") == 0)
+            .select("topic", "partition", col("last.offset").alias("offset")).distinct()
+            .withColumn("cut_off", lit(True)))
 
 
 def missing_parts(stream: Stream, t: Thresholds) -> DataFrame:
