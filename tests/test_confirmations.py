@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpcdc_toolkit.capture._confirmations import Confirmations
+from gpcdc_toolkit.capture._confirmations import FIRST_LOOK, LONGEST_LOOK, Confirmations
 
 
 @dataclass(frozen=True)
@@ -85,3 +85,19 @@ def test_a_failed_event_is_kept_and_never_counted_as_confirmed():
     confirmations.on_delivery("a later error", _Message(0))
     assert confirmations.error == "broker: record too large"
     assert confirmations.confirmed() is None and confirmations.unconfirmed() == 1
+
+
+@given(st.floats(0, 1e6), st.lists(st.floats(0, 1e4), min_size=1, max_size=20))
+def test_delivery_reports_are_looked_for_soon_then_less_often_never_late_by_more_than_an_eighth(since, waits):
+    confirmations = Confirmations()
+    assert confirmations.look_again_in(since) is None  # nothing awaited: no looking
+    confirmations.sent("changes", 0)
+    confirmations.checkpoint(5, now=since)
+    looks = [confirmations.look_again_in(since + waited) for waited in sorted(waits)]
+    assert looks == sorted(looks)  # never more often as the wait goes on
+    for waited, look in zip(sorted(waits), looks, strict=True):
+        assert FIRST_LOOK <= look <= LONGEST_LOOK
+        # the slot learns of it at most an eighth late (give or take the clock's rounding)
+        assert look <= max(FIRST_LOOK, waited / 8) + 1e-9
+    confirmations.on_delivery(None, _Message(0))
+    assert confirmations.confirmed() == 5 and confirmations.look_again_in(since + max(waits)) is None

@@ -95,6 +95,9 @@ def test_the_pipeline_at_64_segments_with_workers_on_two_hosts(clusters, broker,
         checked = validate(a, syncpoint=False)
         assert checked.verified, checked.lines()
         assert {r.table for r in checked.results} >= {"public.wl_accounts", "public.wl_events"}
+    except BaseException:
+        print("the broker meanwhile:", *broker_troubles(broker), sep="\n")  # shown with the failure
+        raise
     finally:
         for config in hosts:
             CaptureGroup(config).stop()
@@ -111,6 +114,13 @@ def acknowledged(source, hosts, slot, timeout):
         said = {node: status for config in hosts for node in behind
                 if (status := CaptureGroup(config).status(node)) is not None}
         pytest.fail(f"{e}; the workers say: {said}")
+
+
+def broker_troubles(broker, most=40):
+    """The broker's log lines that tell of it being starved: fenced, unfenced, slow."""
+    signs = ("Fencing broker", "handleBrokerUnfenced", "Exceptionally slow", "Unable to send a heartbeat")
+    lines = [line for line in broker.log_file.read_text(errors="replace").splitlines() if any(s in line for s in signs)]
+    return lines[-most:]
 
 
 def watermarks_of(config):

@@ -21,13 +21,22 @@ rows than its END counts, which the replayer refuses and the audit reports.
 Pure bookkeeping: the worker calls ``sent`` for each reported event it produces,
 gives ``on_delivery`` to the producer as that event's callback, records a
 ``checkpoint`` (the position acknowledging everything produced so far would allow)
-every ``ack_interval``, and acknowledges what ``confirmed`` returns.
+every ``ack_interval``, and acknowledges what ``confirmed`` returns. Delivery reports do
+not wake the worker's wait on its slot; ``look_again_in`` says when to look for them.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from typing import Any
+
+# While a checkpoint awaits its confirmations, the worker looks for delivery reports
+# soon (a broker that answers does so within milliseconds), then less often the longer
+# it has waited: sixty workers looking every 5 ms for the answers of a slow broker take
+# the CPU it needs to answer. Looking again after an eighth of the wait so far adds at
+# most an eighth to when the slot learns of the confirmation.
+FIRST_LOOK = 0.005
+LONGEST_LOOK = 0.25
 
 _Partition = tuple[str, int]  # (topic, partition)
 
@@ -83,6 +92,14 @@ class Confirmations:
     def waiting_since(self) -> float | None:
         """When the oldest checkpoint not yet confirmed was recorded."""
         return self._checkpoints[0][1] if self._checkpoints else None
+
+    def look_again_in(self, now: float) -> float | None:
+        """Seconds until delivery reports are worth looking for again (None: no checkpoint
+        awaits any)."""
+        since = self.waiting_since()
+        if since is None:
+            return None
+        return min(LONGEST_LOOK, max(FIRST_LOOK, (now - since) / 8))
 
     def unconfirmed(self) -> int:
         """Reported events produced and not yet confirmed."""

@@ -68,9 +68,6 @@ log = logging.getLogger(__name__)
 
 _ANY_PARTITION = [-1]  # the client's partitioner chooses, by key
 _CLOCK_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
-# While confirmations are awaited and the slot is quiet, how often the loop looks for
-# them: Kafka's delivery reports do not wake its select().
-_CONFIRMATION_POLL = 0.005
 
 
 class DeliveryFailed(RuntimeError):
@@ -150,6 +147,12 @@ def producer_config(settings: WorkerSettings) -> dict[str, Any]:
         **settings.kafka,
         **DELIVERY_GUARANTEES,
         "linger.ms": 5,
+        # With five produce requests unanswered (idempotence's most, and librdkafka's
+        # default for it), librdkafka 2.16's broker thread spins on a whole core until an
+        # answer or a metadata refresh comes; with four it waits. Sixty workers spinning
+        # take the CPU a broker on the same machine needs to answer them
+        # (bench/bench_waiting_workers.py, docs/benchmarks.md).
+        "max.in.flight.requests.per.connection": 4,
         "batch.num.messages": 10000,
         "queue.buffering.max.kbytes": settings.capture.producer_queue_kbytes,
         "queue.buffering.max.messages": 200000,
@@ -443,8 +446,8 @@ class CaptureWorker:
                 producer.poll(0)
                 acked = self._acknowledge(cur, acked, now)
                 wait = max(0.0, min(next_ack, next_beat) - time.monotonic())
-                if confirmations.waiting_since() is not None:
-                    wait = min(wait, _CONFIRMATION_POLL)
+                if (look := confirmations.look_again_in(now)) is not None:
+                    wait = min(wait, look)
                 select.select([conn], [], [], wait)
         # Stopping: what Kafka confirms within flush_timeout is not sent again.
         confirmations.checkpoint(self._ack_target(assembler, produced_end, resolved), time.monotonic())
