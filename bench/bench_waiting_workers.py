@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_capture import process_cpu  # the same reading of /proc (bench/ is the script's directory)
+
 from gpcdc_toolkit._runtime import interrupt_on_sigterm
 from gpcdc_toolkit.bootstrap import Pipeline, bootstrap, drop_slots
 from gpcdc_toolkit.broker import EmbeddedBroker
@@ -33,15 +35,9 @@ from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.workload import WorkloadSpec, run_workload, setup_tables
 
-TICKS = os.sysconf("SC_CLK_TCK")
-
 
 def cpu_seconds(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / TICKS
+    return sum(process_cpu(pid) for pid in pids)
 
 
 def spent(pids: list[int], seconds: float) -> float:
