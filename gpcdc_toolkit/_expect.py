@@ -136,6 +136,7 @@ class Expectations:
         self._spark: Any = None
         self._assets = 0
         self._on_begin: dict[str, Callable[[Any], None]] = {}  # per SQL data source
+        self._queries: set[str] = set()  # of the query assets, as :meth:`_columns_only` meets them
 
     def suite(self, name: str, body: dict[str, Any]) -> Any:
         """The suite ``body`` as great-expectations loads it. Raises ConfigError when it
@@ -177,9 +178,22 @@ class Expectations:
                 connection.exec_driver_sql(statement)
 
         # The engine great-expectations runs queries on: its execution engine's own.
-        event.listen(source.get_execution_engine().engine, "begin", begin)
+        engine = source.get_execution_engine().engine
+        event.listen(engine, "begin", begin)
+        event.listen(engine, "before_cursor_execute", self._columns_only, retval=True)
         self._on_begin[name] = begin
         return source
+
+    def _columns_only(self, connection: Any, cursor: Any, statement: str, parameters: Any, context: Any,
+                      executemany: bool) -> tuple[str, Any]:
+        """``statement``, or, when it is one of the query assets' queries run as it is,
+        a query of its columns without its rows. great-expectations learns a query
+        asset's column names by running the query itself and reading the result's
+        description (every metric reads the query as a subquery): psycopg would first
+        read every row of the table into this process."""
+        if statement.strip() in self._queries:
+            return f"SELECT * FROM ({statement}) AS columns_only LIMIT 0", parameters
+        return statement, parameters
 
     @staticmethod
     def release(source: Any) -> None:
@@ -191,6 +205,7 @@ class Expectations:
         the server of ``source`` (:meth:`store`)."""
         from sqlalchemy import event
 
+        self._queries.add(query.strip())
         batch = (source.add_query_asset(name=self._asset_name(name), query=query)
                  .add_batch_definition_whole_table("all").get_batch())
         # Should great-expectations run this on an engine of its own, the statements of

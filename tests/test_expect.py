@@ -4,7 +4,9 @@ what failed with unexpected values, and matched back to their expectations."""
 from __future__ import annotations
 
 import pandas as pd
+import psycopg
 import pytest
+from sqlalchemy import event
 
 from gpcdc_toolkit._expect import Expectations
 
@@ -63,3 +65,34 @@ def test_a_suite_that_passes_is_validated_once(expectations):
     measured = expectations._measure("s", {"name": "s", "expectations": [
         {"type": "expect_column_values_to_be_unique", "kwargs": {"column": "k"}}]}, batch)
     assert len(batch.passes) == 1 and all(m.success for m in measured)
+
+
+def test_a_query_is_computed_by_its_server_no_query_bringing_its_rows_here(expectations, source, table_name):
+    """great-expectations learns a query's columns by running it: only its columns may
+    come back, never every row of the table (each statement's rows are counted)."""
+    node, rows = source.segments[0], 5000
+    quoted = f'"{table_name} ""Odd"" Name"'
+    with source.connect_node(node) as conn:
+        conn.execute(f"CREATE TABLE {quoted} (id int, v text)")
+        conn.execute(f"INSERT INTO {quoted} SELECT i, CASE WHEN i % 1000 = 0 THEN 'bad' ELSE 'ok' END "
+                     f"FROM generate_series(1, {rows}) i")
+    store = expectations.store(f"store {table_name}", lambda: psycopg.connect(source.dsn(node)))
+    returned: list[tuple[int, str]] = []
+    event.listen(store.get_execution_engine().engine, "after_cursor_execute",
+                 lambda conn, cursor, statement, *_: returned.append((cursor.rowcount, statement)))
+    try:
+        measured = expectations.measure_query("s", {"name": "s", "expectations": [
+            {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "v", "value_set": ["ok"]}},
+            {"type": "expect_table_row_count_to_equal", "kwargs": {"value": rows}}]},
+            store, f"SELECT id, v FROM {quoted}")
+    finally:
+        expectations.release(store)
+        with source.connect_node(node) as conn:
+            conn.execute(f"DROP TABLE {quoted}")
+    by_type = {m.type: m for m in measured}
+    in_set = by_type["expect_column_values_to_be_in_set"]
+    assert not in_set.success and in_set.result["unexpected_count"] == rows // 1000
+    assert in_set.result["partial_unexpected_list"] == ["bad"] * (rows // 1000)
+    assert by_type["expect_table_row_count_to_equal"].success
+    most, statement = max(returned)
+    assert most <= rows // 1000, f"{most} rows came back for: {statement}"
