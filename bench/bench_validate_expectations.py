@@ -7,8 +7,9 @@ names). ``validate()`` compares them as they are (no sync point), by checksums, 
 table gets its derived suite (row count, key unique and not null), and the first
 --suited tables (default: all) a suite of three row-by-row expectations (a regular
 expression, a set, not null), as ``expectations/`` gives two of the workload's six. Printed: the
-median seconds of each and their ratio, how many expectations were evaluated, and
-each run with them (the first in the process also imports great-expectations).
+median seconds of each and their ratio, how many expectations were evaluated, each
+run with them (the first in the process also imports great-expectations), and the
+process's peak RSS after its first validation (without) and after all.
 
 The call is the public one, so the same script measures any commit of the toolkit.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import shutil
 import statistics
 import tempfile
@@ -89,6 +91,7 @@ def main() -> None:
         tables = [f"bench_{t}" for t in range(args.tables)]
         timings: dict[bool, list[float]] = {False: [], True: []}
         evaluated = 0
+        peak_without = 0  # KiB: this process's peak after the first validation, which runs without
         for _ in range(args.rounds):
             for expectations in (False, True):
                 t0 = time.perf_counter()
@@ -97,6 +100,8 @@ def main() -> None:
                 timings[expectations].append(time.perf_counter() - t0)
                 assert run.verified, run.lines()
                 evaluated = max(evaluated, len(run.expectations))
+                peak_without = peak_without or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         off, on = statistics.median(timings[False]), statistics.median(timings[True])
         print(f"validate {args.tables} tables ({suited} with a suite of their own), {args.rows:,} rows in all, "
               f"{args.rounds} rounds (median):")
@@ -105,6 +110,8 @@ def main() -> None:
         print(f"  ratio                : {on / off:7.2f}")
         print(f"  each run with them   : {', '.join(f'{t:.2f}' for t in timings[True])} s "
               "(the first imports great-expectations)")
+        print(f"  peak RSS             : {peak_without / 1024:7.0f} MiB after the first run (without), "
+              f"{peak / 1024:.0f} MiB after all")
     finally:
         source.down(remove=True)
         target.down(remove=True)
