@@ -72,15 +72,15 @@ def test_a_query_is_computed_by_its_server_no_query_bringing_its_rows_here(expec
     come back, never every row of the table (each statement's rows are counted)."""
     node, rows = source.segments[0], 5000
     quoted = f'"{table_name} ""Odd"" Name"'
-    with source.connect_node(node) as conn:
-        conn.execute(f"CREATE TABLE {quoted} (id int, v text)")
-        conn.execute(f"INSERT INTO {quoted} SELECT i, CASE WHEN i % 1000 = 0 THEN 'bad' ELSE 'ok' END "
-                     f"FROM generate_series(1, {rows}) i")
     store = expectations.store(f"store {table_name}", lambda: psycopg.connect(source.dsn(node)))
     returned: list[tuple[int, str]] = []
     event.listen(store.get_execution_engine().engine, "after_cursor_execute",
                  lambda conn, cursor, statement, *_: returned.append((cursor.rowcount, statement)))
     try:
+        with source.connect_node(node) as conn:
+            conn.execute(f"CREATE TABLE {quoted} (id int, v text)")
+            conn.execute(f"INSERT INTO {quoted} SELECT i, CASE WHEN i % 1000 = 0 THEN 'bad' ELSE 'ok' END "
+                         f"FROM generate_series(1, {rows}) i")
         measured = expectations.measure_query("s", {"name": "s", "expectations": [
             {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "v", "value_set": ["ok"]}},
             {"type": "expect_table_row_count_to_equal", "kwargs": {"value": rows}}]},
@@ -88,7 +88,7 @@ def test_a_query_is_computed_by_its_server_no_query_bringing_its_rows_here(expec
     finally:
         expectations.release(store)
         with source.connect_node(node) as conn:
-            conn.execute(f"DROP TABLE {quoted}")
+            conn.execute(f"DROP TABLE IF EXISTS {quoted}")
     by_type = {m.type: m for m in measured}
     in_set = by_type["expect_column_values_to_be_in_set"]
     assert not in_set.success and in_set.result["unexpected_count"] == rows // 1000
