@@ -1,5 +1,7 @@
 """The audit against real capture: a clean stream of a busy workload has no findings,
-and each injected fault (alone or mixed) gives exactly its findings, no more, no fewer."""
+and each injected fault (alone or mixed) gives exactly its findings, no more, no fewer.
+
+Every case is a Spark audit of its own: a suite of their own (`./dev test-audits`)."""
 
 import random
 import threading
@@ -22,6 +24,8 @@ from gpcdc_toolkit.protocol import Topics
 from gpcdc_toolkit.replay._order import Part, Reassembler, Record
 from gpcdc_toolkit.replay._source import Framer, Watermark
 from gpcdc_toolkit.workload import WorkloadSpec, reset_tables, run_workload, setup_tables
+
+pytestmark = pytest.mark.audits
 
 SKEW_MS = 1000
 ERRORS = ("missing_part", "damaged_part", "commit_lsn_backwards", "corrupt_message", "key_order", "unlisted_part",

@@ -1,8 +1,11 @@
-"""The audit's rules on streams written by hand (Spark, no other servers)."""
+"""The audit's rules on streams written by hand (Spark, no other servers).
+
+Every example is a Spark audit of its own: a suite of their own (`./dev test-audits`)."""
 
 import re
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +16,8 @@ from gpcdc_toolkit.replay._order import Part, Reassembler, Record
 from gpcdc_toolkit.replay._source import Framer, Watermark
 
 from ._audit_stream import StreamBuilder
+
+pytestmark = pytest.mark.audits
 
 SKEW = 1000
 THRESHOLDS = Thresholds(clock_skew_ms=SKEW)
