@@ -67,3 +67,12 @@ def kafka_logger() -> logging.Logger:
     """The logger a long-running client (capture's producer, the replayer's consumer)
     gives librdkafka (its ``logger`` setting): each message at most once a minute."""
     return _KAFKA_LOG
+
+
+# A partition whose leader a metadata answer once gave as none (a KRaft broker fenced
+# for a moment, as a paused or starved controller does) is left out of librdkafka's
+# metadata until a full refresh, every 5 minutes by default (librdkafka issue #5430):
+# a producer's events to it, or a consumer's fetches from it, wait that long.
+# Refreshed every 10 s, such a stall ends within seconds. Long-running clients put it
+# before the user's settings: [kafka.client] may choose another interval.
+METADATA_REFRESH = {"topic.metadata.refresh.interval.ms": 10_000}

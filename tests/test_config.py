@@ -100,6 +100,18 @@ def test_the_producer_refreshes_partition_leaders_within_seconds_unless_kafka_cl
     assert refresh({"topic.metadata.refresh.interval.ms": "60000"}) == 60_000
 
 
+def test_the_replayers_consumer_refreshes_partition_leaders_within_seconds_unless_kafka_client_says_otherwise():
+    from gpcdc_toolkit.protocol import Topics
+    from gpcdc_toolkit.replay._feed import consumer_config
+
+    def refresh(client):
+        return int(consumer_config({"bootstrap.servers": "b:9092", **client}, Topics("p"))
+                   ["topic.metadata.refresh.interval.ms"])
+
+    assert refresh({}) <= 10_000  # a partition left without a leader for a moment was not fetched for minutes
+    assert refresh({"topic.metadata.refresh.interval.ms": "60000"}) == 60_000
+
+
 def test_dsn_replaces_the_default_sandbox():
     config = load_config({"source.dsn": "host=db port=5432"}, environ={})
     assert config.source.dsn == "host=db port=5432" and config.source.sandbox is None

@@ -42,7 +42,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from .._runtime import StateWriter
 from ..cluster import Cluster, Node
 from ..config import CaptureSettings
-from ..connect import kafka_logger
+from ..connect import METADATA_REFRESH, kafka_logger
 from ..errors import BrokerError, ClusterChangedError, GpcdcError, StreamError, UnreachableError
 from ..ingest import end_offsets, first_message, located, read_to_end
 from ..protocol import (
@@ -129,21 +129,13 @@ DELIVERY_GUARANTEES: dict[str, Any] = {
 }
 
 
-METADATA_REFRESH_MS = 10_000
-
-
 def producer_config(settings: WorkerSettings) -> dict[str, Any]:
     return {
         # Batches compressed: the broker writes and replicates about a third of the bytes,
         # and producing takes 40% less time a row (docs/benchmarks.md). [kafka.client]
         # may choose another codec, or none.
         "compression.type": "lz4",
-        # A partition whose leader a produce response once gave as none (a KRaft broker
-        # fenced for a moment, as a starved controller does) is not produced to again
-        # until a full metadata refresh, every 5 minutes by default (librdkafka issue
-        # #5430): its events, and the slot, wait that long. Refreshed every 10 s, such a
-        # stall ends within seconds. [kafka.client] may choose another interval.
-        "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS,
+        **METADATA_REFRESH,  # a stalled partition's events, and the slot, wait seconds, not minutes
         **settings.kafka,
         **DELIVERY_GUARANTEES,
         "linger.ms": 5,

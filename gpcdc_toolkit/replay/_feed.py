@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from ..archive import ArchivedStream
-from ..connect import kafka_logger
+from ..connect import METADATA_REFRESH, kafka_logger
 from ..errors import BrokerError
 from ..ingest import high_watermarks, located, partitions_of
 from ..protocol import COORDINATOR, Topics
@@ -48,6 +48,17 @@ class Feed(Protocol):
     def close(self) -> None: ...
 
 
+def consumer_config(kafka: Mapping[str, str], topics: Topics) -> dict[str, Any]:
+    """The replayer's consumer: ``kafka`` (the broker and [kafka.client]) with what the
+    replayer needs of it."""
+    return {**METADATA_REFRESH, **kafka, "group.id": f"gpcdc-replay-{topics.prefix}",
+            "enable.auto.commit": False, "enable.partition.eof": True,
+            "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100,
+            # Prefetch bounded: 16 MB queued, 8 MB per fetch (not 64 and 50).
+            "queued.max.messages.kbytes": 16384, "fetch.max.bytes": 8 << 20,
+            "logger": kafka_logger()}
+
+
 class KafkaFeed:
     """The topics, with one consumer."""
 
@@ -56,12 +67,7 @@ class KafkaFeed:
         # waits for a broker that stops answering for as long as it takes, as capture does.
         self.topics, self.broker_wait = topics, broker_wait
         self.ends_wait = None if follow else broker_wait
-        self.consumer = Consumer({**kafka, "group.id": f"gpcdc-replay-{topics.prefix}",
-                                  "enable.auto.commit": False, "enable.partition.eof": True,
-                                  "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100,
-                                  # Prefetch bounded: 16 MB queued, 8 MB per fetch (not 64 and 50).
-                                  "queued.max.messages.kbytes": 16384, "fetch.max.bytes": 8 << 20,
-                                  "logger": kafka_logger()})
+        self.consumer = Consumer(consumer_config(kafka, topics))
         try:
             self.segments = partitions_of(self.consumer, topics.changes, broker_wait)
             partitions_of(self.consumer, topics.dtx, broker_wait)

@@ -281,7 +281,7 @@ def run_scenario(env, source, work_dir, faults, *, seconds=6.0, seed=0):
 
     while differences():
         assert env.replayer.poll() is None, env.said()
-        assert time.monotonic() < deadline, (differences(), env.said())
+        assert time.monotonic() < deadline, f"{differences()}\n{env.said()}"
         threading.Event().wait(0.2)  # polling the target while the replayer follows
     # Whole in Kafka: every transaction after the start point on each segment it touched
     # (one in doubt, whole or not at all).
@@ -473,7 +473,7 @@ def until_the_target_equals(env, source, timeout=120):
     target, deadline = env.target.cluster(), time.monotonic() + timeout
     while differing := [d.line() for d in compare_tables(source, target, [ACCOUNTS, EVENTS]) if not d.equal]:
         assert env.replayer.poll() is None, env.said()
-        assert time.monotonic() < deadline, (differing, env.said())
+        assert time.monotonic() < deadline, f"{differing}\n{env.said()}"
         threading.Event().wait(0.2)  # polling the target while the replayer follows
 
 
