@@ -18,6 +18,11 @@ import orjson
 
 from ..protocol import kind_of, problem_of
 
+try:
+    from ._rowevent import row as _row_event
+except ImportError:  # built without a C compiler: every message takes the general path
+    _row_event = None  # type: ignore[assignment]
+
 # (name, Spark SQL type). Stable: columns are only ever added at the end.
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("topic", "string"),
@@ -80,6 +85,10 @@ def to_row(topic: str, partition: int, offset: int, timestamp_ms: int | None,
     head = (topic, partition, offset, timestamp_ms)
     try:
         decoded = orjson.loads(value) if value is not None else None
+        # A row event of the usual form, the bulk of a stream, in compiled code; any
+        # other message, or one it does not judge the same, on the general path below.
+        if _row_event is not None and (row := _row_event(*head, key, decoded)) is not None:
+            return row
         problem = problem_of(decoded)
         if problem is not None or not isinstance(decoded, dict):
             raise ValueError(problem)
