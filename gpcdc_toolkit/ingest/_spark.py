@@ -27,7 +27,7 @@ from ._server import SparkServer, SparkServerError, SparkServerStatus
 from ._sessions import take_slot
 from ._settings import SESSION_SETTINGS
 from ._spark_kafka import connector_jars, kafka_options, parse_kafka_frame
-from ._spark_source import NAME, GpcdcDataSource, plan_start, plan_window
+from ._spark_source import NAME, SPLIT, GpcdcDataSource, plan_start, plan_window
 
 SOURCES = (NAME, "kafka")
 log = logging.getLogger(__name__)
@@ -224,10 +224,10 @@ def _reader(spark: Any, config: Config, topic: str, source: str, streaming: bool
     servers = kafka_client_settings(config)["bootstrap.servers"]
     if streaming:
         kafka = kafka_options(servers, topic, starting_offsets=plan_start(options),
-                              max_offsets_per_trigger=window.get("max_offsets_per_trigger"))
+                              max_offsets_per_trigger=window.get("max_offsets_per_trigger"), max_records_per_partition=SPLIT)
     else:
         start, end = plan_window(options)
-        kafka = kafka_options(servers, topic, starting_offsets=start, ending_offsets=end)
+        kafka = kafka_options(servers, topic, starting_offsets=start, ending_offsets=end, max_records_per_partition=SPLIT)
     return parse_kafka_frame(reader.format("kafka").options(**kafka).load())
 
 

@@ -41,11 +41,15 @@ def _offsets(topic: str, offsets: Mapping[int, int]) -> str:
 
 
 def kafka_options(servers: str, topic: str, *, starting_offsets: Mapping[int, int],
-                  ending_offsets: Mapping[int, int] | None = None,
-                  max_offsets_per_trigger: int | None = None) -> dict[str, str]:
-    """Spark Kafka source options for offsets planned for every partition."""
+                  ending_offsets: Mapping[int, int] | None = None, max_offsets_per_trigger: int | None = None,
+                  max_records_per_partition: int) -> dict[str, str]:
+    """Spark Kafka source options for offsets planned for every partition. A Kafka
+    partition's range is split into Spark partitions of ``max_records_per_partition``
+    offsets, as the gpcdc source splits it: without, a topic of 3 partitions would be
+    read by 3 tasks, whatever the cores."""
     options = {"kafka.bootstrap.servers": servers, "subscribe": topic,
-               "startingOffsets": _offsets(topic, starting_offsets), "includeHeaders": "false"}
+               "startingOffsets": _offsets(topic, starting_offsets), "includeHeaders": "false",
+               "maxRecordsPerPartition": str(max_records_per_partition)}
     if ending_offsets is not None:
         options["endingOffsets"] = _offsets(topic, ending_offsets)
     if max_offsets_per_trigger is not None:

@@ -87,6 +87,9 @@ def _int_option(options: dict[str, str], name: str) -> int | None:
         raise SourceOptionError(f"option {name}={text!r} is not an integer") from None
 
 
+SPLIT = 100_000  # maxRecordsPerPartition's default: a Spark partition's offsets, at most
+
+
 class _Planner:
     """Turns options into offsets, on the driver."""
 
@@ -97,7 +100,7 @@ class _Planner:
         if not topic:
             raise SourceOptionError("the gpcdc source needs option topic (e.g. gpcdc.changes)")
         self.topic: str = topic
-        self.split = _int_option(options, "maxRecordsPerPartition") or 100_000
+        self.split = _int_option(options, "maxRecordsPerPartition") or SPLIT
         if self.split <= 0:
             raise SourceOptionError("option maxRecordsPerPartition must be positive")
 
