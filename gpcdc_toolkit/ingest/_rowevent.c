@@ -6,7 +6,8 @@
  * is anything but a row event of the usual form: another kind, a field the protocol
  * knows of the wrong type or out of range, a field missing that to_row needs, a
  * top-level field other than the row event's own, a key that is not UTF-8, an image
- * value that is an object or an array (written as JSON text by the general path). The
+ * value that is an object or an array (written as JSON text by the general path), a
+ * value of a subclass (orjson makes none; converting one could run Python code). The
  * caller then takes the general path (protocol.problem_of and to_row), which reads
  * what this one does not, or keeps the message as a corrupt record: so this file never
  * decides anything the Python code does not decide the same way, and raises only when
@@ -103,11 +104,11 @@ static PyObject *image(PyObject *values, int *status) {
     Py_ssize_t pos = 0;
     while (PyDict_Next(values, &pos, &name, &value)) {
         PyObject *text;
-        if (value == Py_None || PyUnicode_Check(value))
+        if (value == Py_None || PyUnicode_CheckExact(value))
             text = Py_NewRef(value);
         else if (value == Py_True || value == Py_False)
             text = Py_NewRef(value == Py_True ? TRUE_TEXT : FALSE_TEXT);
-        else if (PyLong_Check(value) || PyFloat_Check(value)) {
+        else if (PyLong_CheckExact(value) || PyFloat_CheckExact(value)) { /* no Python code runs here */
             text = PyObject_Str(value);
             if (text == NULL) { /* say, more digits than Python prints: the general path says so */
                 *status = PyErr_ExceptionMatches(PyExc_MemoryError) ? FAILED : FALL_BACK;
@@ -116,7 +117,7 @@ static PyObject *image(PyObject *values, int *status) {
                 Py_DECREF(out);
                 return NULL;
             }
-        } else { /* an object or an array: JSON text, by the general path */
+        } else { /* an object or an array (JSON text), or a subclass: the general path */
             *status = FALL_BACK;
             Py_DECREF(out);
             return NULL;
@@ -227,7 +228,11 @@ PyMODINIT_FUNC PyInit__rowevent(void) {
     ROW_KIND = PyUnicode_InternFromString("row");
     TRUE_TEXT = PyUnicode_InternFromString("true");
     FALSE_TEXT = PyUnicode_InternFromString("false");
-    if (ROW_KIND == NULL || TRUE_TEXT == NULL || FALSE_TEXT == NULL)
-        return NULL;
-    return PyModule_Create(&module);
+    PyObject *created = ROW_KIND && TRUE_TEXT && FALSE_TEXT ? PyModule_Create(&module) : NULL;
+    if (created == NULL) {
+        Py_CLEAR(ROW_KIND);
+        Py_CLEAR(TRUE_TEXT);
+        Py_CLEAR(FALSE_TEXT);
+    }
+    return created;
 }
