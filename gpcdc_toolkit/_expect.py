@@ -136,6 +136,7 @@ class Expectations:
         self._spark: Any = None
         self._assets = 0
         self._on_begin: dict[str, Callable[[Any], None]] = {}  # per SQL data source
+        self._query_assets: dict[str, dict[str, str]] = {}  # per SQL data source: its assets by query
         self._queries: set[str] = set()  # of the query assets, as :meth:`_columns_only` meets them
 
     def suite(self, name: str, body: dict[str, Any]) -> Any:
@@ -160,19 +161,27 @@ class Expectations:
                  .add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": frame}))
         return [m.outcome(name) for m in self._measure(name, body, batch)]
 
-    def store(self, name: str, connect: Callable[[], Any], *, on_begin: Sequence[str] = ()) -> Any:
+    def store(self, name: str, connect: Callable[[], Any], queries: Sequence[str], *,
+              on_begin: Sequence[str] = ()) -> Any:
         """A SQL data source whose connections come from ``connect`` (a psycopg
         connection), each transaction starting with the statements ``on_begin`` (say,
-        importing a snapshot). ``name`` is unique within this object. Release it with
-        :meth:`release`."""
+        importing a snapshot), with an asset for each of ``queries``, which
+        :meth:`measure_query` then computes. ``name`` is unique within this object.
+        Release it with :meth:`release`."""
         from sqlalchemy import event
 
+        # The assets are declared with the source: added one by one, each asset and each
+        # batch definition would have great-expectations write its whole configuration as
+        # YAML again (about 5 ms each, whatever its size).
+        assets = {query.strip(): f"query {i}" for i, query in enumerate(queries)}
         with warnings.catch_warnings():
             # It suggests its PostgreSQL source, which takes a URL: connections here come
             # from a DSN, as everywhere in the toolkit (a password file, a service, TLS).
             warnings.filterwarnings("ignore", message="You are using a generic SQLDatasource")
             source = self._context.data_sources.add_sql(  # type: ignore[call-arg]  # the stub lacks kwargs
-                name=name, connection_string="postgresql+psycopg://", kwargs={"creator": connect})
+                name=name, connection_string="postgresql+psycopg://", kwargs={"creator": connect},
+                assets=[{"type": "query", "name": asset, "query": query,
+                         "batch_definitions": [{"name": "all", "partitioner": None}]} for query, asset in assets.items()])
         def begin(connection: Any) -> None:
             for statement in on_begin:
                 connection.exec_driver_sql(statement)
@@ -182,6 +191,8 @@ class Expectations:
         event.listen(engine, "begin", begin)
         event.listen(engine, "before_cursor_execute", self._columns_only, retval=True)
         self._on_begin[name] = begin
+        self._query_assets[name] = assets
+        self._queries.update(assets)
         return source
 
     def _columns_only(self, connection: Any, cursor: Any, statement: str, parameters: Any, context: Any,
@@ -201,13 +212,14 @@ class Expectations:
         source.get_engine().dispose()
 
     def measure_query(self, name: str, body: dict[str, Any], source: Any, query: str) -> list[Measured]:
-        """Every expectation of the suite ``body`` on the rows of ``query``, computed by
-        the server of ``source`` (:meth:`store`)."""
+        """Every expectation of the suite ``body`` on the rows of ``query``, one of the
+        queries ``source`` was made with, computed by its server (:meth:`store`)."""
         from sqlalchemy import event
 
-        self._queries.add(query.strip())
-        batch = (source.add_query_asset(name=self._asset_name(name), query=query)
-                 .add_batch_definition_whole_table("all").get_batch())
+        asset = self._query_assets[source.name].get(query.strip())
+        if asset is None:
+            raise ValueError(f"{source.name} was made without the query {query!r}: name it to store()")
+        batch = source.get_asset(asset).get_batch_definition("all").get_batch()
         # Should great-expectations run this on an engine of its own, the statements of
         # every transaction (a snapshot imported) would silently not apply: refuse.
         if not event.contains(source.get_execution_engine().engine, "begin", self._on_begin[source.name]):

@@ -72,7 +72,8 @@ def test_a_query_is_computed_by_its_server_no_query_bringing_its_rows_here(expec
     come back, never every row of the table (each statement's rows are counted)."""
     node, rows = source.segments[0], 5000
     quoted = f'"{table_name} ""Odd"" Name"'
-    store = expectations.store(f"store {table_name}", lambda: psycopg.connect(source.dsn(node)))
+    query = f"SELECT id, v FROM {quoted}"
+    store = expectations.store(f"store {table_name}", lambda: psycopg.connect(source.dsn(node)), [query])
     returned: list[tuple[int, str]] = []
     event.listen(store.get_execution_engine().engine, "after_cursor_execute",
                  lambda conn, cursor, statement, *_: returned.append((cursor.rowcount, statement)))
@@ -84,7 +85,7 @@ def test_a_query_is_computed_by_its_server_no_query_bringing_its_rows_here(expec
         measured = expectations.measure_query("s", {"name": "s", "expectations": [
             {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "v", "value_set": ["ok"]}},
             {"type": "expect_table_row_count_to_equal", "kwargs": {"value": rows}}]},
-            store, f"SELECT id, v FROM {quoted}")
+            store, query)
     finally:
         expectations.release(store)
         with source.connect_node(node) as conn:

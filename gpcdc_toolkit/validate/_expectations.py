@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
@@ -29,7 +29,7 @@ from .._expect import Expectations, Measured, Outcome, Suite, severity_of
 from ..cluster import Cluster, Node, Table
 from ..errors import ConfigError
 from ._snapshots import SESSION, Snapshots
-from ._stores import aligned, combine, identities, kind_of, refusal
+from ._stores import Identity, aligned, combine, identities, kind_of, refusal
 
 _ROW_COUNT = "expect_table_row_count_to_equal"
 
@@ -66,6 +66,21 @@ def derived_outcomes(info: Table, source_rows: int, target_rows: int,
     return [counted, *(Outcome(name, f"{m.type}({m.subject})", True, m.severity, evidence) for m in enforced)], []
 
 
+@dataclass(frozen=True)
+class _TableSuites:
+    """A table's suites as the stores compute them together."""
+
+    info: Table
+    together: dict[str, Any]  # the suites as one, its columns named c0, c1, ...
+    kinds: dict[str, str]  # each expectation type's kind (``_stores.kind_of``)
+    names: dict[str, str]  # c0, c1, ... to the table's column names
+    suite_of: dict[Identity, str]  # each expectation's suite
+
+    def outcome(self, identity: Identity, per_store: list[Measured]) -> Outcome:
+        combined = combine(per_store, self.kinds[per_store[0].type])
+        return replace(combined, kwargs=_renamed_args(combined.kwargs, self.names)).outcome(self.suite_of[identity])
+
+
 class TargetSuites:
     """The suites of each target table, checked against the target's stores before
     anything is read: :meth:`check` then computes them inside the validation's snapshots."""
@@ -88,49 +103,52 @@ class TargetSuites:
         """Every table's derived suite and its suites from ``expectations/``, given (the
         target's table, the rows the comparison counted on the source and on the target),
         on ``target``'s pinned snapshots."""
-        out: list[Outcome] = []
-        with ExitStack() as stack:
-            stores: list[tuple[Any, Callable[[Table], str]]] = []
-            for info, source_rows, target_rows in tables:
-                self._kinds(info, *_derived(info, 0))  # refused on the target's catalog too: its key
-                # An index keeps a key unique in its own relation; across a store's or the
-                # stores' relations only where every row is where its key routes it.
-                proofs = [target.cluster.key_index(node, conn, info) if self._placement_checked else None
-                          for node, conn in target.segments()]
-                derived, left = derived_outcomes(info, source_rows, target_rows, proofs)
-                out += derived
-                suites = [(f"target {info.name}", {"name": f"target {info.name}", "expectations": left})] if left else []
-                suites += self._suites.get(info.name, [])
-                if not suites:
-                    continue
-                if not stores:  # great-expectations' data sources, made when first needed
-                    for node, conn in target.segments():
-                        snapshot = sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(target.names[node.content]))
-                        source = self._expectations.store(
-                            f"target store {node.content}", _connector(target.cluster.dsn(node)),
-                            on_begin=["SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY",
-                                      snapshot.as_string(conn)])
-                        stack.callback(self._expectations.release, source)
-                        stores.append((source, _text_rows(target, node, conn)))
-                # One validation per store of all the table's suites together: its cost is
-                # per validation more than per expectation.
-                kinds = {t: k for name, body in suites for t, k in self._kinds(info, name, body).items()}
-                # Columns go to great-expectations as c0, c1, ...: it tells names apart by
-                # case alone loosely (COL and col), and runs its SQL as text (a % in a name).
-                aliases = {column: f"c{i}" for i, column in enumerate(info.columns)}
-                names = {alias: column for column, alias in aliases.items()}
-                suites = [(name, _renamed(body, aliases)) for name, body in suites]
-                owners = [(name, (e.expectation_type, dict(e.configuration.kwargs), severity_of(e)))
-                          for name, body in suites for e in self._expectations.suite(name, body).expectations]
-                suite_of = dict(zip(identities([e for _, e in owners]), (name for name, _ in owners)))
-                together = {"name": f"target {info.name}", "expectations": [
-                    e for _, body in suites for e in body["expectations"]]}
-                per_store = [self._expectations.measure_query(f"target {info.name}", together, source, query(info))
-                             for source, query in stores]
-                for identity, results in aligned(per_store):
-                    combined = combine(results, kinds[results[0].type])
-                    out.append(replace(combined, kwargs=_renamed_args(combined.kwargs, names)).outcome(suite_of[identity]))
-        return out
+        outcomes: list[list[Outcome]] = []  # per table, in the order of ``tables``
+        computed: list[tuple[int, _TableSuites]] = []  # what the stores compute, with its table's place
+        for info, source_rows, target_rows in tables:
+            self._kinds(info, *_derived(info, 0))  # refused on the target's catalog too: its key
+            # An index keeps a key unique in its own relation; across a store's or the
+            # stores' relations only where every row is where its key routes it.
+            proofs = [target.cluster.key_index(node, conn, info) if self._placement_checked else None
+                      for node, conn in target.segments()]
+            derived, left = derived_outcomes(info, source_rows, target_rows, proofs)
+            outcomes.append(derived)
+            suites = [(f"target {info.name}", {"name": f"target {info.name}", "expectations": left})] if left else []
+            suites += self._suites.get(info.name, [])
+            if suites:
+                computed.append((len(outcomes) - 1, self._table_suites(info, suites)))
+        if computed:
+            with ExitStack() as stack:
+                stores: list[tuple[Any, Callable[[Table], str]]] = []
+                for node, conn in target.segments():
+                    query = _text_rows(target, node, conn)
+                    snapshot = sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(target.names[node.content]))
+                    source = self._expectations.store(
+                        f"target store {node.content}", _connector(target.cluster.dsn(node)),
+                        [query(m.info) for _, m in computed],
+                        on_begin=["SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY", snapshot.as_string(conn)])
+                    stack.callback(self._expectations.release, source)
+                    stores.append((source, query))
+                for place, m in computed:
+                    per_store = [self._expectations.measure_query(f"target {m.info.name}", m.together, source, query(m.info))
+                                 for source, query in stores]
+                    outcomes[place] += [m.outcome(identity, results) for identity, results in aligned(per_store)]
+        return [outcome for table in outcomes for outcome in table]
+
+    def _table_suites(self, info: Table, suites: list[tuple[str, dict[str, Any]]]) -> _TableSuites:
+        """The table's suites as one, on its columns as c0, c1, ...: one validation per
+        store of them all, as its cost is per validation more than per expectation."""
+        kinds = {t: k for name, body in suites for t, k in self._kinds(info, name, body).items()}
+        # Columns go to great-expectations as c0, c1, ...: it tells names apart by
+        # case alone loosely (COL and col), and runs its SQL as text (a % in a name).
+        aliases = {column: f"c{i}" for i, column in enumerate(info.columns)}
+        suites = [(name, _renamed(body, aliases)) for name, body in suites]
+        owners = [(name, (e.expectation_type, dict(e.configuration.kwargs), severity_of(e)))
+                  for name, body in suites for e in self._expectations.suite(name, body).expectations]
+        together = {"name": f"target {info.name}", "expectations": [
+            e for _, body in suites for e in body["expectations"]]}
+        return _TableSuites(info, together, kinds, {alias: column for column, alias in aliases.items()},
+                        dict(zip(identities([e for _, e in owners]), (name for name, _ in owners))))
 
     def _kinds(self, info: Table, name: str, body: dict[str, Any]) -> dict[str, str]:
         """Each expectation type of the suite by kind (``_stores.kind_of``). Raises
