@@ -40,6 +40,18 @@ from gpcdc_toolkit.ingest.spark import read_changes, spark_session
 from gpcdc_toolkit.protocol import Topics
 
 
+def row_event(i: int) -> bytes:
+    """The i-th row event, on segment i % 3: a Debezium envelope of about 420 bytes."""
+    segment = i % 3
+    return orjson.dumps({
+        "before": None, "after": {"id": i, "balance": i * 7, "note": f"n{i}"},
+        "source": {"version": 1, "connector": "gpcdc", "name": "bench", "db": "postgres", "schema": "public",
+                   "table": "wl_accounts", "segment": segment, "txId": i // 10, "commit_lsn": 10**8 + i,
+                   "ts_ms": 1_795_000_000_000 + i, "gxid": i // 10, "seq": i % 10 + 1, "one_phase": False},
+        "op": "c", "ts_ms": 1_795_000_000_000 + i,
+        "transaction": {"id": f"{segment}:{i // 10}", "total_order": i % 10 + 1, "data_collection_order": 1}})
+
+
 def produce(servers: str, topic: str, events: int) -> None:
     admin = AdminClient({"bootstrap.servers": servers})
     for future in admin.create_topics([NewTopic(topic, 3, 1)]).values():
@@ -48,16 +60,9 @@ def produce(servers: str, topic: str, events: int) -> None:
                          "queue.buffering.max.messages": 500000})
     for i in range(events):
         segment = i % 3
-        value = orjson.dumps({
-            "before": None, "after": {"id": i, "balance": i * 7, "note": f"n{i}"},
-            "source": {"version": 1, "connector": "gpcdc", "name": "bench", "db": "postgres", "schema": "public",
-                       "table": "wl_accounts", "segment": segment, "txId": i // 10, "commit_lsn": 10**8 + i,
-                       "ts_ms": 1_795_000_000_000 + i, "gxid": i // 10, "seq": i % 10 + 1, "one_phase": False},
-            "op": "c", "ts_ms": 1_795_000_000_000 + i,
-            "transaction": {"id": f"{segment}:{i // 10}", "total_order": i % 10 + 1, "data_collection_order": 1}})
         while True:
             try:
-                producer.produce(topic, value, b'{"id":%d}' % i, partition=segment)
+                producer.produce(topic, row_event(i), b'{"id":%d}' % i, partition=segment)
                 break
             except BufferError:
                 producer.poll(0.1)

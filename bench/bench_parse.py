@@ -1,7 +1,7 @@
 """What Spark's readers spend per message on parsing, compiled row reader against the general path.
 
-N row events (Debezium envelopes as capture writes them, about 420 bytes each, the
-same as ``bench_ingest.py`` produces) are parsed in this process as an executor parses
+N row events (Debezium envelopes as capture writes them, about 420 bytes each:
+``bench_ingest.row_event``) are parsed in this process as an executor parses
 them: ``to_row`` for each, then ``to_arrow`` for each batch of 10,000, the cyclic
 collector held off. Alternately, --rounds times: with the compiled reader
 (``ingest/_rowevent.c``) and with every message on the general path in Python. Printed:
@@ -18,24 +18,14 @@ import statistics
 import time
 from typing import Any
 
-import orjson
+from bench_ingest import row_event  # the same messages as the Spark benchmark reads
 
 from gpcdc_toolkit.ingest import _rows
 
 
 def messages(n: int) -> list[tuple[Any, ...]]:
-    out = []
-    for i in range(n):
-        segment = i % 3
-        value = orjson.dumps({
-            "before": None, "after": {"id": i, "balance": i * 7, "note": f"n{i}"},
-            "source": {"version": 1, "connector": "gpcdc", "name": "bench", "db": "postgres", "schema": "public",
-                       "table": "wl_accounts", "segment": segment, "txId": i // 10, "commit_lsn": 10**8 + i,
-                       "ts_ms": 1_795_000_000_000 + i, "gxid": i // 10, "seq": i % 10 + 1, "one_phase": False},
-            "op": "c", "ts_ms": 1_795_000_000_000 + i,
-            "transaction": {"id": f"{segment}:{i // 10}", "total_order": i % 10 + 1, "data_collection_order": 1}})
-        out.append(("bench.changes", segment, i, 1_795_000_000_000 + i, b'{"id":%d}' % i, value))
-    return out
+    """(topic, partition, offset, timestamp, key, value) of n row events, as a consumer gives them."""
+    return [("bench.changes", i % 3, i, 1_795_000_000_000 + i, b'{"id":%d}' % i, row_event(i)) for i in range(n)]
 
 
 def parse(batch: list[tuple[Any, ...]], schema: Any) -> tuple[float, float]:
