@@ -83,6 +83,8 @@ def altered(base, names, values):
 IMAGES = (st.none() | st.dictionaries(st.text(max_size=4), SCALARS, max_size=4)
           | st.dictionaries(st.text(max_size=4), JSON, max_size=2))
 UNCHANGED = st.lists(st.text(max_size=3), max_size=3) | st.lists(st.text(max_size=3) | SCALARS, max_size=3)
+
+
 def assembled(top, source, before, after, order):
     """``top`` with the source and images it kept as they were replaced by ``source``,
     ``before`` and ``after``, its fields in ``order``."""
