@@ -68,7 +68,10 @@ class ClusterRef:
     sandbox: str | None = setting(None, "sandbox name of the cluster (when no DSN)")
 
     def describe(self) -> str:
-        return f"dsn {self.dsn!r}" if self.dsn else f"sandbox {self.sandbox!r}"
+        """Where the cluster is, for a person: a DSN with its password masked."""
+        from .cluster import masked  # not at the top: the cluster package imports this module
+
+        return f"dsn {masked(self.dsn)!r}" if self.dsn else f"sandbox {self.sandbox!r}"
 
 
 _Ref = TypeVar("_Ref", bound=ClusterRef)

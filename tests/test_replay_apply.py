@@ -2,6 +2,7 @@
 
 import uuid
 
+import psycopg
 import pytest
 
 from gpcdc_toolkit.bootstrap import InitialSnapshot, bootstrap
@@ -395,3 +396,20 @@ def test_a_change_of_a_keyless_row_the_target_lacks_stops_the_replay_with_nothin
         with Replayer(config) as replayer:
             replayer.run()
     assert table_rows(target_cluster, table) == [(1, "x")]  # the transaction's other change not applied either
+
+
+@pytest.mark.parametrize(("error", "lost"), [
+    (psycopg.errors.AdminShutdown("terminating connection due to administrator command"), True),
+    (psycopg.errors.CrashShutdown("terminating connection because of crash of another server process"), True),
+    (psycopg.errors.ConnectionFailure("connection failure"), True),
+    (psycopg.OperationalError("server closed the connection unexpectedly"), True),  # no SQLSTATE: libpq's own
+    (psycopg.errors.QueryCanceled("canceling statement due to statement timeout"), False),
+    (psycopg.errors.LockNotAvailable("could not obtain lock"), False),
+    (psycopg.errors.DiskFull("could not extend file"), False),
+    (psycopg.errors.CheckViolation("new row violates check constraint"), False)])
+def test_a_target_that_went_away_is_told_from_one_that_refused_a_statement(error, lost):
+    """The first asks for the target back (the replay goes on from its checkpoint); the
+    second, for the target's tables to be made to match the source's."""
+    from gpcdc_toolkit.replay._apply import _connection_lost
+
+    assert _connection_lost(error) is lost

@@ -89,6 +89,22 @@ def test_unreachable_coordinator():
             Cluster.connect(f"host=127.0.0.1 port={port} user=gpcdc dbname=postgres")
 
 
+@pytest.mark.parametrize("wrong", ["user=no_such_role", "dbname=no_such_database"])
+def test_a_server_that_refuses_the_login_is_not_one_to_start(source, wrong):
+    with pytest.raises(UnreachableError, match=r'does not exist: correct the user or dbname in the DSN') as refused:
+        Cluster.connect(f"{source.dsn(source.coordinator)} {wrong}")
+    assert wrong.split("=")[1] in str(refused.value) and "start the server" not in str(refused.value)
+
+
+@pytest.mark.parametrize("reason", [  # libpq's words, which the sandbox (trusting local logins) cannot provoke
+    'connection to server at "db" (10.0.0.1), port 5432 failed: FATAL:  password authentication failed for user "u"',
+    'connection to server at "db" (10.0.0.1), port 5432 failed: fe_sendauth: no password supplied'])
+def test_a_refused_password_says_to_correct_it(reason):
+    from gpcdc_toolkit.cluster._cluster import _refusal_fix
+
+    assert _refusal_fix(reason) == "correct the user and password in the DSN (or in the password file it uses)"
+
+
 def test_plain_postgres_is_not_a_coordinator(source):
     segment = source.segments[0]
     with pytest.raises(ClusterError, match="has no gp_segment_configuration"):

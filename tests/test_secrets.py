@@ -1,6 +1,8 @@
 """Passwords stay out of what others can read: error messages, process lists, the files a pipeline writes."""
 
+import io
 import re
+from contextlib import redirect_stderr
 
 import pytest
 from hypothesis import given, settings
@@ -72,3 +74,34 @@ def contents(path):
     except FileNotFoundError:  # a running worker's state file being replaced atomically: its ``*.tmp``
         assert path.suffix == ".tmp", f"{path} vanished"
         return b""
+
+
+SECRETS = st.text(alphabet="abcdefghijkXYZ0123456789!#%&*+,.:;<>?[]^_{|}~", min_size=6, max_size=16)
+
+
+@settings(max_examples=50)
+@given(SECRETS, st.sampled_from(["host=db password={p}", "postgresql://u:{p}@db:1/x"]))
+def test_a_flag_the_command_line_does_not_know_is_quoted_without_its_password(password, form):
+    from gpcdc_toolkit.cli import main
+
+    with pytest.raises(SystemExit) as stopped, redirect_stderr(io.StringIO()) as said:
+        main(["status", "--no-such-flag", form.format(p=password)])
+    assert stopped.value.code == 2
+    (line,) = said.getvalue().splitlines()
+    assert "unrecognized arguments: --no-such-flag" in line and "***" in line and password not in line, line
+
+
+@pytest.mark.parametrize("form", ["host=127.0.0.1 port=1 user=u password={p}", "postgresql://u:{p}@127.0.0.1:1/x"])
+def test_status_says_a_target_it_cannot_reach_without_its_password(source_sandbox, broker, work_dir, form):
+    import subprocess
+    import sys
+    import uuid
+
+    secret = f"Pw-{uuid.uuid4().hex}"
+    done = subprocess.run([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(work_dir),
+                           "--kafka-bootstrap-servers", broker.bootstrap_servers, "--kafka-topic-prefix",
+                           f"s{uuid.uuid4().hex[:8]}", "--target-dsn", form.format(p=secret), "status"],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    said = done.stdout + done.stderr
+    assert "target: dsn " in said and "not reachable now" in said and "***" in said, said
+    assert secret not in said, said

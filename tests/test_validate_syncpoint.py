@@ -194,7 +194,7 @@ def test_without_a_replayer_a_sync_point_gives_up_in_one_line_and_leaves_no_lock
     assert run.returncode == 2
     (line,) = run.stderr.splitlines()
     assert line.startswith("gpcdc: validate could not run: the replayer did not reach sync point ")
-    assert "gpcdc replay --follow" in line and "validate.replay_timeout" in line
+    assert "run `gpcdc replay` (it follows" in line and "validate.replay_timeout" in line
     target = target_box.cluster()
     with target.coordinator_connection() as conn:
         assert conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()[0] == 0

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from ..cluster import masked
 from ..config import load_config
 from ..errors import GpcdcError
 from ._command import Command, add_config_flags
@@ -21,7 +22,8 @@ class _Parser(argparse.ArgumentParser):
     of this class too)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"gpcdc: error: {message} (see {self.prog} --help)\n")
+        # A flag it does not know is quoted back with its value: a DSN's password too.
+        self.exit(2, f"gpcdc: error: {masked(message)} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

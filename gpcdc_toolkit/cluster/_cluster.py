@@ -87,9 +87,17 @@ def connect_dsn(dsn: str, what: str, **kwargs: Any) -> psycopg.Connection[Any]:
         return psycopg.connect(dsn, connect_timeout=10, **kwargs)
     except psycopg.OperationalError as e:
         reason = _first_line(e)
-        raise UnreachableError(
-            f"cannot reach {what}: {reason}", fix="start the server or correct the DSN"
-        ) from None
+        raise UnreachableError(f"cannot reach {what}: {reason}", fix=_refusal_fix(reason)) from None
+
+
+def _refusal_fix(reason: str) -> str:
+    """What to do about libpq's reason for not connecting: a server that answered and
+    refused the login is not one to start."""
+    if any(words in reason for words in ("authentication failed", "no password supplied", "password is required")):
+        return "correct the user and password in the DSN (or in the password file it uses)"
+    if reason.endswith("does not exist") and ("role" in reason or "database" in reason):
+        return "correct the user or dbname in the DSN, or create them on the server"
+    return "start the server or correct the DSN"
 
 
 # A valid unique index, neither partial nor on expressions, whose key columns are all

@@ -216,7 +216,12 @@ class Applier:
                                      "replay with --replay-batch-transactions 1") from None
             raise ApplyError(f"{_what(batch)} is recorded as applied already: another replayer of pipeline "
                              f"{self.pipeline!r} writes to this target", fix="run one replayer per pipeline and target") from None
-        except psycopg.Error as e:  # raised by a statement, so the transaction was rolled back
+        except psycopg.Error as e:
+            if _connection_lost(e):  # nothing for the user to repair: the checkpoint commits with the rows, or not
+                raise ApplyError(f"the target's connection was lost while applying {_what(batch)}: {_first_line(e)}",
+                                 fix="make sure the target is up and reachable, then replay again: it goes on from "
+                                     "what the target committed") from None
+            # Raised by a statement, so the transaction was rolled back.
             fix = (f"give the target the same change by hand (its way), then replay again with --skip-ddl "
                    f"{batch[0].gxid}" if ddl else "make the target's tables match the source's, then replay again")
             raise ApplyError(f"{_what(batch)} failed on the target, and nothing of it was applied: {_first_line(e)}",
@@ -411,6 +416,13 @@ def _what(batch: Sequence[Whole]) -> str:
     if len(batch) == 1:
         return f"gxid {gxids[0]}" if gxids else "a legacy part"
     return f"a batch of {len(batch)} transactions" + (f" (gxids {min(gxids)}..{max(gxids)})" if gxids else "")
+
+
+def _connection_lost(error: psycopg.Error) -> bool:
+    """A connection that failed or that the server ended (shut down, crashed, dropped
+    the database), rather than a statement the target refused."""
+    return isinstance(error, psycopg.OperationalError) and (error.sqlstate is None
+                                                            or error.sqlstate.startswith(("08", "57P")))
 
 
 def _first_line(error: BaseException) -> str:

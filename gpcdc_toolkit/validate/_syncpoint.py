@@ -78,7 +78,7 @@ class SyncPoint:
         while not lock.execute(waiting, self._lock_keys).fetchone()[0]:  # type: ignore[index]
             if time.monotonic() > deadline:
                 raise SyncPointError(f"the replayer did not reach sync point {self.gxid} within {timeout:g} s",
-                                     fix="run `gpcdc replay --follow` (and capture) while validating, or raise "
+                                     fix="run `gpcdc replay` (it follows the stream) and capture while validating, or raise "
                                          "validate.replay_timeout")
             time.sleep(WAIT_POLL)
         reached = time.monotonic()
