@@ -398,6 +398,55 @@ def test_a_change_of_a_keyless_row_the_target_lacks_stops_the_replay_with_nothin
     assert table_rows(target_cluster, table) == [(1, "x")]  # the transaction's other change not applied either
 
 
+@pytest.mark.parametrize("replay_target", TARGETS, indirect=True)
+@pytest.mark.parametrize(("outside", "change", "said"), [
+    ("DELETE FROM {t} WHERE id = 2", {"update": (2, "changed")}, "an update of {t} key {{'id': 2}} found no row on the "
+                                                                  "target, where the source had one"),
+    ("DELETE FROM {t} WHERE id = 2", {"delete": 2}, "a delete of {t} key {{'id': 2}} found no row on the target, "
+                                                    "where the source had one"),
+    ("INSERT INTO {t} VALUES (9, 'outside')", {"insert": (9, "source")},
+     "an insert of {t} key {{'id': 9}} found a row on the target, where the source had none")], ids=str)
+def test_a_batch_finding_a_keyed_row_otherwise_than_the_source_had_it_stops_with_nothing_applied(
+        source, replay_target, outside, change, said):
+    """A batch's net effect per key is written in bulk (upserts, deletes by key), which
+    would write over what someone else did to the target: a row deleted there would
+    come back with the source's update, one inserted there be taken for the source's."""
+    from gpcdc_toolkit.errors import GpcdcError
+
+    target, config, pipeline, group = replay_target
+    name = f"Keyed {uuid.uuid4().hex[:6]}"
+    table = f'"{name}"'
+    bootstrap(source, pipeline, "snapshot")
+    group.start()
+    with Session(source) as session:
+        session.ddl(f"CREATE TABLE {table} (id int PRIMARY KEY, v text) DISTRIBUTED BY (id)")
+        with session.transaction() as tx:
+            tx.insert(table, [{"id": i, "v": "x"} for i in (1, 2, 3)])
+    wait_until_acknowledged(source, pipeline.slot)
+    with Replayer(config) as replayer:
+        replayer.run()
+    target_cluster = target.cluster()
+    key = 2 if "2" in outside else 9
+    with target_cluster.connect_node(target_cluster.segments[target_cluster.home_of([key])]) as conn:
+        conn.execute(outside.format(t=table))  # someone else's change
+    before = table_rows(target_cluster, table)
+    with Session(source) as session, session.transaction() as tx:
+        tx.update(table, {"id": 1}, {"v": "also changed"})
+        for op, args in change.items():
+            if op == "update":
+                tx.update(table, {"id": args[0]}, {"v": args[1]})
+            elif op == "delete":
+                tx.delete(table, {"id": args})
+            else:
+                tx.insert(table, [{"id": args[0], "v": args[1]}])
+    wait_until_acknowledged(source, pipeline.slot)
+    with pytest.raises(GpcdcError) as stopped:
+        with Replayer(config) as replayer:
+            replayer.run()
+    assert said.format(t=f'"public"."{name}"') in str(stopped.value), stopped.value
+    assert table_rows(target_cluster, table) == before  # the transaction's other change not applied either
+
+
 @pytest.mark.parametrize(("error", "lost"), [
     (psycopg.errors.AdminShutdown("terminating connection due to administrator command"), True),
     (psycopg.errors.CrashShutdown("terminating connection because of crash of another server process"), True),

@@ -95,5 +95,42 @@ def test_the_net_effect_equals_applying_every_event_in_order(seed):
             e = event("u", {"id": k, "v": rng.randint(0, 9), "big": f"u{k}"}, unchanged=unchanged)
         events.append(e)
         apply_in_order(model, [e])
-    folded = apply_compacted({k: dict(r) for k, r in start.items()}, compact(events, KEYS))
+    changes = compact(events, KEYS)
+    folded = apply_compacted({k: dict(r) for k, r in start.items()}, changes)
     assert folded == model
+    (t,) = changes
+    if not t.ordered:  # folded: each key it writes says whether the source held it before
+        assert {key["id"]: had for key, had, _ in t.before} == {k: k in start for k in touched(events)}
+    # On a target that lost a row or gained one outside the pipeline, the check refuses
+    # the batch exactly when applying each event in order would have failed.
+    k = rng.randrange(12)
+    target = {key: dict(r) for key, r in start.items() if key != k}
+    if k not in start:
+        target[k] = {"id": k, "v": 0, "big": "outside"}
+    assert refused(target, t) == failed_in_order(target, events)
+
+
+def touched(events):
+    keys = set()
+    for e in events:
+        keys |= {image["id"] for image in (e["before"], e["after"]) if image is not None}
+    return keys
+
+
+def refused(rows, changes):
+    if changes.ordered:
+        return failed_in_order(rows, changes.ordered)
+    return any((key["id"] in rows) != had for key, had, _ in changes.before)
+
+
+def failed_in_order(rows, events):
+    """Whether an event finds the target otherwise than the source had it: an insert (or
+    a row moved onto a key) finding a row, an update or delete finding none."""
+    rows = {k: dict(r) for k, r in rows.items()}
+    for e in events:
+        old = (e["before"] or e["after"])["id"] if e["op"] != "c" else None
+        new = e["after"]["id"] if e["op"] != "d" else None
+        if (old is not None and old not in rows) or (new is not None and new != old and new in rows):
+            return True
+        apply_in_order(rows, [e])
+    return False

@@ -179,6 +179,26 @@ class Writes:
         with self._segment(segment).cursor() as cur:
             cur.executemany(query, [[*(r[c] for c in table.primary_key), *(r[c] for c in columns)] for r in rows])
 
+    def held(self, table_name: TableRef, keys: Sequence[Mapping[str, Any]]) -> list[bool]:
+        """Whether the target holds the row of each primary key of ``keys`` (each
+        including the distribution key), in bulk: one pipelined statement per segment
+        and key shape. A row found stays locked against deletes and key changes until
+        the transaction ends, so that what was found still holds when it writes."""
+        table = self.session.table(table_name)
+        groups: dict[tuple[int, tuple[str, ...]], list[int]] = defaultdict(list)
+        for i, key in enumerate(keys):
+            groups[(self.route(table, key), tuple(key))].append(i)
+        found = [False] * len(keys)
+        for (segment, columns), positions in groups.items():
+            where, _ = self._where(table, keys[positions[0]])
+            query = sql.SQL("SELECT 1 FROM {} WHERE {} FOR KEY SHARE").format(table.identifier, where)
+            with self._segment(segment).cursor() as cur:
+                cur.executemany(query, [[keys[i][c] for c in columns] for i in positions], returning=True)
+                for i in positions:
+                    found[i] = cur.fetchone() is not None
+                    cur.nextset()
+        return found
+
     def delete_keys(self, table_name: TableRef, keys: Iterable[Mapping[str, Any]]) -> None:
         """Delete the rows with these keys (each including the distribution key), in
         bulk: one pipelined statement per segment and key shape."""

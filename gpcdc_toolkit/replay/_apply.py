@@ -23,7 +23,7 @@ from psycopg import sql
 from ..cluster import Cluster, Table, Writes, assignments, quoted
 from ..errors import ClusterError, GpcdcError, StreamError
 from ..protocol import Topics
-from ._compact import compact, table_of
+from ._compact import TableChanges, compact, table_of
 from ._ddl_policy import SYSTEM_SCHEMAS, DdlRefused, check_ddl, check_default
 from ._order import RepairMark, Whole
 
@@ -309,6 +309,7 @@ class Applier:
                 if table not in primary_keys:
                     primary_keys[table] = self._table(table, event["source"].get("gxid")).primary_key
             for changes in compact(chunk, primary_keys):
+                self._check_held(tx, changes)
                 if changes.deletes:
                     tx.delete_keys(changes.table, changes.deletes)
                 if changes.upserts:
@@ -317,6 +318,21 @@ class Applier:
                     _one_row(tx.update(changes.table, key, values), changes.table, key, "update")
                 self._apply_in_order(tx, changes.table, changes.ordered)
         return count
+
+    @staticmethod
+    def _check_held(tx: Writes, changes: TableChanges) -> None:
+        """Each folded key's row on the target as the source had it before these events
+        (``_compact``): an update or a delete needs it there, an insert needs it absent."""
+        if not changes.before:
+            return
+        keys = [key for key, _, _ in changes.before]
+        for (key, had, what), held in zip(changes.before, tx.held(changes.table, keys), strict=True):
+            if held != had:
+                found = "found no row on the target, where the source had one" if had else \
+                    "found a row on the target, where the source had none"
+                raise ApplyError(f"{what} of {quoted(*changes.table)} key "
+                                 f"{_shown(key)} {found}: the target differs from the source",
+                                 fix="replay into a fresh target; find out who else writes to it")
 
     def _apply_in_order(self, tx: Writes, table: tuple[str, str],
                         events: Sequence[Mapping[str, Any]]) -> None:
@@ -383,12 +399,16 @@ class Applier:
 def _one_row(count: int, table: tuple[str, str], key: Mapping[str, Any], what: str) -> int:
     """An update or delete of a row the source had must find that row on the target."""
     if count != 1:
-        shown = repr(dict(key))  # a keyless table's whole row: cut to what a line can hold
-        shown = shown if len(shown) <= 200 else shown[:200] + "...}"
-        raise ApplyError(f"an {what} of {quoted(*table)} key {shown} changed {count} rows on the target, where the "
+        raise ApplyError(f"an {what} of {quoted(*table)} key {_shown(key)} changed {count} rows on the target, where the "
                          "source had the row: the target differs from the source",
                          fix="replay into a fresh target; find out who else writes to it")
     return count
+
+
+def _shown(key: Mapping[str, Any]) -> str:
+    """A key as a line can hold it (a keyless table's is its whole row)."""
+    shown = repr(dict(key))
+    return shown if len(shown) <= 200 else shown[:200] + "...}"
 
 
 def _keyless_match(table: Table, row: Mapping[str, Any]) -> tuple[sql.Composable, list[Any]]:

@@ -8,6 +8,13 @@ with different keys do not interact (the primary key is the only uniqueness the
 target is assumed to enforce), so deletes, upserts and updates can each go in bulk,
 deletes first, which also frees any other unique value a new row takes over. A table
 without a primary key keeps its events in order.
+
+Writing a row's last image whatever the target holds would also write over a row the
+target lost or gained outside the pipeline, silently. So each folded key also says
+whether the source held its row before the batch (its first event in the batch tells:
+an insert, or an update that moves a row onto it, found none; an update or a delete
+found one), which the replayer checks on the target before writing, as applying each
+event in order would have found.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ class TableChanges:
     upserts: list[dict[str, Any]] = field(default_factory=list)  # whole rows
     updates: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)  # (key, columns)
     ordered: list[Mapping[str, Any]] = field(default_factory=list)  # or all its events, in order, unfolded
+    # Each folded key, whether the source held its row before the batch, and what its first event was.
+    before: list[tuple[dict[str, Any], bool, str]] = field(default_factory=list)
 
 
 def table_of(event: Mapping[str, Any]) -> tuple[str, str]:
@@ -45,6 +54,7 @@ def compact(events: Iterable[Mapping[str, Any]],
     tables: dict[tuple[str, str], TableChanges] = {}
     # Per table and key: ("row", image) | ("gone", None) | ("patch", columns)
     state: dict[tuple[str, str], dict[Key, tuple[str, dict[str, Any] | None]]] = {}
+    first: dict[tuple[str, str], dict[Key, tuple[bool, str]]] = {}  # per table and key: held before, first event
     unfoldable: set[tuple[str, str]] = set()
     for event in events:
         table = table_of(event)
@@ -52,31 +62,38 @@ def compact(events: Iterable[Mapping[str, Any]],
         if changes is None:
             changes = tables[table] = TableChanges(table, tuple(primary_keys[table]))
             state[table] = {}
+            first[table] = {}
         changes.ordered.append(event)  # kept in case the table cannot be folded
         if not changes.key_columns or event["op"] not in ("c", "u", "d"):
             unfoldable.add(table)  # no key to fold by (or a TRUNCATE, refused when applied)
         if table in unfoldable:
             continue
-        rows = state[table]
+        rows, seen = state[table], first[table]
         columns = changes.key_columns
         op, after, before = event["op"], event["after"], event["before"]
         if op == "d":
-            rows[tuple(before[c] for c in columns)] = ("gone", None)
+            gone = tuple(before[c] for c in columns)
+            seen.setdefault(gone, (True, "a delete"))
+            rows[gone] = ("gone", None)
             continue
         key = tuple(after[c] for c in columns)
+        old = tuple(before[c] for c in columns) if op == "u" and before is not None else key
+        if op == "c":
+            seen.setdefault(key, (False, "an insert"))
+        else:
+            seen.setdefault(old, (True, "an update"))
+            seen.setdefault(key, (False, "an update"))  # a row moved onto a key no row held (or the same key)
         partial = bool(event.get(UNCHANGED))  # some columns were not in the WAL
-        if op == "u" and before is not None:
-            old = tuple(before[c] for c in columns)
-            if old != key:  # the key changed: the old row goes
-                previous = rows.get(old)
-                if partial:
-                    if previous is None or previous[0] != "row":
-                        # The moved row takes a value only the target has: apply in order.
-                        unfoldable.add(table)
-                        continue
-                    after = {**previous[1], **after}  # type: ignore[dict-item]
-                    partial = False
-                rows[old] = ("gone", None)
+        if old != key:  # the key changed: the old row goes
+            previous = rows.get(old)
+            if partial:
+                if previous is None or previous[0] != "row":
+                    # The moved row takes a value only the target has: apply in order.
+                    unfoldable.add(table)
+                    continue
+                after = {**previous[1], **after}  # type: ignore[dict-item]
+                partial = False
+            rows[old] = ("gone", None)
         if op == "c" or not partial:
             rows[key] = ("row", dict(after))
             continue
@@ -92,6 +109,7 @@ def compact(events: Iterable[Mapping[str, Any]],
         changes.ordered = []
         for key, (kind, image) in rows.items():
             key_values = dict(zip(changes.key_columns, key))
+            changes.before.append((key_values, *first[table][key]))
             if kind == "gone":
                 changes.deletes.append(key_values)
             elif kind == "row":
