@@ -247,6 +247,11 @@ def test_a_wrong_target_kind_or_an_unreachable_door_is_one_line(source, work_dir
     with pytest.raises(UnreachableError):
         connect_target("host=127.0.0.1 port=1 user=x dbname=y")
     assert connect_target(Sandbox("source", work_dir).dsn).kind == "sandbox"
+    plain = source.dsn(source.segments[0])  # a segment: a PostgreSQL server of no cluster
+    with pytest.raises(ClusterError, match="is no Greenplum-style coordinator, but target.kind is sandbox: set "
+                                           "target.kind to postgres"):
+        connect_target(plain, "sandbox")
+    assert connect_target(plain).kind == "postgres"
 
 
 @pytest.mark.parametrize("flavour", ["greenplum", "postgres"])

@@ -617,3 +617,23 @@ def test_rows_under_a_key_with_an_array_column_are_found_and_fixed(clusters):
         for cluster in (source, target):
             with Session(cluster) as session:
                 session.ddl(f"DROP TABLE IF EXISTS {table}")
+
+
+@pytest.mark.parametrize("mode", ["checksum", "spark"])
+def test_a_table_the_target_lacks_is_named_with_the_way_to_get_it(clusters, tmp_path, mode):
+    from gpcdc_toolkit.config import load_config
+    from gpcdc_toolkit.validate import ValidationError, validate
+
+    source, target = clusters
+    table = f'"Only On The Source {mode}"'
+    with Session(source) as session:
+        session.ddl(f"CREATE TABLE {table} (id int PRIMARY KEY) DISTRIBUTED BY (id)")
+    try:
+        config = load_config({"work_dir": str(tmp_path), "validate.mode": mode}, environ={})
+        with pytest.raises(ValidationError) as refused:
+            validate(config, tables=[table], syncpoint=False, source=source, target=target)
+        assert str(refused.value).startswith(f'the target has no table "public".{table}, which the source has: '
+                                             "replay creates it"), refused.value
+    finally:
+        with Session(source) as session:
+            session.ddl(f"DROP TABLE {table}")

@@ -2,9 +2,9 @@
 door), or a capture source (a Greenplum-style coordinator, or a Citus coordinator).
 
 ``target.kind`` says which; ``auto`` tells them apart by the catalog: a coordinator
-with ``gp_segment_configuration`` and the sandbox's ``gp_dist`` schema is a sandbox,
-a server with the ``citus`` extension a Citus coordinator, any other a plain
-PostgreSQL server.
+with ``gp_segment_configuration`` is a sandbox (``Cluster.connect`` refuses one made
+without the routing functions of today's), a server with the ``citus`` extension a
+Citus coordinator, any other a plain PostgreSQL server.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from ._frontdoor import CitusCluster, FrontDoor
 
 
 def _kind_of(dsn: str, role: str) -> tuple[bool, bool]:
-    """(a sandbox coordinator, a Citus coordinator), from the catalog."""
+    """(a Greenplum-style coordinator, a Citus coordinator), from the catalog."""
     with connect_dsn(dsn, f"{role} {_where(dsn)}", autocommit=True) as conn:
         return conn.execute(  # type: ignore[return-value]
-            "SELECT to_regclass('gp_segment_configuration') IS NOT NULL "
-            "AND EXISTS (SELECT FROM pg_namespace WHERE nspname = 'gp_dist'), "
+            "SELECT to_regclass('gp_segment_configuration') IS NOT NULL, "
             "EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')").fetchone()
 
 
@@ -36,9 +35,13 @@ def connect_target(dsn: str, kind: str = "auto") -> Cluster:
     if kind not in TARGET_KINDS:
         raise ClusterError(f"unknown target kind {kind!r}", fix=f"use one of {', '.join(TARGET_KINDS)}")
     sandbox, citus = _kind_of(dsn, "target")
-    if kind == "sandbox" or (kind == "auto" and sandbox):
-        return Cluster.connect(dsn)
-    if sandbox:
+    if kind == "sandbox" and not sandbox:
+        raise ClusterError(f"target {_where(dsn)} is no Greenplum-style coordinator, but target.kind is sandbox",
+                           fix="set target.kind to postgres (a Citus coordinator too) or auto to write it at its "
+                               "front door, or point the DSN at a sandbox's coordinator")
+    if sandbox and kind == "postgres":
         raise ClusterError(f"target {_where(dsn)} is a sandbox's coordinator, whose tables hold no rows, but "
                            "target.kind is postgres", fix="set target.kind to sandbox (or auto)")
+    if sandbox:
+        return Cluster.connect(dsn)
     return CitusCluster.connect(dsn) if citus else FrontDoor.connect(dsn)

@@ -28,11 +28,11 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..cluster import COORDINATOR, Cluster, Node, TableRef
+from ..cluster import COORDINATOR, Cluster, Node, TableRef, quoted
 from ..cluster._cluster import Table
 from ..cluster._routing import output_text
 from ..cluster._writes import insert_into
-from ..errors import GpcdcError
+from ..errors import ClusterError, GpcdcError
 from ..sandbox._functions import ROW_HASH_SYMBOL
 from ._chunks import (
     EMPTY,
@@ -75,6 +75,17 @@ class Fix:
 
 class ValidationError(GpcdcError):
     """A table cannot be compared (it differs in shape between source and target)."""
+
+
+def target_table(target: Cluster, table: TableRef) -> Table:
+    """The target's table of a source table's name; one the target lacks, said so."""
+    try:
+        return target.table(table)
+    except ClusterError:
+        name = quoted(*table) if isinstance(table, tuple) else table
+        raise ValidationError(f"the target has no table {name}, which the source has",
+                              fix="replay creates it (its initial load, or the stream's CREATE TABLE); or leave it "
+                                  "out by naming the tables to compare with --tables") from None
 
 
 @dataclass(frozen=True)
@@ -531,7 +542,7 @@ def _share_cores(sides: Sequence[Snapshots]) -> None:
 def _compare(source: Snapshots, target: Snapshots, table: TableRef, fetch_rows: int,
              placement: bool, form: str) -> ChecksumResult:
     started = time.monotonic()
-    info, target_info = source.cluster.table(table), target.cluster.table(table)
+    info, target_info = source.cluster.table(table), target_table(target.cluster, table)
     _check_shapes(info, target_info)
     _share_cores((source, target))
     hashed, target_hashed = _row_hash(info, form), _row_hash(target_info, form)

@@ -28,7 +28,7 @@ from ..config import Config
 from ..connect import open_cluster
 from ..errors import GpcdcError
 from ._causes import cause_of, events_of
-from ._checksum import ChecksumResult, ValidationError, compare_checksums
+from ._checksum import ChecksumResult, ValidationError, compare_checksums, target_table
 from ._evidence import gather_evidence
 from ._expectations import TargetSuites
 from ._recorded import record_syncpoint
@@ -168,14 +168,14 @@ def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpo
         if settings.mode == "spark":
             from ._spark import compare_spark
 
-            results = tuple(compare_spark(spark, sides[0], sides[1], info, target.table(info.parts),
+            results = tuple(compare_spark(spark, sides[0], sides[1], info, target_table(target, info.parts),
                                           placement=settings.check_placement) for info in infos)
         else:
             results = tuple(compare_checksums(sides[0], sides[1], info.parts, fetch_rows=settings.fetch_rows,
                                               placement=settings.check_placement) for info in infos)
         outcomes: list[Outcome] = []
         if suites is not None:
-            outcomes = suites.check(sides[1], [(target.table(info.parts), result.diff.expected, result.diff.actual)
+            outcomes = suites.check(sides[1], [(target_table(target, info.parts), result.diff.expected, result.diff.actual)
                                                for info, result in zip(infos, results)])
         summary = point.summary() if point is not None else None
     run = Validation(results, summary, settings.mode, time.monotonic() - started, _run_dir(config), tuple(outcomes),
