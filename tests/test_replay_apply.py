@@ -232,6 +232,25 @@ def test_a_front_door_table_of_another_shape_is_refused_in_one_line_before_anyth
         in status.stdout, status.stdout
 
 
+@pytest.mark.parametrize("replay_target", ["postgres"], indirect=True)
+def test_a_target_role_without_the_privileges_it_needs_is_told_so_and_nothing_is_written(source, replay_target,
+                                                                                          work_dir):
+    target, config, pipeline, group = replay_target
+    bootstrap(source, pipeline, "snapshot")
+    group.start()  # the topics
+    with target.cluster().coordinator_connection() as conn:
+        conn.execute('CREATE ROLE "Read Only" LOGIN')  # on PostgreSQL 15, no CREATE on schema public
+        conn.commit()
+    done = gpcdc(work_dir, "--source-sandbox", "source", "--target-dsn", f"{target.dsn} user='Read Only'",
+                 "--target-kind", "postgres", "--kafka-bootstrap-servers", config.kafka.bootstrap_servers,
+                 "--kafka-topic-prefix", config.kafka.topic_prefix, "replay", "--once")
+    assert done.returncode == 1
+    assert "permission denied for schema public: grant it to the DSN's user, or connect as one who has it" in \
+        one_line_error(done)
+    with target.cluster().coordinator_connection() as conn:
+        assert conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone()[0] == 0
+
+
 def test_a_wrong_target_kind_or_an_unreachable_door_is_one_line(source, work_dir):
     from gpcdc_toolkit.cluster import connect_target
     from gpcdc_toolkit.errors import ClusterError, UnreachableError

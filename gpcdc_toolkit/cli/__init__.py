@@ -70,6 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _describe(error: Exception) -> str:
     from confluent_kafka import KafkaException
     from psycopg import Error as PostgresError
+    from psycopg.errors import InsufficientPrivilege
 
     first = (str(error).strip().splitlines() or [type(error).__name__])[0]
     if isinstance(error, OSError) and error.filename is not None:
@@ -81,6 +82,8 @@ def _describe(error: Exception) -> str:
         return f"cannot use {error.filename}: {error.strerror}: {fix}"
     if isinstance(error, KafkaException):
         return f"Kafka: {error.args[0].str() if error.args and hasattr(error.args[0], 'str') else first}"
+    if isinstance(error, InsufficientPrivilege):
+        return f"PostgreSQL: {first}: grant it to the DSN's user, or connect as one who has it"
     if isinstance(error, PostgresError):
         return f"PostgreSQL: {first}"
     return f"unexpected {type(error).__name__}: {first}"
