@@ -57,6 +57,8 @@ def test_sandbox_lifecycle(work_dir):
     (["--source-dsn", "h=1", "--source-sandbox", "s", "workload"], "both a DSN"),
     (["--config", "/nonexistent.toml", "workload"], "cannot read config file /nonexistent.toml"),
     (["--kafka-bootstrap-servers", "127.0.0.1:1", "broker", "status"], "no Kafka broker answers at 127.0.0.1:1"),
+    (["syncpoint", "--hold", "nan"], "--hold nan is not a number of seconds: give the seconds to hold, or 0"),
+    (["syncpoint", "--hold", "-1"], "--hold -1 is not a number of seconds"),
 ])
 def test_errors_are_one_line_with_a_non_zero_exit(work_dir, args, message):
     assert message in one_line_error(gpcdc(work_dir, *args, timeout=60))

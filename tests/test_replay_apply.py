@@ -251,6 +251,32 @@ def test_a_target_role_without_the_privileges_it_needs_is_told_so_and_nothing_is
         assert conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone()[0] == 0
 
 
+def test_a_sync_point_kafka_does_not_hold_is_refused_before_anything_is_applied(source, replay_target, work_dir):
+    """Looked for to the stream's end, it would have the whole stream applied, past
+    every sync point the target could have stopped at."""
+    target, config, pipeline, group = replay_target
+    bootstrap(source, pipeline, "snapshot")
+    group.start()
+    flags = ["--source-sandbox", "source", "--target-sandbox", target.name, "--kafka-bootstrap-servers",
+             config.kafka.bootstrap_servers, "--kafka-topic-prefix", config.kafka.topic_prefix]
+    taken = gpcdc(work_dir, *flags, "syncpoint")
+    assert taken.returncode == 0, taken.stderr
+    gxid = int(taken.stdout.split("sync point ", 1)[1].split(":", 1)[0])
+    refused = gpcdc(work_dir, *flags, "replay", "--once", "--until-syncpoint", str(gxid + 10**6))
+    assert refused.returncode == 4
+    assert f"sync point {gxid + 10**6} is neither in the stream" in one_line_error(refused)
+    from gpcdc_toolkit.replay import STATE
+
+    with target.cluster().coordinator_connection() as conn:  # no initial load, no checkpoint
+        assert conn.execute("SELECT count(*) FROM pg_tables WHERE tablename NOT LIKE 'gpcdc_replay%' "
+                            "AND schemaname = 'public'").fetchone()[0] == 0
+        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (STATE,)).fetchone()[0]
+        assert not exists or conn.execute(f"SELECT count(*) FROM {STATE}").fetchone()[0] == 0
+    # One taken (recorded, in the stream or on its way): the target stops there.
+    stopped = gpcdc(work_dir, *flags, "replay", "--until-syncpoint", str(gxid))
+    assert stopped.returncode == 0 and f"stopped at sync point {gxid}" in stopped.stdout, stopped.stderr
+
+
 def test_a_wrong_target_kind_or_an_unreachable_door_is_one_line(source, work_dir):
     from gpcdc_toolkit.cluster import connect_target
     from gpcdc_toolkit.errors import ClusterError, UnreachableError

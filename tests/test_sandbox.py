@@ -7,7 +7,7 @@ import psycopg
 import pytest
 
 from gpcdc_toolkit import ClusterError, SandboxError, UnreachableError
-from gpcdc_toolkit.cluster import Cluster
+from gpcdc_toolkit.cluster import Cluster, Session
 from gpcdc_toolkit.sandbox import Sandbox
 
 
@@ -103,6 +103,17 @@ def test_a_refused_password_says_to_correct_it(reason):
     from gpcdc_toolkit.cluster._cluster import _refusal_fix
 
     assert _refusal_fix(reason) == "correct the user and password in the DSN (or in the password file it uses)"
+
+
+def test_a_table_named_by_a_number_is_refused_not_taken_for_the_table_of_that_object_id(source):
+    with Session(source) as session:
+        session.ddl("CREATE TABLE IF NOT EXISTS numbered_by_oid (id int PRIMARY KEY) DISTRIBUTED BY (id)")
+    with source.coordinator_connection() as conn:
+        oid = conn.execute("SELECT 'numbered_by_oid'::regclass::oid").fetchone()[0]
+    assert source.table("numbered_by_oid").name == "public.numbered_by_oid"
+    for name in (str(oid), f" {oid} ", "0"):
+        with pytest.raises(ClusterError, match=f"{name!r} is not a valid table name: a name is read as SQL reads it"):
+            source.table(name)
 
 
 def test_plain_postgres_is_not_a_coordinator(source):

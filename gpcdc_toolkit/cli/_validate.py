@@ -76,7 +76,7 @@ class SyncPointCommand(Command):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--hold", type=float, default=0.0, metavar="SECONDS",
                             help="wait for the replayer to reach the sync point, then keep both sides readable "
-                                 "there for this long (or until stopped) for `gpcdc validate --at-syncpoint`")
+                                 "there for this long (inf: until stopped) for `gpcdc validate --at-syncpoint`")
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
         from ..bootstrap import Pipeline, distributed_tables
@@ -84,8 +84,8 @@ class SyncPointCommand(Command):
         from ..validate._recorded import record_syncpoint
         from ..validate._syncpoint import held_file, publish, take_syncpoint
 
-        if args.hold < 0:
-            raise ConfigError(f"--hold {args.hold:g} is negative", fix="give the seconds to hold, or 0")
+        if not args.hold >= 0:  # negative, or not a number
+            raise ConfigError(f"--hold {args.hold:g} is not a number of seconds", fix="give the seconds to hold, or 0")
         source = open_cluster(config, "source")
         target = open_cluster(config, "target") if args.hold else None
         tables = distributed_tables(source)
@@ -106,7 +106,7 @@ class SyncPointCommand(Command):
             try:
                 say(f"sync point {point.gxid}: replayer held {point.replay_hold_ms} ms; both sides readable for "
                     f"{args.hold:g} s: gpcdc validate --at-syncpoint {point.gxid}")
-                stop.wait(args.hold)
+                stop.wait(None if args.hold > threading.TIMEOUT_MAX else args.hold)  # inf: until stopped
             finally:
                 path.unlink(missing_ok=True)
         return 0

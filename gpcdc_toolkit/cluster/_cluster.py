@@ -242,16 +242,16 @@ class Cluster:
                     raise ClusterError(f"no table {quoted(*name)} on the coordinator")
                 oid = found[0]
             else:
+                how = "a name is read as SQL reads it: quote one with capitals or spaces ('\"Order Items\"'), or " \
+                      "pass (schema, name)"
+                if name.strip().isdigit():  # which regclass would take for an object's id
+                    raise ClusterError(f"{name!r} is not a valid table name", fix=how)
                 try:
                     oid = conn.execute("SELECT %s::regclass::oid", (name,)).fetchone()[0]  # type: ignore[index]
                 except psycopg.errors.UndefinedTable:
-                    raise ClusterError(f"no table {name} on the coordinator",
-                                       fix="a name is read as SQL reads it: quote one with capitals or spaces "
-                                           "('\"Order Items\"'), or pass (schema, name)") from None
+                    raise ClusterError(f"no table {name} on the coordinator", fix=how) from None
                 except (psycopg.errors.InvalidName, psycopg.errors.SyntaxError):
-                    raise ClusterError(f"{name!r} is not a valid table name",
-                                       fix="a name is read as SQL reads it: quote one with capitals or spaces "
-                                           "('\"Order Items\"'), or pass (schema, name)") from None
+                    raise ClusterError(f"{name!r} is not a valid table name", fix=how) from None
             schema, relname, qualified = conn.execute(  # type: ignore[misc]
                 "SELECT nspname, relname, quote_ident(nspname) || '.' || quote_ident(relname) "
                 "FROM pg_class c JOIN pg_namespace n ON n.oid = relnamespace WHERE c.oid = %s", (oid,)).fetchone()

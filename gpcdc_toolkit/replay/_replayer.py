@@ -35,6 +35,7 @@ from ._load import load_rows, prepare_target
 from ._order import Missing, Part, Reassembler, Record, Whole, resume_point
 from ._source import Framer, MalformedMessageError, Watermark
 from ._spill import SpillDirectory, SqliteSpill
+from ._until import syncpoints_in_kafka
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +215,16 @@ class Replayer:
             raise SyncPointNotReachedError(f"the archive holds no sync point {gxid} (its sync points, the latest: "
                                            f"{latest}); nothing was applied",
                                            fix="name one it holds (`gpcdc replay --archive PATH --list-syncpoints`)")
+        if held is None:
+            # Kafka: a sync point taken is in the stream, or on its way (recorded by the
+            # command that took it). Any other would be looked for to the stream's end,
+            # applying everything, past every point the target could have stopped at.
+            in_kafka = [point for point, _ms in syncpoints_in_kafka(self.kafka, self.topics)]
+            if gxid not in in_kafka and not (self.record.syncpoints_dir / f"{gxid}.json").is_file():
+                latest = ", ".join(map(str, in_kafka[-5:])) or "none"
+                raise SyncPointNotReachedError(f"sync point {gxid} is neither in the stream (its sync points, the "
+                                               f"latest: {latest}) nor recorded by this pipeline; nothing was applied",
+                                               fix="name one that `gpcdc replay --list-syncpoints` lists")
 
     def _check_extended(self, segments: int) -> None:
         """Stop when the pipeline captures more segments than this run reads partitions
