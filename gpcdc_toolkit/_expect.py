@@ -55,6 +55,12 @@ def load_suites(directory: Path | None = None) -> list[Suite]:
         except (ValueError, AttributeError):
             raise ConfigError(f"{file} is not a suite: a JSON object with name, expectations and meta.gpcdc.frame",
                               fix="repair or remove the file") from None
+        expectations = body.get("expectations", [])
+        if not isinstance(expectations, list) or not all(isinstance(e, dict) and isinstance(e.get("type"), str)
+                                                         and isinstance(e.get("kwargs", {}), dict)
+                                                         for e in expectations):
+            raise ConfigError(f"{file}: expectations is not a list of objects, each with a type and its kwargs",
+                              fix='write each as {"type": "expect_...", "kwargs": {...}}')
         if frame not in FRAMES:
             raise ConfigError(f"{file}: meta.gpcdc.frame is {frame!r}", fix=f"use one of {', '.join(FRAMES)}")
         if frame == "target" and not isinstance(table, str):
@@ -128,8 +134,9 @@ class Expectations:
         from great_expectations.data_context.types.base import ProgressBarsConfig
 
         # Some of its modules set their own logger's level: quiet each one, not only the parent.
+        # What fails is said by the toolkit, in one line (a suite it cannot load, below).
         for name in [n for n in logging.root.manager.loggerDict if n.startswith("great_expectations")]:
-            logging.getLogger(name).setLevel(logging.ERROR)
+            logging.getLogger(name).setLevel(logging.CRITICAL)
         self._gx = gx
         self._context = gx.get_context(mode="ephemeral")
         self._context.variables.progress_bars = ProgressBarsConfig(globally=False)
@@ -142,7 +149,13 @@ class Expectations:
     def suite(self, name: str, body: dict[str, Any]) -> Any:
         """The suite ``body`` as great-expectations loads it. Raises ConfigError when it
         does not load whole."""
-        suite = self._gx.ExpectationSuite(**body)
+        try:
+            suite = self._gx.ExpectationSuite(**body)
+        except Exception as e:  # noqa: BLE001 (its own and pydantic's errors, whatever the field)
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ConfigError(f"suite {name}: great-expectations cannot load it ({first})",
+                              fix="correct its expectations' types and arguments (great-expectations 1.x) in its "
+                                  "JSON file") from None
         if len(suite.expectations) != len(body.get("expectations", [])):
             raise ConfigError(f"suite {name}: great-expectations kept {len(suite.expectations)} of its "
                               f"{len(body.get('expectations', []))} expectations",

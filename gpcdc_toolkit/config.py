@@ -365,6 +365,8 @@ def _read_file(path: Path, where: str) -> dict[str, Any]:
             data = tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{where} {path} is not valid TOML ({e})", fix="fix the file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where} {path} is not UTF-8 text (byte {e.start})", fix="save it as UTF-8") from None
     except OSError as e:
         raise ConfigError(f"cannot read {where} {path} ({e.strerror})", fix="fix the path") from None
     values = _flatten(data)

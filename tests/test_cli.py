@@ -57,8 +57,16 @@ def test_sandbox_lifecycle(work_dir):
     (["--source-dsn", "h=1", "--source-sandbox", "s", "workload"], "both a DSN"),
     (["--config", "/nonexistent.toml", "workload"], "cannot read config file /nonexistent.toml"),
     (["--kafka-bootstrap-servers", "127.0.0.1:1", "broker", "status"], "no Kafka broker answers at 127.0.0.1:1"),
+    (["audit", "--from", "9" * 23], "is not epoch milliseconds of a time a stream can hold"),
     (["syncpoint", "--hold", "nan"], "--hold nan is not a number of seconds: give the seconds to hold, or 0"),
     (["syncpoint", "--hold", "-1"], "--hold -1 is not a number of seconds"),
 ])
 def test_errors_are_one_line_with_a_non_zero_exit(work_dir, args, message):
     assert message in one_line_error(gpcdc(work_dir, *args, timeout=60))
+
+
+def test_a_sync_point_looked_up_in_an_archive_that_is_not_there_is_not_looked_up_elsewhere(work_dir):
+    done = gpcdc(work_dir, "validate", "--against-syncpoint", "5", "--archive", str(work_dir / "nowhere"), timeout=60)
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        f"gpcdc: validate could not run: archive {work_dir / 'nowhere'} does not exist: give the directory "
+        "`gpcdc archive --to` wrote"], done.stderr

@@ -144,6 +144,14 @@ def test_invalid_toml_names_the_file(tmp_path):
         load_config({}, config_file=path, environ={})
 
 
+@pytest.mark.parametrize("content", [b"\xff\xfework_dir = 'x'\n", "work_dir = 'caf\u00e9'\n".encode("latin-1")])
+def test_a_file_that_is_not_utf8_names_the_file(tmp_path, content):
+    path = tmp_path / "gpcdc.toml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=f"config file {path} is not UTF-8 text \\(byte [0-9]+\\): save it as UTF-8"):
+        load_config({}, config_file=path, environ={})
+
+
 def test_config_file_from_environment(tmp_path):
     path = write(tmp_path, 'work_dir = "/srv/cdc"\n')
     config = load_config({}, environ={"GPCDC_CONFIG": str(path)})

@@ -15,6 +15,8 @@ from ._command import Command, say
 def _time_ms(text: str) -> int:
     """Epoch milliseconds, or an ISO 8601 time (UTC unless it says otherwise)."""
     if text.isdigit():
+        if len(text) > 15:  # past the year 33,000: no stream's time, and past what Kafka's timestamps hold
+            raise argparse.ArgumentTypeError(f"{text!r} is not epoch milliseconds of a time a stream can hold")
         return int(text)
     try:
         moment = dt.datetime.fromisoformat(text)

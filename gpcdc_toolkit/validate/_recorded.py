@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .._runtime import read_json, write_json
+from ..archive import ArchiveError
 from ..bootstrap import Pipeline
 from ..cluster import Cluster, Table
 from ..config import Config
@@ -91,6 +92,8 @@ def record_syncpoint(point: SyncPoint, tables: Sequence[Table], directory: Path)
 
 def load_record(config: Config, gxid: int, archive: Path | None = None) -> SyncPointRecord:
     """Sync point ``gxid``'s record, from ``archive`` or else the work directory."""
+    if archive is not None and not archive.is_dir():
+        raise ArchiveError(f"archive {archive} does not exist", fix="give the directory `gpcdc archive --to` wrote")
     tried = [Pipeline(archive, config.kafka.topic_prefix)] if archive is not None else []
     tried.append(Pipeline(config.work_dir, config.kafka.topic_prefix))
     for pipeline in tried:
