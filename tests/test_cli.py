@@ -70,3 +70,15 @@ def test_a_sync_point_looked_up_in_an_archive_that_is_not_there_is_not_looked_up
     assert done.returncode == 2 and done.stderr.splitlines() == [
         f"gpcdc: validate could not run: archive {work_dir / 'nowhere'} does not exist: give the directory "
         "`gpcdc archive --to` wrote"], done.stderr
+
+
+def test_a_kafka_client_setting_librdkafka_refuses_is_a_configuration_error_even_for_broker_status(work_dir):
+    """`broker status` connects as the pipeline does, with [kafka.client]: a broker that
+    answers a plain client is not said to answer one the pipeline cannot configure."""
+    path = work_dir / "bogus-client.toml"
+    path.write_text('[kafka.client]\n"security.protocol" = "bogus"\n')
+    done = gpcdc(work_dir, "--config", str(path), "--kafka-bootstrap-servers", "127.0.0.1:1", "broker", "status",
+                 timeout=60)
+    assert done.returncode == 2
+    assert 'Kafka: Invalid value "bogus" for configuration property "security.protocol": correct [kafka.client] ' \
+           "in the config file" in one_line_error(done)

@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("GPCDC_DEBUG"):
             raise
         print(f"gpcdc: error: {_describe(e)} (GPCDC_DEBUG=1 shows where)", file=sys.stderr)
-        return 1
+        return 2 if _refused_kafka_setting(e) else 1
 
 
 def _describe(error: Exception) -> str:
@@ -81,12 +81,22 @@ def _describe(error: Exception) -> str:
                errno.EROFS: "point --work-dir at a writable filesystem"}.get(error.errno or 0, "check the path")
         return f"cannot use {error.filename}: {error.strerror}: {fix}"
     if isinstance(error, KafkaException):
-        return f"Kafka: {error.args[0].str() if error.args and hasattr(error.args[0], 'str') else first}"
+        said = f"Kafka: {error.args[0].str() if error.args and hasattr(error.args[0], 'str') else first}"
+        return f"{said}: correct [kafka.client] in the config file" if _refused_kafka_setting(error) else said
     if isinstance(error, InsufficientPrivilege):
         return f"PostgreSQL: {first}: grant it to the DSN's user, or connect as one who has it"
     if isinstance(error, PostgresError):
         return f"PostgreSQL: {first}"
     return f"unexpected {type(error).__name__}: {first}"
+
+
+def _refused_kafka_setting(error: Exception) -> bool:
+    """librdkafka refused a client's configuration: one of [kafka.client]'s settings
+    (the toolkit's own are checked when the configuration is read)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    reason = error.args[0] if isinstance(error, KafkaException) and error.args else None
+    return isinstance(reason, KafkaError) and reason.code() == KafkaError._INVALID_ARG
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import time
 from ..broker import KAFKA_VERSION, EmbeddedBroker, check_reachable
 from ..cluster import COORDINATOR
 from ..config import Config
+from ..connect import kafka_client_settings
 from ..ingest import SparkServer
 from ..sandbox import FLAVOURS, Sandbox, list_sandboxes
 from ._command import Command, say
@@ -149,7 +150,7 @@ class BrokerStatus(Command):
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
         if config.kafka.bootstrap_servers:
-            check_reachable(config.kafka.bootstrap_servers)
+            check_reachable(kafka_client_settings(config))  # as the pipeline connects: [kafka.client] too
             say(f"Kafka answers at {config.kafka.bootstrap_servers}")
             return 0
         broker = EmbeddedBroker(config.work_dir)
