@@ -56,6 +56,9 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
     group = CaptureGroup(config)
     truth = config.work_dir / "workload-ground-truth.jsonl"  # where the workload notebook appends and checks
     runs = []
+    # What runs already in the work directory is left running: the demo stops what it started.
+    source_ran = sandbox.exists and any(pid for _, pid in sandbox.status())
+    broker_ran, spark_ran = broker.pid is not None, spark.pid is not None
 
     def job(notebook: str, **parameters: Any) -> bool:
         done = run_notebook(config, notebook, parameters)
@@ -105,9 +108,11 @@ def run_demo(config: Config, options: DemoOptions, *, say: Callable[[str], None]
         if not options.keep:
             def pipeline() -> None:  # the capture workers first: they flush to the broker as they stop
                 group.stop()
-                _all_at_once([broker.down, *(s.down for s in (sandbox, target) if s.exists)])
+                _all_at_once([*([] if broker_ran else [broker.down]),
+                              *([sandbox.down] if sandbox.exists and not source_ran else []),
+                              *([target.down] if target.exists else [])])  # the demo's own, made afresh
 
-            _all_at_once([spark.down, pipeline])
+            _all_at_once([*([] if spark_ran else [spark.down]), pipeline])
 
 
 class _SparkStart:

@@ -107,3 +107,25 @@ def test_the_reports_draw_offline_with_their_headline_figures(demo, tmp_path):
     assert re.findall(r'<section data-job="([^"]+)"(?! hidden)', nothing) == [] and "0 shown" in visible_text(nothing)
     for run in runs.values():
         report_as_shown(reports, run, tmp_path)
+
+
+def test_a_demo_that_stops_early_stops_what_it_started_and_leaves_what_ran_before(work_dir):
+    """A source sandbox already running in the work directory is left running; the
+    target the demo made afresh, and the Spark server it began, are stopped. (Kafka is
+    named at a closed port: the demo stops there, after its servers' start.)"""
+    from gpcdc_toolkit.sandbox import Sandbox
+
+    root = work_dir / "demo-early"
+    source = Sandbox("source", root).up(segments=1)
+    try:
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("GPCDC_")}, "PYTHONUNBUFFERED": "1"}
+        done = subprocess.run([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(root),
+                               "--kafka-bootstrap-servers", "127.0.0.1:1", "demo", "--segments", "1"],
+                              capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=300)
+        assert done.returncode != 0 and "no Kafka broker answers at 127.0.0.1:1" in done.stderr, done.stderr
+        assert all(pid is not None for _, pid in source.status())
+        target = Sandbox("target", root)
+        assert target.exists and all(pid is None for _, pid in target.status())
+        assert SparkServer(root).pid is None and EmbeddedBroker(root).pid is None
+    finally:
+        source.down()
