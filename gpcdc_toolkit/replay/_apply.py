@@ -321,17 +321,18 @@ class Applier:
 
     @staticmethod
     def _check_held(tx: Writes, changes: TableChanges) -> None:
-        """Each folded key's row on the target as the source had it before these events
-        (``_compact``): an update or a delete needs it there, an insert needs it absent."""
-        if not changes.before:
+        """Each folded key whose row the source held before these events (``_compact``)
+        must be on the target: an update or a delete of it would otherwise bring the row
+        back or do nothing. (An insert over a row someone else inserted writes the
+        source's row over it, as its ``ON CONFLICT`` does: the lookups an insert-heavy
+        stream would pay for it cost a replay into plain PostgreSQL 0.62 of its rate.)"""
+        held = [(key, what) for key, had, what in changes.before if had]
+        if not held:
             return
-        keys = [key for key, _, _ in changes.before]
-        for (key, had, what), held in zip(changes.before, tx.held(changes.table, keys), strict=True):
-            if held != had:
-                found = "found no row on the target, where the source had one" if had else \
-                    "found a row on the target, where the source had none"
-                raise ApplyError(f"{what} of {quoted(*changes.table)} key "
-                                 f"{_shown(key)} {found}: the target differs from the source",
+        for (key, what), found in zip(held, tx.held(changes.table, [key for key, _ in held]), strict=True):
+            if not found:
+                raise ApplyError(f"{what} of {quoted(*changes.table)} key {_shown(key)} found no row on the target, "
+                                 "where the source had one: the target differs from the source",
                                  fix="replay into a fresh target; find out who else writes to it")
 
     def _apply_in_order(self, tx: Writes, table: tuple[str, str],

@@ -9,12 +9,12 @@ target is assumed to enforce), so deletes, upserts and updates can each go in bu
 deletes first, which also frees any other unique value a new row takes over. A table
 without a primary key keeps its events in order.
 
-Writing a row's last image whatever the target holds would also write over a row the
-target lost or gained outside the pipeline, silently. So each folded key also says
-whether the source held its row before the batch (its first event in the batch tells:
-an insert, or an update that moves a row onto it, found none; an update or a delete
-found one), which the replayer checks on the target before writing, as applying each
-event in order would have found.
+Writing a row's last image whatever the target holds would also bring back a row the
+target lost outside the pipeline, silently. So each folded key also says whether the
+source held its row before the batch (its first event in the batch tells: an insert,
+or an update that moves a row onto it, found none; an update or a delete found one),
+and the replayer checks that the target holds those, as applying each event in order
+would have found.
 """
 
 from __future__ import annotations
