@@ -315,7 +315,7 @@ def test_upsert_and_delete_keys_in_bulk(source, table):
             tx.insert(table, [{"id": k, "v": "old"} for k in range(20)])
         with session.transaction() as tx:
             assert tx.upsert(table, [{"id": k, "v": "new"} for k in range(10, 30)]) == 20
-            tx.delete_keys(table, [{"id": k} for k in range(0, 5)])
+            assert tx.delete_keys(table, [{"id": k} for k in [*range(0, 5), 99, 3]]) == [True] * 5 + [False] * 2
     stored = {row[0]: row[1] for rows in source.rows_by_segment(table).values() for row in rows}
     assert stored == {**{k: "old" for k in range(5, 10)}, **{k: "new" for k in range(10, 30)}}
     for segment, rows in source.rows_by_segment(table).items():

@@ -448,19 +448,27 @@ def test_a_change_of_a_keyless_row_the_target_lacks_stops_the_replay_with_nothin
     assert table_rows(target_cluster, table) == [(1, "x")]  # the transaction's other change not applied either
 
 
+GONE = "the target, where the source had one"
+GAINED = "the target, where the source had none"
+
+
 @pytest.mark.parametrize("replay_target", TARGETS, indirect=True)
-@pytest.mark.parametrize(("outside", "change", "said"), [
-    ("DELETE FROM {t} WHERE id = 2", {"update": (2, "changed")}, "an update of {t} key {{'id': 2}} found no row on the "
-                                                                  "target, where the source had one"),
-    ("DELETE FROM {t} WHERE id = 2", {"delete": 2}, "a delete of {t} key {{'id': 2}} found no row on the target, "
-                                                    "where the source had one"),
-    ("INSERT INTO {t} VALUES (9, 'outside')", {"insert": (9, "source")}, None)], ids=str)
-def test_a_batch_finding_a_row_gone_stops_with_nothing_applied_and_one_gained_takes_the_sources_row(
-        source, replay_target, outside, change, said):
-    """A batch's net effect per key is written in bulk (upserts, deletes by key), which
-    would write over what someone else did to the target: a row deleted there would
-    come back with the source's update. (A row inserted there is written over by the
-    source's insert of its key, and the target then holds the source's row.)"""
+@pytest.mark.parametrize(("outside", "changes", "said"), [
+    ("DELETE FROM {t} WHERE id = 2", [("update", 2)], "an update of {t} key {{'id': 2}} found no row on " + GONE),
+    ("DELETE FROM {t} WHERE id = 2", [("delete", 2)], "a delete of {t} key {{'id': 2}} found no row on " + GONE),
+    ("DELETE FROM {t} WHERE id = 2", [("update", 2), ("delete", 2)],
+     "an update of {t} key {{'id': 2}} found no row on " + GONE),
+    ("INSERT INTO {t} VALUES (9, 'outside')", [("insert", 9)],
+     "an insert into {t} found Key (id)=(9) on the target, where the source had no row"),
+    ("INSERT INTO {t} VALUES (9, 'outside')", [("move", 3, 9)],
+     "an insert into {t} found Key (id)=(9) on the target, where the source had no row"),
+    ("INSERT INTO {t} VALUES (9, 'outside')", [("insert", 9), ("delete", 9)],
+     "an insert of {t} key {{'id': 9}} found a row on " + GAINED)], ids=str)
+def test_a_batch_finding_a_row_gone_or_gained_stops_with_nothing_applied(source, replay_target, outside, changes, said):
+    """A batch's net effect per key is written in bulk (upserts, inserts, deletes by
+    key), which must not write over what someone else did to the target: a row deleted
+    there would come back with the source's update, one inserted there would take the
+    source's row, and one the source inserts and deletes in a batch would vanish."""
     from gpcdc_toolkit.errors import GpcdcError
 
     target, config, pipeline, group = replay_target
@@ -482,24 +490,66 @@ def test_a_batch_finding_a_row_gone_stops_with_nothing_applied_and_one_gained_ta
     before = table_rows(target_cluster, table)
     with Session(source) as session, session.transaction() as tx:
         tx.update(table, {"id": 1}, {"v": "also changed"})
-        for op, args in change.items():
+        for op, *keys in changes:
             if op == "update":
-                tx.update(table, {"id": args[0]}, {"v": args[1]})
+                tx.update(table, {"id": keys[0]}, {"v": "changed"})
+            elif op == "move":
+                tx.update(table, {"id": keys[0]}, {"id": keys[1]})
             elif op == "delete":
-                tx.delete(table, {"id": args})
+                tx.delete(table, {"id": keys[0]})
             else:
-                tx.insert(table, [{"id": args[0], "v": args[1]}])
+                tx.insert(table, [{"id": keys[0], "v": "source"}])
     wait_until_acknowledged(source, pipeline.slot)
-    if said is None:
-        with Replayer(config) as replayer:
-            replayer.run()
-        assert table_rows(target_cluster, table) == [(1, "also changed"), (2, "x"), (3, "x"), (9, "source")]
-        return
     with pytest.raises(GpcdcError) as stopped:
         with Replayer(config) as replayer:
             replayer.run()
     assert said.format(t=f'"public"."{name}"') in str(stopped.value), stopped.value
+    assert "replay into a fresh target" in stopped.value.fix
     assert table_rows(target_cluster, table) == before  # the transaction's other change not applied either
+
+
+@pytest.mark.parametrize("replay_target", ["postgres"], indirect=True)
+def test_a_unique_index_only_the_target_has_is_told_from_a_row_it_gained(source, replay_target):
+    """A plain insert's unique violation means a gained row only on the primary key
+    (here named as PostgreSQL quotes it); on another unique index the target's table
+    differs in shape, and the fix says so."""
+    from gpcdc_toolkit.errors import GpcdcError
+
+    target, config, pipeline, group = replay_target
+    table = f'"Odd {uuid.uuid4().hex[:6]}"'
+    key, index = '"My ""Key"""', f'"Odd v {uuid.uuid4().hex[:6]}"'
+    bootstrap(source, pipeline, "snapshot")
+    group.start()
+    with Session(source) as session:
+        session.ddl(f"CREATE TABLE {table} ({key} int PRIMARY KEY, v text) DISTRIBUTED BY ({key})")
+        with session.transaction() as tx:
+            tx.insert(table, [{'My "Key"': 1, "v": "x"}])
+    wait_until_acknowledged(source, pipeline.slot)
+    with Replayer(config) as replayer:
+        replayer.run()
+    target_cluster = target.cluster()
+    with target_cluster.coordinator_connection() as conn:
+        conn.execute(f"CREATE UNIQUE INDEX {index} ON {table} (v)")
+        conn.execute(f"INSERT INTO {table} VALUES (5, 'outside')")
+    with Session(source) as session:
+        with session.transaction() as tx:
+            tx.insert(table, [{'My "Key"': 2, "v": "x"}])  # v taken by row 1 on the target only
+        wait_until_acknowledged(source, pipeline.slot)
+        with pytest.raises(GpcdcError) as stopped:
+            with Replayer(config) as replayer:
+                replayer.run()
+        assert "unique constraint the source's lacks" in stopped.value.fix and "found Key" not in str(stopped.value)
+        with target_cluster.coordinator_connection() as conn:
+            conn.execute(f"DROP INDEX {index}")
+        with session.transaction() as tx:
+            tx.insert(table, [{'My "Key"': 5, "v": "y"}])  # key taken on the target
+        wait_until_acknowledged(source, pipeline.slot)
+        with pytest.raises(GpcdcError) as stopped:
+            with Replayer(config) as replayer:
+                replayer.run()
+        assert 'found Key ("My ""Key""")=(5) on the target' in str(stopped.value), stopped.value
+        assert "replay into a fresh target" in stopped.value.fix
+    assert table_rows(target_cluster, table) == [(1, "x"), (5, "outside")]
 
 
 @pytest.mark.parametrize(("error", "lost"), [

@@ -199,18 +199,24 @@ class Writes:
                     cur.nextset()
         return found
 
-    def delete_keys(self, table_name: TableRef, keys: Iterable[Mapping[str, Any]]) -> None:
+    def delete_keys(self, table_name: TableRef, keys: Sequence[Mapping[str, Any]]) -> list[bool]:
         """Delete the rows with these keys (each including the distribution key), in
-        bulk: one pipelined statement per segment and key shape."""
+        bulk: one pipelined statement per segment and key shape. Returns, per key,
+        whether it found a row."""
         table = self.session.table(table_name)
-        groups: dict[tuple[int, tuple[str, ...]], list[Mapping[str, Any]]] = defaultdict(list)
-        for key in keys:
-            groups[(self.route(table, key), tuple(key))].append(key)
-        for (segment, columns), seg_keys in groups.items():
-            where, _ = self._where(table, seg_keys[0])
-            query = sql.SQL("DELETE FROM {} WHERE {}").format(table.identifier, where)
+        groups: dict[tuple[int, tuple[str, ...]], list[int]] = defaultdict(list)
+        for i, key in enumerate(keys):
+            groups[(self.route(table, key), tuple(key))].append(i)
+        found = [False] * len(keys)
+        for (segment, columns), positions in groups.items():
+            where, _ = self._where(table, keys[positions[0]])
+            query = sql.SQL("DELETE FROM {} WHERE {} RETURNING 1").format(table.identifier, where)
             with self._segment(segment).cursor() as cur:
-                cur.executemany(query, [[k[c] for c in columns] for k in seg_keys])
+                cur.executemany(query, [[keys[i][c] for c in columns] for i in positions], returning=True)
+                for i in positions:
+                    found[i] = cur.fetchone() is not None
+                    cur.nextset()
+        return found
 
 
 def insert_into(table: Table, columns: Sequence[str]) -> sql.Composed:

@@ -309,31 +309,53 @@ class Applier:
                 if table not in primary_keys:
                     primary_keys[table] = self._table(table, event["source"].get("gxid")).primary_key
             for changes in compact(chunk, primary_keys):
-                self._check_held(tx, changes)
-                if changes.deletes:
-                    tx.delete_keys(changes.table, changes.deletes)
-                if changes.upserts:
-                    tx.upsert(changes.table, changes.upserts)
-                for key, values in changes.updates:
-                    _one_row(tx.update(changes.table, key, values), changes.table, key, "update")
+                self._apply_folded(tx, changes)
                 self._apply_in_order(tx, changes.table, changes.ordered)
         return count
 
-    @staticmethod
-    def _check_held(tx: Writes, changes: TableChanges) -> None:
-        """Each folded key whose row the source held before these events (``_compact``)
-        must be on the target: an update or a delete of it would otherwise bring the row
-        back or do nothing. (An insert over a row someone else inserted writes the
-        source's row over it, as its ``ON CONFLICT`` does: the lookups an insert-heavy
-        stream would pay for it cost a replay into plain PostgreSQL 0.62 of its rate.)"""
-        held = [(key, what) for key, had, what in changes.before if had]
-        if not held:
-            return
-        for (key, what), found in zip(held, tx.held(changes.table, [key for key, _ in held]), strict=True):
-            if not found:
-                raise ApplyError(f"{what} of {quoted(*changes.table)} key {_shown(key)} found no row on the target, "
-                                 "where the source had one: the target differs from the source",
-                                 fix="replay into a fresh target; find out who else writes to it")
+    def _apply_folded(self, tx: Writes, changes: TableChanges) -> None:
+        """Write a table's folded changes, checking that the target holds the row of each
+        key exactly where the source did (``_compact``): a row the target lost would
+        otherwise come back, or one it gained be written over, without a word. Each
+        write tells what it found (the rows a delete or an update changed; a plain
+        insert fails on a key taken), and the keys only an upsert writes are looked up
+        first."""
+        table = changes.table
+        before = {_values_of(key): (held, what) for key, held, what in changes.before}
+        if changes.deletes:
+            for key, found in zip(changes.deletes, tx.delete_keys(table, changes.deletes), strict=True):
+                held, what = before[_values_of(key)]
+                if found != held:
+                    raise _differs(what, table, key, held)
+        counted = {_values_of(key) for key in changes.deletes} | {_values_of(key) for key, _ in changes.updates}
+        looked_up = [(key, what) for key, held, what in changes.before if held and _values_of(key) not in counted]
+        if looked_up:
+            for (key, what), found in zip(looked_up, tx.held(table, [key for key, _ in looked_up]), strict=True):
+                if not found:
+                    raise _differs(what, table, key, True)
+        if changes.upserts:
+            tx.upsert(table, changes.upserts)
+        if changes.inserts:
+            try:
+                tx.insert(table, changes.inserts)
+            except psycopg.errors.UniqueViolation as e:
+                raise self._taken(table, e) from None
+        for key, values in changes.updates:
+            _one_row(tx.update(table, key, values), table, key, "update")
+
+    def _taken(self, table: tuple[str, str], error: psycopg.errors.UniqueViolation) -> Exception:
+        """What a plain insert's unique violation means: on the primary key, a row the
+        target gained outside the pipeline; on another unique index, ``error`` itself."""
+        detail = error.diag.message_detail or ""
+        with self.target.coordinator_connection() as conn:  # the session's transaction has failed
+            quoted_key = conn.execute("SELECT string_agg(quote_ident(c), ', ' ORDER BY n) "
+                                      "FROM unnest(%s::text[]) WITH ORDINALITY AS k(c, n)",
+                                      (list(self.session.table(table).primary_key),)).fetchone()[0]  # type: ignore[index]
+        if not detail.startswith(f"Key ({quoted_key})=("):
+            return error
+        return ApplyError(f"an insert into {quoted(*table)} found {detail.removesuffix('.').removesuffix(' already exists')} "
+                          "on the target, where the source had no row: the target differs from the source",
+                          fix="replay into a fresh target; find out who else writes to it")
 
     def _apply_in_order(self, tx: Writes, table: tuple[str, str],
                         events: Sequence[Mapping[str, Any]]) -> None:
@@ -395,6 +417,18 @@ class Applier:
             return _one_row(tx.delete(table, key), table, key, "delete")
         raise ApplyError(f"cannot replay operation {op!r} on {info.name} (gxid {event['source'].get('gxid')})",
                          fix="replay TRUNCATE by hand on the target")
+
+
+def _differs(what: str, table: tuple[str, str], key: Mapping[str, Any], held: bool) -> ApplyError:
+    """The target lacks a row the source held (``held``), or holds one it lacked."""
+    found, had = ("no row", "had one") if held else ("a row", "had none")
+    return ApplyError(f"{what} of {quoted(*table)} key {_shown(key)} found {found} on the target, where the source "
+                      f"{had}: the target differs from the source",
+                      fix="replay into a fresh target; find out who else writes to it")
+
+
+def _values_of(key: Mapping[str, Any]) -> tuple[Any, ...]:
+    return tuple(key.values())
 
 
 def _one_row(count: int, table: tuple[str, str], key: Mapping[str, Any], what: str) -> int:

@@ -2,19 +2,20 @@
 
 A batch is applied as one target transaction, so only its net effect on each row is
 visible: the last image of a row, or its absence. For a table with a primary key, the
-events of a batch fold into, per key, a row to upsert, a key to delete, or (when an
+events of a batch fold into, per key, a key to delete, a row to write, or (when an
 update left a TOASTed value out and no full image is known) columns to update. Rows
 with different keys do not interact (the primary key is the only uniqueness the
-target is assumed to enforce), so deletes, upserts and updates can each go in bulk,
-deletes first, which also frees any other unique value a new row takes over. A table
-without a primary key keeps its events in order.
+target is assumed to enforce), so each kind can go in bulk, deletes first, which also
+frees any other unique value a new row takes over. A table without a primary key
+keeps its events in order.
 
-Writing a row's last image whatever the target holds would also bring back a row the
-target lost outside the pipeline, silently. So each folded key also says whether the
-source held its row before the batch (its first event in the batch tells: an insert,
-or an update that moves a row onto it, found none; an update or a delete found one),
-and the replayer checks that the target holds those, as applying each event in order
-would have found.
+Writing a row's last image whatever the target holds would bring back a row the target
+lost outside the pipeline, or write over one it gained, silently. So each folded key
+also says whether the source held its row before the batch (its first event in the
+batch tells: an insert, or an update that moves a row onto it, found none; an update
+or a delete found one): the replayer checks that the target holds exactly those, as
+applying each event in order would have found. A row to write is an *upsert* where the
+source held its key and an *insert* where it did not.
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ Key = tuple[Any, ...]
 class TableChanges:
     table: tuple[str, str]  # (schema, name) as the catalog has them
     key_columns: tuple[str, ...]
-    deletes: list[dict[str, Any]] = field(default_factory=list)  # keys
-    upserts: list[dict[str, Any]] = field(default_factory=list)  # whole rows
-    updates: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)  # (key, columns)
-    ordered: list[Mapping[str, Any]] = field(default_factory=list)  # or all its events, in order, unfolded
     # Each folded key, whether the source held its row before the batch, and what its first event was.
     before: list[tuple[dict[str, Any], bool, str]] = field(default_factory=list)
+    deletes: list[dict[str, Any]] = field(default_factory=list)  # keys, each one of ``before``
+    upserts: list[dict[str, Any]] = field(default_factory=list)  # whole rows whose key the source held
+    inserts: list[dict[str, Any]] = field(default_factory=list)  # whole rows whose key the source did not hold
+    updates: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)  # (held key, columns)
+    ordered: list[Mapping[str, Any]] = field(default_factory=list)  # or all its events, in order, unfolded
 
 
 def table_of(event: Mapping[str, Any]) -> tuple[str, str]:
@@ -109,11 +111,12 @@ def compact(events: Iterable[Mapping[str, Any]],
         changes.ordered = []
         for key, (kind, image) in rows.items():
             key_values = dict(zip(changes.key_columns, key))
-            changes.before.append((key_values, *first[table][key]))
+            held, what = first[table][key]
+            changes.before.append((key_values, held, what))
             if kind == "gone":
                 changes.deletes.append(key_values)
             elif kind == "row":
-                changes.upserts.append(image)  # type: ignore[arg-type]
+                (changes.upserts if held else changes.inserts).append(image)  # type: ignore[arg-type]
             else:
                 values = {c: v for c, v in image.items() if c not in key_values}  # type: ignore[union-attr]
                 if values:
