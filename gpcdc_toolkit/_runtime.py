@@ -153,8 +153,11 @@ def interrupt_on_sigterm() -> None:
     """End this process on SIGTERM as Ctrl-C ends it (a KeyboardInterrupt), so that its
     ``finally`` blocks and finalizers stop the servers it started: a CI's time limit,
     ``timeout`` or ``kill`` otherwise ends it at once, leaving them running. A second
-    SIGTERM is ignored while they run."""
+    SIGTERM is ignored while they run. SIGTERM is unblocked too: a process started by a
+    thread that blocks it (as a library's thread may) inherits that mask, and would
+    never see one."""
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
 
 
 def _interrupt(signum: int, _frame: object) -> None:

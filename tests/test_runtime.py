@@ -172,8 +172,13 @@ try:
 finally:
     open({str(tmp_path / "cleaned")!r} + sys.argv[1], "w").write("stopped")
 """
+    def masked(mode):  # the handled child inherits SIGTERM blocked, as from a thread that blocks it
+        how = signal.SIG_BLOCK if mode == "handled" else signal.SIG_UNBLOCK
+        return lambda: signal.pthread_sigmask(how, [signal.SIGTERM])
+
     for mode in ("handled", "default"):
-        child = subprocess.Popen([sys.executable, "-c", program, mode], stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen([sys.executable, "-c", program, mode], stdout=subprocess.PIPE, text=True,
+                                 preexec_fn=masked(mode))  # noqa: PLW1509 (the child's mask, set before it runs)
         assert child.stdout.readline() == "ready\n"
         child.send_signal(signal.SIGTERM)
         assert child.wait(timeout=30) != 0
