@@ -122,9 +122,9 @@ class Applier:
                 raise ApplyError("the target runs with standard_conforming_strings = off, under which DDL text is "
                                  "read otherwise than the replayer checked it",
                                  fix="set standard_conforming_strings = on for the target's database")
-            missing = [t for t in _TABLES if not conn.execute("SELECT to_regclass(%s) IS NOT NULL", (t,)).fetchone()[0]]  # type: ignore[index]
-        for table in missing:
-            self.session.ddl(_TABLES[table])
+            # Created when the first pipeline starts replaying here: a replay refused
+            # before that leaves the target as it found it.
+            self._missing = [t for t in _TABLES if not conn.execute("SELECT to_regclass(%s) IS NOT NULL", (t,)).fetchone()[0]]  # type: ignore[index]
 
     def close(self) -> None:
         self.session.close()
@@ -147,6 +147,8 @@ class Applier:
 
     def state(self) -> ReplayState | None:
         """Where this pipeline's replay into the target stands (None: not begun)."""
+        if STATE in self._missing:
+            return None
         with self.session.transaction() as tx:
             return self._state_row(tx)
 
@@ -158,6 +160,9 @@ class Applier:
               start_point: str = "") -> None:
         """Create the pipeline's state row, in one transaction with ``write(tx)`` (the
         initial load), so that a load is done once or not at all."""
+        while self._missing:
+            self.session.ddl(_TABLES[self._missing[0]])
+            self._missing.pop(0)
         with self.session.transaction() as tx:
             if self._state_row(tx) is not None:
                 raise ApplyError(f"pipeline {self.pipeline!r} has already started replaying into this target")
@@ -168,6 +173,8 @@ class Applier:
 
     def applied_among(self, gxids: Iterable[int]) -> set[int]:
         """Those of ``gxids`` this pipeline has applied."""
+        if APPLIED in self._missing:
+            return set()
         by_segment: dict[int, list[int]] = {}
         for gxid in set(gxids):
             by_segment.setdefault(self.session.home([gxid]), []).append(gxid)
