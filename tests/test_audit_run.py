@@ -147,6 +147,13 @@ def test_the_command_exits_2_in_one_line_when_it_cannot_run_before_any_spark_ses
     assert elsewhere.returncode == 2
     assert elsewhere.stderr.strip().splitlines()[-1].startswith(
         "gpcdc: audit could not run: cannot read topic 'nosuch.changes'")
+    prefix = f"e{uuid.uuid4().hex[:8]}"
+    ensure_topics({"bootstrap.servers": config.kafka.bootstrap_servers}, Topics(prefix), 3)
+    empty = gpcdc(dataclasses.replace(config, kafka=dataclasses.replace(config.kafka, topic_prefix=prefix)), "audit")
+    assert empty.returncode == 2
+    assert empty.stderr.strip().splitlines()[-1] == (
+        f"gpcdc: audit could not run: topics '{prefix}.changes' and '{prefix}.dtx' were never written to, so there "
+        "is nothing to audit: give the kafka.topic_prefix of a pipeline that was bootstrapped")
     backwards = gpcdc(config, "audit", "--from", "2026-01-02T00:00:00", "--to", "2026-01-01T00:00:00")
     assert backwards.returncode == 2 and "give a --to later than --from" in backwards.stderr
     # No session was started: a local one writes its JVM's output to the command's log.

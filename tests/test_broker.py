@@ -184,3 +184,21 @@ def test_a_cluster_names_its_nodes_by_kafkas_ids(tmp_path_factory):
         cluster.node(4)
     with pytest.raises(ValueError, match="at least one node, not 0"):
         EmbeddedCluster(tmp_path_factory.mktemp("none"), nodes=0)
+
+
+def test_topics_kafka_refuses_for_good_are_a_configuration_error_naming_the_fix(broker):
+    """Capture retries what may pass (a broker away), not what Kafka will refuse again:
+    more replicas than brokers stops the worker, saying how many brokers there are."""
+    from gpcdc_toolkit.capture import ensure_topics
+    from gpcdc_toolkit.errors import ConfigError
+    from gpcdc_toolkit.protocol import Topics
+
+    kafka = {"bootstrap.servers": broker.bootstrap_servers}
+    topics = Topics(f"r{uuid.uuid4().hex[:8]}")
+    with pytest.raises(ConfigError) as refused:
+        ensure_topics(kafka, topics, 2, replicas=3)
+    assert refused.value.message.startswith(f"Kafka refused to create topic {topics.changes}: ")
+    assert refused.value.fix == "set kafka.replication_factor to at most the brokers' count (1)"
+    ensure_topics(kafka, topics, 2, replicas=1)
+    listed = AdminClient(kafka).list_topics(timeout=10).topics
+    assert len(listed[topics.changes].partitions) == 2 and len(listed[topics.dtx].partitions) == 1

@@ -147,6 +147,16 @@ def test_two_hosts_share_the_nodes_and_either_sees_the_whole_pipeline(source, ho
     shown = gpcdc(a.work_dir, "--kafka-bootstrap-servers", a.kafka.bootstrap_servers, "--kafka-topic-prefix",
                   a.kafka.topic_prefix, "--source-dsn", source.coordinator_dsn, "status")
     assert shown.returncode == 0, shown.stderr
+    # Kafka out of reach: the nodes are still shown, and the exit status says not all is well.
+    blind = gpcdc(a.work_dir, "--kafka-bootstrap-servers", "127.0.0.1:1", "--kafka-topic-prefix",
+                  a.kafka.topic_prefix, "--source-dsn", source.coordinator_dsn, "status")
+    assert blind.returncode == 3 and "nothing is said of what Kafka holds" in blind.stderr, blind.stderr
+    assert f"pid {on_a.pids[0]}" in blind.stdout, blind.stdout
+    # A node the pipeline does not capture is refused, and nothing is stopped.
+    refused = gpcdc(a.work_dir, "--kafka-topic-prefix", a.kafka.topic_prefix, "capture", "stop", "--nodes", "0,7")
+    assert refused.returncode == 2 and "--nodes names 7, which the pipeline does not capture" in refused.stderr, \
+        refused.stderr
+    assert CaptureGroup(a).running() == on_a.pids
     # Host A's `capture start` starts nothing, and says who captures the other nodes.
     started = gpcdc(a.work_dir, "--kafka-bootstrap-servers", a.kafka.bootstrap_servers, "--kafka-topic-prefix",
                     a.kafka.topic_prefix, "--source-dsn", source.coordinator_dsn, "capture", "start")

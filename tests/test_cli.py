@@ -60,6 +60,8 @@ def test_sandbox_lifecycle(work_dir):
     (["audit", "--from", "9" * 23], "is not epoch milliseconds of a time a stream can hold"),
     (["syncpoint", "--hold", "nan"], "--hold nan is not a number of seconds: give the seconds to hold, or 0"),
     (["syncpoint", "--hold", "-1"], "--hold -1 is not a number of seconds"),
+    (["replay", "--skip-ddl", "-1"], "'-1' is not a gxid"),
+    (["replay", "--skip-ddl", "0"], "'0' is not a gxid"),
 ])
 def test_errors_are_one_line_with_a_non_zero_exit(work_dir, args, message):
     assert message in one_line_error(gpcdc(work_dir, *args, timeout=60))

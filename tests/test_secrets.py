@@ -105,3 +105,6 @@ def test_status_says_a_target_it_cannot_reach_without_its_password(source_sandbo
     said = done.stdout + done.stderr
     assert "target: dsn " in said and "not reachable now" in said and "***" in said, said
     assert secret not in said, said
+    # No pipeline of that prefix: said so, rather than advising to start its capture.
+    assert done.returncode == 3 and "no pipeline with topic prefix" in done.stderr, done.stderr
+    assert "capture start" not in said, said

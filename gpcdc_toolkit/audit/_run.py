@@ -180,7 +180,8 @@ def check_request(config: Config, *, since_last: bool = False, start_ms: int | N
                   end_ms: int | None = None, archive: Path | None = None) -> None:
     """What an audit refuses before it needs a Spark session (whose start can take half a
     minute): a window given two ways or ending where it starts, an archive with no runs,
-    a broker that does not answer, a topic that does not exist."""
+    a broker that does not answer, a topic that does not exist, a whole stream that was
+    never written (not even a bootstrap's marker: nothing would be audited)."""
     _check_window(since_last, start_ms, end_ms)
     if archive is not None:
         archive_runs(archive)
@@ -190,8 +191,10 @@ def check_request(config: Config, *, since_last: bool = False, start_ms: int | N
     kafka = kafka_client_settings(config)
     check_reachable(kafka)
     topics = Topics(config.kafka.topic_prefix)
-    for topic in (topics.changes, topics.dtx):
-        end_offsets(kafka, topic)
+    written = [any(end_offsets(kafka, topic).values()) for topic in (topics.changes, topics.dtx)]
+    if not any(written) and not since_last and start_ms is None and end_ms is None:
+        raise ConfigError(f"topics {topics.changes!r} and {topics.dtx!r} were never written to, so there is nothing "
+                          "to audit", fix="give the kafka.topic_prefix of a pipeline that was bootstrapped")
 
 
 def run_audit(spark: Any, config: Config, *, since_last: bool = False, start_ms: int | None = None,

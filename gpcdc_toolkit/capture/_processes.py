@@ -168,7 +168,10 @@ class CaptureGroup:
         return proc.pid
 
     def stop(self, timeout: float = 30.0, nodes: Collection[int] | None = None) -> list[int]:
-        """Stop this host's workers (of ``nodes``, default all); returns their nodes."""
+        """Stop this host's workers (of ``nodes``, default all); returns their nodes.
+        Nodes the pipeline does not capture are refused, as by :meth:`start`."""
+        if nodes is not None and (unknown := set(nodes) - set(self._contents())):
+            check_nodes(unknown, [node.content for node in self.pipeline.start_point().captured_nodes])
         running = {c: pid for c, pid in self.running().items() if nodes is None or c in nodes}
         stop_pids(list(running.values()), timeout=timeout)
         for content in self._contents():

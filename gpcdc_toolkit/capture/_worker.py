@@ -43,7 +43,7 @@ from .._runtime import StateWriter
 from ..cluster import Cluster, Node
 from ..config import CaptureSettings
 from ..connect import METADATA_REFRESH, kafka_logger
-from ..errors import BrokerError, ClusterChangedError, GpcdcError, StreamError, UnreachableError
+from ..errors import BrokerError, ClusterChangedError, ConfigError, GpcdcError, StreamError, UnreachableError
 from ..ingest import end_offsets, first_message, located, read_to_end
 from ..protocol import (
     COORDINATOR,
@@ -209,6 +209,8 @@ class CaptureWorker:
             except Exception as e:  # servers, Kafka, and the Kafka client's own failures
                 reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 if isinstance(e, GpcdcError) and not _retryable(e):
+                    self.stats.last_error = reason
+                    self._set_state(f"failed: {reason}")
                     raise
                 self.stats.restarts += 1
                 self.stats.last_error = reason
@@ -584,12 +586,29 @@ def ensure_topics(kafka: Mapping[str, Any], topics: Topics, partitions: int, rep
     missing = [t for t in wanted if t.topic not in existing]
     if not missing:
         return
-    for future in admin.create_topics(missing).values():
+    for topic, future in admin.create_topics(missing).items():
         try:
             future.result(15)
         except KafkaException as e:
-            if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise
+            code = e.args[0].code()
+            if code == KafkaError.TOPIC_ALREADY_EXISTS:
+                continue
+            if code in _REFUSED_TOPICS:  # retrying would meet the same answer
+                fix = (f"set kafka.replication_factor to at most the brokers' count ({len(admin.list_topics(timeout=10).brokers)})"
+                       if code == KafkaError.INVALID_REPLICATION_FACTOR else _REFUSED_TOPICS[code])
+                raise ConfigError(f"Kafka refused to create topic {topic}: {e.args[0].str()}", fix=fix) from None
+            raise
+
+
+# Why Kafka may refuse a topic for good, with what to change.
+_REFUSED_TOPICS = {
+    KafkaError.INVALID_REPLICATION_FACTOR: "",
+    KafkaError.INVALID_PARTITIONS: "correct the partition count",
+    KafkaError.INVALID_CONFIG: "correct the topic settings",
+    KafkaError.POLICY_VIOLATION: "create the topics as the brokers' policy allows, before capture starts",
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: "grant the client CREATE on the topics, or create them before capture starts",
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: "grant the client CREATE on the cluster, or create the topics first",
+}
 
 
 def delete_topics(kafka: Mapping[str, Any], topics: Topics) -> list[str]:

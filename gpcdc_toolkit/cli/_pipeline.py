@@ -198,7 +198,7 @@ class Status(Command):
         watermarks = None
         try:
             watermarks = kafka_watermarks(kafka_client_settings(config), Topics(config.kafka.topic_prefix))
-        except GpcdcError as e:
+        except GpcdcError as e:  # the rest is still worth showing; the exit status says it is not all well
             print(f"gpcdc: nothing is said of what Kafka holds: {e.message}", file=sys.stderr)
         rows = capture_status(source, group, watermarks)
         width = max([14, *(len(r.worker) for r in rows)])
@@ -226,11 +226,14 @@ class Status(Command):
                 print(f"gpcdc: node {r.node}'s capture worker is {r.state.split(':')[0]}"
                       + (f": {r.last_error}" if r.last_error else ""), file=sys.stderr)
         down = [str(r.node) for r in rows if not r.alive and not r.state.startswith("failed") and not r.held_by]
-        if down:
+        if down and not group.pipeline.start_point_file.is_file():
+            print(f"gpcdc: no pipeline with topic prefix {config.kafka.topic_prefix!r} was bootstrapped in "
+                  f"{config.work_dir} (bootstrap it with `gpcdc bootstrap create`, or run status with the work "
+                  "directory and kafka.topic_prefix it was bootstrapped with)", file=sys.stderr)
+        elif down:
             print(f"gpcdc: capture workers are not running for nodes {', '.join(down)} "
                   f"(start them with `gpcdc capture start`)", file=sys.stderr)
-            return 3
-        return 3 if troubled or any(r.held_by for r in rows) else 0
+        return 3 if down or troubled or watermarks is None or any(r.held_by for r in rows) else 0
 
 
 def _target(config: Config) -> str:

@@ -87,12 +87,19 @@ class SyncPointCommand(Command):
         if not args.hold >= 0:  # negative, or not a number
             raise ConfigError(f"--hold {args.hold:g} is not a number of seconds", fix="give the seconds to hold, or 0")
         source = open_cluster(config, "source")
+        pipeline = Pipeline(config.work_dir, config.kafka.topic_prefix)
+        with source.coordinator_connection() as conn:
+            captured = conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (pipeline.slot,)).fetchone()
+        if captured is None:  # the cut would be marked, and recorded where no replay looks
+            raise ConfigError(f"the source has no slot {pipeline.slot}: no pipeline with topic prefix "
+                              f"{pipeline.prefix!r} captures it", fix="give the pipeline's kafka.topic_prefix, or "
+                              "bootstrap it first (`gpcdc bootstrap create`)")
         target = open_cluster(config, "target") if args.hold else None
         tables = distributed_tables(source)
         with take_syncpoint(source, target, pipeline=config.kafka.topic_prefix, tables=tables,
                             lock_timeout=config.validate.lock_timeout) as point:
             say(f"sync point {point.gxid}: writers held {point.stall_ms} ms")
-            record_syncpoint(point, tables, Pipeline(config.work_dir, config.kafka.topic_prefix).syncpoints_dir)
+            record_syncpoint(point, tables, pipeline.syncpoints_dir)
             say(f"sync point {point.gxid}: {len(tables)} tables digested as of the cut (`gpcdc validate "
                 f"--against-syncpoint {point.gxid}` proves a target rebuilt there)")
             if not args.hold:
