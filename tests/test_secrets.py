@@ -108,3 +108,15 @@ def test_status_says_a_target_it_cannot_reach_without_its_password(source_sandbo
     # No pipeline of that prefix: said so, rather than advising to start its capture.
     assert done.returncode == 3 and "no pipeline with topic prefix" in done.stderr, done.stderr
     assert "capture start" not in said, said
+
+
+def test_status_tells_a_target_a_replay_would_refuse_from_one_it_cannot_reach(source_sandbox, broker, work_dir):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(work_dir),
+                           "--kafka-bootstrap-servers", broker.bootstrap_servers, "--target-sandbox",
+                           source_sandbox.name, "--target-kind", "postgres", "status"],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    line = next(line for line in done.stdout.splitlines() if line.startswith("target: "))
+    assert "which a replay would refuse: target is sandbox" in line and "not reachable" not in line, line

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpcdc_toolkit._runtime import kill_pid
+from gpcdc_toolkit._runtime import kill_pid, stop_group
 from gpcdc_toolkit.archive import write_archive
 from gpcdc_toolkit.capture import ensure_topics
 from gpcdc_toolkit.config import load_config
@@ -307,3 +307,30 @@ def test_processes_in_turn_share_one_session_left_tidy_and_one_killed_or_closed_
         assert len(sessions) == 4 and len(worker_daemons()) == 4, worker_daemons()
     finally:
         server.down()
+
+
+def test_a_start_that_cannot_record_its_pid_leaves_no_server_running(tmp_path, monkeypatch):
+    """A server no pid file names could be stopped by nothing the toolkit has: one whose
+    pid cannot be written (a full disk, an interrupt just then) is stopped at once."""
+    from gpcdc_toolkit.ingest import _server
+
+    started = []
+    real_popen = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        started.append(real_popen(*args, **kwargs))
+        return started[-1]
+
+    def full_disk(path, text):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(_server.subprocess, "Popen", popen)
+    monkeypatch.setattr(_server, "write_atomic", full_disk)
+    with pytest.raises(OSError, match="No space left on device"):
+        SparkServer(tmp_path / "work").up("local[1]")
+    (process,) = started
+    try:
+        assert process.poll() is not None or process.wait(timeout=30) is not None  # stopped, not only asked to
+        assert group_members(process.pid) == []
+    finally:  # what this test started goes, whatever the code under test left
+        stop_group(process.pid)

@@ -21,7 +21,7 @@ from ..capture import (
 )
 from ..config import Config
 from ..connect import kafka_client_settings, open_cluster
-from ..errors import ClusterChangedError, ConfigError, GpcdcError
+from ..errors import ClusterChangedError, ConfigError, GpcdcError, SandboxError, UnreachableError
 from ..protocol import StartPoint, Topics, format_lsn
 from ._command import Command, say
 
@@ -237,8 +237,10 @@ class Status(Command):
 
 
 def _target(config: Config) -> str:
-    """The target as the replayer would write to it; one not reachable now is said, not fatal."""
+    """The target as the replayer would write to it; one it could not use now is said, not fatal."""
     try:
         return open_cluster(config, "target").describe()
-    except GpcdcError as e:
+    except (UnreachableError, SandboxError) as e:
         return f"{config.target.describe()}, not reachable now ({e.message})"
+    except GpcdcError as e:  # reached, and refused: a replay would stop there too
+        return f"{config.target.describe()}, which a replay would refuse: {e}"

@@ -131,7 +131,11 @@ class SparkServer:
         with self.log_file.open("ab") as log:
             proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                     start_new_session=True)
-        write_atomic(self._pid_file, str(proc.pid))  # spark-submit execs the JVM: the same process
+        try:
+            write_atomic(self._pid_file, str(proc.pid))  # spark-submit execs the JVM: the same process
+        except BaseException:  # an interrupt, a full disk: a server no pid file names would be left running
+            stop_group(proc.pid)
+            raise
         return proc
 
     def _await(self, process: subprocess.Popen[bytes] | int, port: int, timeout: float) -> None:

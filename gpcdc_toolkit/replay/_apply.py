@@ -37,6 +37,10 @@ _TABLES = {
 }
 
 
+# The fix wherever the target is found to differ from the source before a batch writes.
+_WRITTEN_OUTSIDE = "replay into a fresh target; find out who else writes to it"
+
+
 class ApplyError(GpcdcError):
     """A transaction could not be applied; nothing of it was."""
 
@@ -360,9 +364,10 @@ class Applier:
                                       (list(self.session.table(table).primary_key),)).fetchone()[0]  # type: ignore[index]
         if not detail.startswith(f"Key ({quoted_key})=("):
             return error
-        return ApplyError(f"an insert into {quoted(*table)} found {detail.removesuffix('.').removesuffix(' already exists')} "
-                          "on the target, where the source had no row: the target differs from the source",
-                          fix="replay into a fresh target; find out who else writes to it")
+        taken = detail.removesuffix(".").removesuffix(" already exists")
+        taken = taken if len(taken) <= 200 else taken[:200] + "...)"
+        return ApplyError(f"an insert into {quoted(*table)} found {taken} on the target, where the source had no row: "
+                          "the target differs from the source", fix=_WRITTEN_OUTSIDE)
 
     def _apply_in_order(self, tx: Writes, table: tuple[str, str],
                         events: Sequence[Mapping[str, Any]]) -> None:
@@ -431,7 +436,7 @@ def _differs(what: str, table: tuple[str, str], key: Mapping[str, Any], held: bo
     found, had = ("no row", "had one") if held else ("a row", "had none")
     return ApplyError(f"{what} of {quoted(*table)} key {_shown(key)} found {found} on the target, where the source "
                       f"{had}: the target differs from the source",
-                      fix="replay into a fresh target; find out who else writes to it")
+                      fix=_WRITTEN_OUTSIDE)
 
 
 def _values_of(key: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -443,7 +448,7 @@ def _one_row(count: int, table: tuple[str, str], key: Mapping[str, Any], what: s
     if count != 1:
         raise ApplyError(f"an {what} of {quoted(*table)} key {_shown(key)} changed {count} rows on the target, where the "
                          "source had the row: the target differs from the source",
-                         fix="replay into a fresh target; find out who else writes to it")
+                         fix=_WRITTEN_OUTSIDE)
     return count
 
 
