@@ -1,9 +1,11 @@
 """Folding a batch's row events into each row's net effect (no servers)."""
 
+import contextlib
 import random
 
 import pytest
 
+from gpcdc_toolkit.replay._apply import Applier, ApplyError
 from gpcdc_toolkit.replay._compact import compact
 
 KEYS = {("public", "t"): ("id",), ("public", "nokey"): ()}
@@ -103,13 +105,21 @@ def test_the_net_effect_equals_applying_every_event_in_order(seed):
     if not t.ordered:  # folded: each key it writes says whether the source held it before
         assert {key["id"]: had for key, had, _ in t.before} == {k: k in start for k in touched(events)}
         assert {r["id"] for r in t.upserts} <= set(start) and not {r["id"] for r in t.inserts} & set(start)
+    # The replayer's own checks, on a target as the source was: never refused, and the
+    # batch leaves the source's rows.
+    assert replayed(start, t) == (False, model)
     # On a target that lost a row outside the pipeline, or gained one, the checks refuse
-    # the batch exactly when applying each event in order would have failed.
+    # the batch exactly where applying each event in order would have failed, but for a
+    # gained key the source inserted and deleted in the batch: deleted, as the source's.
     k = rng.randrange(12)
     target = {key: dict(r) for key, r in start.items() if key != k}
     if k not in start:
         target[k] = {"id": k, "v": 0, "big": "outside"}
-    assert refused(target, t) == failed_in_order(target, events)
+    refused, rows = replayed(target, t)
+    if not t.ordered and k not in start and {"id": k} in t.deletes:
+        assert not refused and rows == model
+    else:
+        assert refused == failed_in_order(target, events)
 
 
 def touched(events):
@@ -119,10 +129,54 @@ def touched(events):
     return keys
 
 
-def refused(rows, changes):
+class _Taken(Exception):
+    pass
+
+
+class FakeWrites:
+    """One table's rows by id, written as ``Writes`` writes them, each write telling
+    what it found."""
+
+    def __init__(self, rows):
+        self.rows = {k: dict(r) for k, r in rows.items()}
+
+    def held(self, _table, keys):
+        return [key["id"] in self.rows for key in keys]
+
+    def delete_keys(self, _table, keys):
+        return [self.rows.pop(key["id"], None) is not None for key in keys]
+
+    def upsert(self, _table, rows):
+        self.rows.update({row["id"]: dict(row) for row in rows})
+
+    def insert(self, _table, rows):
+        for row in rows:
+            if row["id"] in self.rows:
+                raise _Taken(row["id"])  # the primary key's violation
+            self.rows[row["id"]] = dict(row)
+
+    def update(self, _table, key, values):
+        if key["id"] not in self.rows:
+            return 0
+        self.rows[key["id"]].update(values)
+        return 1
+
+
+def replayed(rows, changes):
+    """(refused, the rows left) by the replayer's checks and writes of a folded batch
+    (or, for a table kept in order, by applying its events one by one)."""
     if changes.ordered:
-        return failed_in_order(rows, changes.ordered)
-    return any(had != (key["id"] in rows) for key, had, _ in changes.before)
+        if failed_in_order(rows, changes.ordered):
+            return True, None
+        return False, apply_in_order({k: dict(r) for k, r in rows.items()}, changes.ordered)
+    applier = object.__new__(Applier)  # only its checks and writes, no target
+    applier._key_taken = lambda _table: contextlib.nullcontext()
+    target = FakeWrites(rows)
+    try:
+        applier._apply_folded(target, changes)
+    except (ApplyError, _Taken):
+        return True, None
+    return False, target.rows
 
 
 def failed_in_order(rows, events):

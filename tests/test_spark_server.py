@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpcdc_toolkit._runtime import kill_pid, stop_group
+from gpcdc_toolkit._runtime import kill_pid, pid_alive, stop_group
 from gpcdc_toolkit.archive import write_archive
 from gpcdc_toolkit.capture import ensure_topics
 from gpcdc_toolkit.config import load_config
@@ -324,13 +324,21 @@ def test_a_start_that_cannot_record_its_pid_leaves_no_server_running(tmp_path, m
     def full_disk(path, text):
         raise OSError(28, "No space left on device", str(path))
 
+    stopped = []  # (pid, running when stopped)
+
+    def stop(pid, **kwargs):
+        stopped.append((pid, pid_alive(pid)))
+        stop_group(pid, **kwargs)
+
     monkeypatch.setattr(_server.subprocess, "Popen", popen)
     monkeypatch.setattr(_server, "write_atomic", full_disk)
+    monkeypatch.setattr(_server, "stop_group", stop)
     with pytest.raises(OSError, match="No space left on device"):
         SparkServer(tmp_path / "work").up("local[1]")
     (process,) = started
     try:
-        assert process.poll() is not None or process.wait(timeout=30) is not None  # stopped, not only asked to
+        assert stopped == [(process.pid, True)]  # stopped by the start, not gone of itself (no Java, say)
+        process.wait(timeout=30)
         assert group_members(process.pid) == []
     finally:  # what this test started goes, whatever the code under test left
         stop_group(process.pid)

@@ -19,6 +19,7 @@ slot's flush position; nothing is acknowledged meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import logging
@@ -594,15 +595,17 @@ def ensure_topics(kafka: Mapping[str, Any], topics: Topics, partitions: int, rep
             if code == KafkaError.TOPIC_ALREADY_EXISTS:
                 continue
             if code in _REFUSED_TOPICS:  # retrying would meet the same answer
-                fix = (f"set kafka.replication_factor to at most the brokers' count ({len(admin.list_topics(timeout=10).brokers)})"
-                       if code == KafkaError.INVALID_REPLICATION_FACTOR else _REFUSED_TOPICS[code])
+                fix = _REFUSED_TOPICS[code]
+                if code == KafkaError.INVALID_REPLICATION_FACTOR:
+                    with contextlib.suppress(KafkaException):  # the count is a help, the refusal the point
+                        fix += f" ({len(admin.list_topics(timeout=10).brokers)})"
                 raise ConfigError(f"Kafka refused to create topic {topic}: {e.args[0].str()}", fix=fix) from None
             raise
 
 
 # Why Kafka may refuse a topic for good, with what to change.
 _REFUSED_TOPICS = {
-    KafkaError.INVALID_REPLICATION_FACTOR: "",
+    KafkaError.INVALID_REPLICATION_FACTOR: "set kafka.replication_factor to at most the brokers' count",
     KafkaError.INVALID_PARTITIONS: "correct the partition count",
     KafkaError.INVALID_CONFIG: "correct the topic settings",
     KafkaError.POLICY_VIOLATION: "create the topics as the brokers' policy allows, before capture starts",

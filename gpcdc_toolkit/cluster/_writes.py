@@ -210,11 +210,11 @@ class Writes:
         found = [False] * len(keys)
         for (segment, columns), positions in groups.items():
             where, _ = self._where(table, keys[positions[0]])
-            query = sql.SQL("DELETE FROM {} WHERE {} RETURNING 1").format(table.identifier, where)
+            query = sql.SQL("DELETE FROM {} WHERE {}").format(table.identifier, where)
             with self._segment(segment).cursor() as cur:
                 cur.executemany(query, [[keys[i][c] for c in columns] for i in positions], returning=True)
-                for i in positions:
-                    found[i] = cur.fetchone() is not None
+                for i in positions:  # each statement's own result, and its count of rows
+                    found[i] = cur.rowcount > 0
                     cur.nextset()
         return found
 

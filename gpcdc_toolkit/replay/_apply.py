@@ -10,9 +10,10 @@ record in the DDL's own transaction.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,9 +127,17 @@ class Applier:
                 raise ApplyError("the target runs with standard_conforming_strings = off, under which DDL text is "
                                  "read otherwise than the replayer checked it",
                                  fix="set standard_conforming_strings = on for the target's database")
-            # Created when the first pipeline starts replaying here: a replay refused
-            # before that leaves the target as it found it.
-            self._missing = [t for t in _TABLES if not conn.execute("SELECT to_regclass(%s) IS NOT NULL", (t,)).fetchone()[0]]  # type: ignore[index]
+        # Created when the first pipeline starts replaying here: a replay refused before
+        # that leaves the target as it found it.
+        self._missing = self._absent(list(_TABLES))
+
+    def _absent(self, tables: list[str]) -> list[str]:
+        """Those of the bookkeeping ``tables`` the target lacks (another replayer, of
+        another pipeline, may make them meanwhile: asked again while any is missing)."""
+        if not tables:
+            return []
+        with self.target.coordinator_connection() as conn:
+            return [t for t in tables if not conn.execute("SELECT to_regclass(%s) IS NOT NULL", (t,)).fetchone()[0]]  # type: ignore[index]
 
     def close(self) -> None:
         self.session.close()
@@ -151,6 +160,7 @@ class Applier:
 
     def state(self) -> ReplayState | None:
         """Where this pipeline's replay into the target stands (None: not begun)."""
+        self._missing = self._absent(self._missing)
         if STATE in self._missing:
             return None
         with self.session.transaction() as tx:
@@ -164,9 +174,12 @@ class Applier:
               start_point: str = "") -> None:
         """Create the pipeline's state row, in one transaction with ``write(tx)`` (the
         initial load), so that a load is done once or not at all."""
-        while self._missing:
-            self.session.ddl(_TABLES[self._missing[0]])
-            self._missing.pop(0)
+        for table in self._absent(self._missing):
+            try:
+                self.session.ddl(_TABLES[table])
+            except psycopg.errors.DuplicateTable:
+                pass  # made meanwhile by the replayer of another pipeline
+        self._missing = []
         with self.session.transaction() as tx:
             if self._state_row(tx) is not None:
                 raise ApplyError(f"pipeline {self.pipeline!r} has already started replaying into this target")
@@ -177,6 +190,7 @@ class Applier:
 
     def applied_among(self, gxids: Iterable[int]) -> set[int]:
         """Those of ``gxids`` this pipeline has applied."""
+        self._missing = self._absent(self._missing)
         if APPLIED in self._missing:
             return set()
         by_segment: dict[int, list[int]] = {}
@@ -223,8 +237,9 @@ class Applier:
         except psycopg.errors.UniqueViolation as e:
             if e.diag.table_name != APPLIED:
                 raise ApplyError(f"{_what(batch)} failed on the target: {_first_line(e)}",
-                                 fix="the target's table has a unique constraint the source's lacks; drop it or "
-                                     "replay with --replay-batch-transactions 1") from None
+                                 fix="the target's table has a unique constraint the source's lacks: drop it, or "
+                                     "replay with --replay-batch-transactions 1 (on its primary key: the target holds "
+                                     "a row the source lacks)") from None
             raise ApplyError(f"{_what(batch)} is recorded as applied already: another replayer of pipeline "
                              f"{self.pipeline!r} writes to this target", fix="run one replayer per pipeline and target") from None
         except psycopg.Error as e:
@@ -326,62 +341,71 @@ class Applier:
 
     def _apply_folded(self, tx: Writes, changes: TableChanges) -> None:
         """Write a table's folded changes, checking that the target holds the row of each
-        key exactly where the source did (``_compact``): a row the target lost would
-        otherwise come back, or one it gained be written over, without a word. Each
-        write tells what it found (the rows a delete or an update changed; a plain
-        insert fails on a key taken), and the keys only an upsert writes are looked up
-        first."""
+        key the source held, and none of those the source did not hold and writes
+        (``_compact``): a row the target lost would otherwise come back, or one it gained
+        be written over, without a word. The keys whose rows go by upsert (which finds
+        either) are looked up first; the other writes tell what they found (the rows a
+        delete of a held key or an update changed; a plain insert fails on a key taken).
+        A key the source inserted and deleted in the batch is deleted unchecked: the
+        target ends without its row, as the source does, and a key PostgreSQL holds equal
+        to another (numeric 1.0 and 1.00, citext) may be deleted under its other form."""
         table = changes.table
-        before = {_values_of(key): (held, what) for key, held, what in changes.before}
-        if changes.deletes:
-            for key, found in zip(changes.deletes, tx.delete_keys(table, changes.deletes), strict=True):
-                held, what = before[_values_of(key)]
-                if found != held:
-                    raise _differs(what, table, key, held)
+        held = {_values_of(key): what for key, had, what in changes.before if had}
         counted = {_values_of(key) for key in changes.deletes} | {_values_of(key) for key, _ in changes.updates}
-        looked_up = [(key, what) for key, held, what in changes.before if held and _values_of(key) not in counted]
+        looked_up = [(key, what) for key, had, what in changes.before if had and _values_of(key) not in counted]
         if looked_up:
             for (key, what), found in zip(looked_up, tx.held(table, [key for key, _ in looked_up]), strict=True):
                 if not found:
-                    raise _differs(what, table, key, True)
+                    raise _differs(what, table, key)
+        if changes.deletes:
+            for key, found in zip(changes.deletes, tx.delete_keys(table, changes.deletes), strict=True):
+                if not found and (first := held.get(_values_of(key))) is not None:
+                    raise _differs(first, table, key)
         if changes.upserts:
             tx.upsert(table, changes.upserts)
         if changes.inserts:
-            try:
+            with self._key_taken(table):
                 tx.insert(table, changes.inserts)
-            except psycopg.errors.UniqueViolation as e:
-                raise self._taken(table, e) from None
         for key, values in changes.updates:
             _one_row(tx.update(table, key, values), table, key, "update")
 
-    def _taken(self, table: tuple[str, str], error: psycopg.errors.UniqueViolation) -> Exception:
-        """What a plain insert's unique violation means: on the primary key, a row the
-        target gained outside the pipeline; on another unique index, ``error`` itself."""
-        detail = error.diag.message_detail or ""
-        with self.target.coordinator_connection() as conn:  # the session's transaction has failed
-            quoted_key = conn.execute("SELECT string_agg(quote_ident(c), ', ' ORDER BY n) "
-                                      "FROM unnest(%s::text[]) WITH ORDINALITY AS k(c, n)",
-                                      (list(self.session.table(table).primary_key),)).fetchone()[0]  # type: ignore[index]
-        if not detail.startswith(f"Key ({quoted_key})=("):
-            return error
-        taken = detail.removesuffix(".").removesuffix(" already exists")
-        taken = taken if len(taken) <= 200 else taken[:200] + "...)"
-        return ApplyError(f"an insert into {quoted(*table)} found {taken} on the target, where the source had no row: "
-                          "the target differs from the source", fix=_WRITTEN_OUTSIDE)
+    @contextlib.contextmanager
+    def _key_taken(self, table: tuple[str, str]) -> Iterator[None]:
+        """A unique violation on ``table``'s primary key, told apart from one on another
+        unique index (which goes on as it is): a row the target gained outside the
+        pipeline, where the source had none."""
+        try:
+            yield
+        except psycopg.errors.UniqueViolation as e:
+            detail = e.diag.message_detail or ""
+            try:
+                with self.target.coordinator_connection() as conn:  # the session's transaction has failed
+                    quoted_key = conn.execute("SELECT string_agg(quote_ident(c), ', ' ORDER BY n) "
+                                              "FROM unnest(%s::text[]) WITH ORDINALITY AS k(c, n)",
+                                              (list(self.session.table(table).primary_key),)).fetchone()[0]  # type: ignore[index]
+            except (psycopg.Error, GpcdcError):
+                raise e from None  # the violation as it is, rather than what asking about it met
+            if not quoted_key or not detail.startswith(f"Key ({quoted_key})=("):
+                raise
+            taken = repr(detail.removesuffix(".").removesuffix(" already exists"))[1:-1]  # one line, whatever the key
+            taken = taken if len(taken) <= 200 else taken[:200] + "...)"
+            raise ApplyError(f"a row written into {quoted(*table)} found {taken} on the target, where the source had "
+                             "no row: the target differs from the source", fix=_WRITTEN_OUTSIDE) from None
 
     def _apply_in_order(self, tx: Writes, table: tuple[str, str],
                         events: Sequence[Mapping[str, Any]]) -> None:
         inserts: list[Mapping[str, Any]] = []
-        for event in events:
-            if event["op"] == "c":
-                inserts.append(event["after"])  # consecutive inserts go together
-                continue
+        with self._key_taken(table):
+            for event in events:
+                if event["op"] == "c":
+                    inserts.append(event["after"])  # consecutive inserts go together
+                    continue
+                if inserts:
+                    tx.insert(table, inserts)
+                    inserts = []
+                self._apply_change(tx, table, event)
             if inserts:
                 tx.insert(table, inserts)
-                inserts = []
-            self._apply_change(tx, table, event)
-        if inserts:
-            tx.insert(table, inserts)
 
     def _apply_keyless(self, tx: Writes, table: Table, event: Mapping[str, Any]) -> int:
         old = event["before"]
@@ -431,12 +455,10 @@ class Applier:
                          fix="replay TRUNCATE by hand on the target")
 
 
-def _differs(what: str, table: tuple[str, str], key: Mapping[str, Any], held: bool) -> ApplyError:
-    """The target lacks a row the source held (``held``), or holds one it lacked."""
-    found, had = ("no row", "had one") if held else ("a row", "had none")
-    return ApplyError(f"{what} of {quoted(*table)} key {_shown(key)} found {found} on the target, where the source "
-                      f"{had}: the target differs from the source",
-                      fix=_WRITTEN_OUTSIDE)
+def _differs(what: str, table: tuple[str, str], key: Mapping[str, Any]) -> ApplyError:
+    """The target lacks a row the source held."""
+    return ApplyError(f"{what} of {quoted(*table)} key {_shown(key)} found no row on the target, where the source "
+                      "had one: the target differs from the source", fix=_WRITTEN_OUTSIDE)
 
 
 def _values_of(key: Mapping[str, Any]) -> tuple[Any, ...]:
