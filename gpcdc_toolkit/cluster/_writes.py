@@ -12,7 +12,7 @@ import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, LiteralString, Protocol, Self
 
 import psycopg
 from psycopg import sql
@@ -181,28 +181,20 @@ class Writes:
 
     def held(self, table_name: TableRef, keys: Sequence[Mapping[str, Any]]) -> list[bool]:
         """Whether the target holds the row of each primary key of ``keys`` (each
-        including the distribution key), in bulk: one pipelined statement per segment
-        and key shape. A row found stays locked against deletes and key changes until
-        the transaction ends, so that what was found still holds when it writes."""
-        table = self.session.table(table_name)
-        groups: dict[tuple[int, tuple[str, ...]], list[int]] = defaultdict(list)
-        for i, key in enumerate(keys):
-            groups[(self.route(table, key), tuple(key))].append(i)
-        found = [False] * len(keys)
-        for (segment, columns), positions in groups.items():
-            where, _ = self._where(table, keys[positions[0]])
-            query = sql.SQL("SELECT 1 FROM {} WHERE {} FOR KEY SHARE").format(table.identifier, where)
-            with self._segment(segment).cursor() as cur:
-                cur.executemany(query, [[keys[i][c] for c in columns] for i in positions], returning=True)
-                for i in positions:
-                    found[i] = cur.fetchone() is not None
-                    cur.nextset()
-        return found
+        including the distribution key), in bulk. A row found stays locked against
+        deletes and key changes until the transaction ends, so that what was found still
+        holds when it writes."""
+        return self._per_key(table_name, keys, "SELECT 1 FROM {} WHERE {} FOR KEY SHARE")
 
     def delete_keys(self, table_name: TableRef, keys: Sequence[Mapping[str, Any]]) -> list[bool]:
         """Delete the rows with these keys (each including the distribution key), in
-        bulk: one pipelined statement per segment and key shape. Returns, per key,
-        whether it found a row."""
+        bulk. Returns, per key, whether it found a row."""
+        return self._per_key(table_name, keys, "DELETE FROM {} WHERE {}")
+
+    def _per_key(self, table_name: TableRef, keys: Sequence[Mapping[str, Any]], statement: LiteralString) -> list[bool]:
+        """Run ``statement`` (its table and key condition left as ``{}``) for each key:
+        one pipelined statement per segment and key shape. Returns, per key, whether its
+        statement met a row."""
         table = self.session.table(table_name)
         groups: dict[tuple[int, tuple[str, ...]], list[int]] = defaultdict(list)
         for i, key in enumerate(keys):
@@ -210,10 +202,10 @@ class Writes:
         found = [False] * len(keys)
         for (segment, columns), positions in groups.items():
             where, _ = self._where(table, keys[positions[0]])
-            query = sql.SQL("DELETE FROM {} WHERE {}").format(table.identifier, where)
+            query = sql.SQL(statement).format(table.identifier, where)
             with self._segment(segment).cursor() as cur:
                 cur.executemany(query, [[keys[i][c] for c in columns] for i in positions], returning=True)
-                for i in positions:  # each statement's own result, and its count of rows
+                for i in positions:  # each statement's own result: the rows it returned or changed
                     found[i] = cur.rowcount > 0
                     cur.nextset()
         return found
