@@ -15,13 +15,7 @@ from ..protocol import Topics
 from ..replay import Replayer, StatusLine
 from ..replay._until import iso_time, parse_time, syncpoint_before, syncpoints_in_kafka
 from ._command import Command, say
-from ._validate import syncpoint_id
-
-
-def _gxid(text: str) -> int:
-    if not text.isdigit() or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a gxid (a positive integer, as the refusal names it)")
-    return int(text)
+from ._validate import gxid_argument, syncpoint_id
 
 
 class Replay(Command):
@@ -31,7 +25,8 @@ class Replay(Command):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--once", action="store_true",
                             help="apply what the topics hold now, then stop (default: follow the stream)")
-        parser.add_argument("--skip-ddl", type=_gxid, action="append", default=[], metavar="GXID",
+        parser.add_argument("--skip-ddl", type=gxid_argument("a gxid (a positive integer, as the refusal names it)"),
+                            action="append", default=[], metavar="GXID",
                             help="record a refused DDL transaction as applied without running it, once its change "
                                  "was given to the target by hand (repeatable)")
         parser.add_argument("--archive", type=Path, metavar="PATH",

@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from ..config import Config
@@ -13,10 +14,16 @@ from ..errors import ConfigError
 from ._command import Command, say
 
 
-def syncpoint_id(text: str) -> int:
-    if not text.isdigit() or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a sync point id (a positive gxid)")
-    return int(text)
+def gxid_argument(what: str) -> Callable[[str], int]:
+    """An argument type taking a positive gxid, refusing anything else as not ``what``."""
+    def parse(text: str) -> int:
+        if not text.isdigit() or int(text) <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return int(text)
+    return parse
+
+
+syncpoint_id = gxid_argument("a sync point id (a positive gxid)")
 
 
 class Validate(Command):
