@@ -1,4 +1,5 @@
-"""The gpcdc Spark data source against a real broker and a local Spark session."""
+"""The toolkit's Spark reads (its own and Spark's Kafka source) against a real broker and a
+local Spark session."""
 
 import uuid
 
@@ -104,6 +105,18 @@ def test_windows_by_offset_and_by_time(spark, topics):
     by_time = read_changes(spark, config, starting_timestamp=BASE_MS + 30, ending_timestamp=BASE_MS + 60)
     ids = sorted(int(r.after["id"]) for r in by_time.select("after").collect())
     assert ids == list(range(30, 60))
+
+
+@pytest.mark.parametrize("source", ["gpcdc", "kafka"])
+def test_a_batch_dataframe_reads_the_window_it_was_made_with(spark, topics, source):
+    """Its ends are Kafka's when the DataFrame is made: each action on it reads the same
+    messages, whatever was produced since."""
+    config, produce = topics
+    produce(30)
+    df = read_changes(spark, config, source=source)
+    produce(30)
+    assert df.count() == 30
+    assert sorted(int(r.after["id"]) for r in df.select("after").collect()) == list(range(30))
 
 
 def test_corrupt_messages_surface_and_the_rest_loads(spark, topics):

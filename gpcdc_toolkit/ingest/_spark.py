@@ -1,9 +1,10 @@
 """Spark helpers the notebooks use: a session, and the toolkit's topics as DataFrames.
 
-Every reader takes ``source``: ``"gpcdc"`` (default), the toolkit's Python data source,
-which reads Kafka with confluent-kafka and needs no jars; or ``"kafka"``, Spark's own
-Kafka source in the JVM (what a Spark cluster usually has), its values parsed by the
-same code. Both give the same DataFrame.
+Every reader takes ``source``: ``"gpcdc"`` (default), the toolkit's own, which reads
+Kafka with confluent-kafka on the executors and needs no jars (a batch read planned in
+this process when the DataFrame is made, a stream by its Python data source); or
+``"kafka"``, Spark's own Kafka source in the JVM (what a Spark cluster usually has), its
+values parsed by the same code. Both give the same DataFrame, over the same window.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ._server import SparkServer, SparkServerError, SparkServerStatus
 from ._sessions import take_slot
 from ._settings import SESSION_SETTINGS
 from ._spark_kafka import connector_jars, kafka_options, parse_kafka_frame
-from ._spark_source import NAME, SPLIT, GpcdcDataSource, plan_start, plan_window
+from ._spark_source import NAME, SPLIT, GpcdcDataSource, plan_start, plan_window, read_window
 
 SOURCES = (NAME, "kafka")
 log = logging.getLogger(__name__)
@@ -215,8 +216,8 @@ def _reader(spark: Any, config: Config, topic: str, source: str, streaming: bool
         raise ConfigError(f"unknown source {source!r}", fix=f"use one of {', '.join(SOURCES)}")
     reader = spark.readStream if streaming else spark.read
     if source == NAME:
-        return reader.format(NAME).options(**_options(config, topic, **{_OPTION_NAMES[k]: v for k, v in window.items()})
-                                           ).load()
+        options = _options(config, topic, **{_OPTION_NAMES[k]: v for k, v in window.items()})
+        return reader.format(NAME).options(**options).load() if streaming else read_window(spark, options)
     # The gpcdc source's planning turns the window into offsets for every partition
     # (defaults, "latest", times, offsets lost to retention refused): both read the same.
     options = _options(config, topic, **{_OPTION_NAMES[k]: v for k, v in window.items()

@@ -303,6 +303,24 @@ def plan_start(options: dict[str, str]) -> dict[int, int]:
     return planner.offsets("startingOffsets", "earliest", "startingTimestamp", partitions, lows, ends)
 
 
+def read_window(spark: Any, options: dict[str, str]) -> Any:
+    """A batch read with these options as a DataFrame, planned here, now: its ranges
+    are read on the executors, one task each, by the same reader as the data source's.
+    The data source's own planning runs in Python workers Spark starts for it, which a
+    fresh session's first read waits for; and it plans again at every action, where
+    this DataFrame keeps the window it was made with."""
+    planner = _Planner(_normalized(options))
+    ranges = planner.ranges(*planner.window())
+    kafka = planner.kafka
+
+    def read(ids: Iterator[Any]) -> Iterator[Any]:
+        for batch in ids:
+            for i in batch.column(0).to_pylist():
+                yield from read_range(kafka, ranges[i])
+
+    return spark.range(0, len(ranges), 1, max(len(ranges), 1)).mapInArrow(read, SCHEMA_DDL)
+
+
 class GpcdcDataSource(DataSource):
     @classmethod
     def name(cls) -> str:

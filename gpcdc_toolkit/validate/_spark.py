@@ -1,10 +1,9 @@
 """The Spark mode: both sides of a table read into Spark and diffed there, for whole
 tables and large mismatches.
 
-Each side is read by a Python data source over psycopg (``format("gpcdc_table")``),
-one Spark partition per segment, each importing the segment's snapshot exported by a
-:class:`Snapshots` (a sync point's), so Spark's executors read exactly what the
-checksum mode would. Why not the PostgreSQL JDBC driver: a sandbox's or a cluster's
+Each side is read over psycopg, one Spark task per segment, each importing the
+segment's snapshot exported by a :class:`Snapshots` (a sync point's), so Spark's
+executors read exactly what the checksum mode would. Why not the PostgreSQL JDBC driver: a sandbox's or a cluster's
 segments are separate servers, each read at its own exported snapshot, which must be
 imported as a transaction's first statement; and values read as PostgreSQL's own
 text (the checksum mode's exactness: NULL versus '', floats as printed) need no type
@@ -16,7 +15,6 @@ statements as the checksum mode's.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -24,71 +22,44 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from ..cluster import Table
 from ._checksum import ChecksumResult, Diff, MisplacedRow, _as_multiset, _by_key, _check_shapes, _misplaced, _row, _texts, finish
 from ._snapshots import SESSION, Snapshots
 
-NAME = "gpcdc_table"
 ROW_TEXT = "_row"  # the row's text (ROW(...)::text), read for tables without a key
 SEGMENT = "_segment"
 BATCH_ROWS = 20_000  # rows per Arrow batch a reader hands Spark
 
 
 @dataclass(frozen=True)
-class SegmentSnapshot(InputPartition):
+class SegmentSnapshot:
+    """What one Spark task reads: a segment's rows at its exported snapshot."""
+
     content: int
     dsn: str
     snapshot: str
     query: str  # selects every column as text, then the row's text, from what the node stores
 
 
-class TableSource(DataSource):
-    """Options: ``slices`` (JSON list of [content, dsn, snapshot, query], the query
-    selecting every column as text, then the row's text), ``schema`` (a DDL string)."""
+def read_slice(part: SegmentSnapshot) -> Iterator[Any]:
+    """The segment's rows, as Arrow record batches (far cheaper into Spark than tuples)."""
+    import psycopg
+    import pyarrow as pa
+    from psycopg import sql
 
-    @classmethod
-    def name(cls) -> str:
-        return NAME
-
-    def schema(self) -> str:
-        return str(self.options["schema"])
-
-    def reader(self, schema: Any) -> DataSourceReader:
-        return _Reader(dict(self.options))
-
-
-class _Reader(DataSourceReader):
-    def __init__(self, options: dict[str, str]) -> None:
-        self.slices = [SegmentSnapshot(c, d, s, q) for c, d, s, q in json.loads(options["slices"])]
-
-    def partitions(self) -> list[InputPartition]:
-        return list(self.slices)
-
-    def read(self, partition: InputPartition) -> Iterator[Any]:
-        """The segment's rows, as Arrow record batches (far cheaper into Spark than tuples)."""
-        import psycopg
-        import pyarrow as pa
-        from psycopg import sql
-
-        assert isinstance(partition, SegmentSnapshot)
-        with psycopg.connect(partition.dsn, autocommit=True) as conn:
-            conn.execute(SESSION)
-            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(partition.snapshot)))
-            with conn.cursor(name="gpcdc_table") as rows:
-                rows.execute(partition.query.encode())  # composed and quoted by read_side, from the catalog
-                while batch := rows.fetchmany(BATCH_ROWS):
-                    columns = list(zip(*batch))
-                    yield pa.RecordBatch.from_arrays(
-                        [pa.array([partition.content] * len(batch), pa.int32()),
-                         *(pa.array(column, pa.string()) for column in columns)],
-                        names=[SEGMENT, *(f"c{i}" for i in range(len(columns) - 1)), ROW_TEXT])
-
-
-def register(spark: Any) -> None:
-    spark.dataSource.register(TableSource)
+    with psycopg.connect(part.dsn, autocommit=True) as conn:
+        conn.execute(SESSION)
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(part.snapshot)))
+        with conn.cursor(name="gpcdc_table") as rows:
+            rows.execute(part.query.encode())  # composed and quoted by read_side, from the catalog
+            while batch := rows.fetchmany(BATCH_ROWS):
+                columns = list(zip(*batch))
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array([part.content] * len(batch), pa.int32()),
+                     *(pa.array(column, pa.string()) for column in columns)],
+                    names=[SEGMENT, *(f"c{i}" for i in range(len(columns) - 1)), ROW_TEXT])
 
 
 def _names(info: Table) -> list[str]:
@@ -97,19 +68,26 @@ def _names(info: Table) -> list[str]:
 
 
 def read_side(spark: Any, side: Snapshots, info: Table) -> DataFrame:
-    """One side of a table in Spark: ``_segment``, ``c0``.. (each column as text), ``_row``."""
-    register(spark)
+    """One side of a table in Spark: ``_segment``, ``c0``.. (each column as text), ``_row``.
+    One task a segment, each reading its slice (planned here, so that Spark starts no
+    Python worker to plan the read)."""
     if not side.names:
         side.pin()
     conn = side.connections()[0]
     from psycopg import sql
 
     columns = _texts(info)
-    slices = [[node.content, side.cluster.dsn(node), side.names[node.content],
-               sql.SQL("SELECT {}, {} FROM {} t").format(columns, _row(info), side.relation(node, info))
-               .as_string(conn)] for node in side.cluster.segments]
+    slices = [SegmentSnapshot(node.content, side.cluster.dsn(node), side.names[node.content],
+                              sql.SQL("SELECT {}, {} FROM {} t").format(columns, _row(info), side.relation(node, info))
+                              .as_string(conn)) for node in side.cluster.segments]
     schema = ", ".join([f"{SEGMENT} int", *(f"{c} string" for c in _names(info)), f"{ROW_TEXT} string"])
-    frame: DataFrame = (spark.read.format(NAME).option("slices", json.dumps(slices)).option("schema", schema).load())
+
+    def read(ids: Iterator[Any]) -> Iterator[Any]:
+        for batch in ids:
+            for i in batch.column(0).to_pylist():
+                yield from read_slice(slices[i])
+
+    frame: DataFrame = spark.range(0, len(slices), 1, len(slices)).mapInArrow(read, schema)
     return frame
 
 
