@@ -83,15 +83,17 @@ def test_large_ranges_split_into_several_spark_partitions(spark, topics):
     assert df.count() == 900 and df.select("offset", "partition").distinct().count() == 900
 
 
-def test_sparks_kafka_source_splits_ranges_as_the_gpcdc_source_does(spark, topics, monkeypatch):
+@pytest.mark.parametrize("source", ["gpcdc", "kafka"])
+def test_the_helpers_split_long_ranges_into_tasks_with_either_source(spark, topics, monkeypatch, source):
     """A topic of 3 partitions read by more tasks than 3 where the ranges are long (both
     sources split every SPLIT offsets), each message once."""
-    from gpcdc_toolkit.ingest import _spark
+    from gpcdc_toolkit.ingest import _spark, _spark_source
 
     config, produce = topics
     produce(900)
     monkeypatch.setattr(_spark, "SPLIT", 100)
-    df = read_changes(spark, config, source="kafka")
+    monkeypatch.setattr(_spark_source, "SPLIT", 100)
+    df = read_changes(spark, config, source=source)
     assert df.rdd.getNumPartitions() == 9
     assert df.count() == 900 and df.select("offset", "partition").distinct().count() == 900
 

@@ -1,4 +1,4 @@
-"""Reading the toolkit's Kafka topics: a plain consumer, and a Spark data source."""
+"""Reading the toolkit's Kafka topics: a plain consumer, and Spark reads."""
 
 from ._consumer import (
     EndTracker,

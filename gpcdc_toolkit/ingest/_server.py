@@ -126,7 +126,7 @@ class SparkServer:
                    "--driver-java-options", f"-Dlog4j2.configurationFile=file:{logging}",
                    "--jars", ",".join(str(jar) for jar in connector_jars()),
                    *[a for name, value in settings.items() for a in ("--conf", f"{name}={value}")], "spark-internal"]
-        # Its Python workers (the gpcdc data source, mapInArrow) run this Python, as a local session's do.
+        # Its Python workers (mapInArrow, the gpcdc data source) run this Python, as a local session's do.
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
         with self.log_file.open("ab") as log:
             proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,

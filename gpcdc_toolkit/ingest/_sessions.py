@@ -1,8 +1,8 @@
 """Sessions of the Spark Connect server, handed from one process to the next.
 
-Spark starts Python worker daemons (the gpcdc data source's planning and reading,
-``mapInArrow``) for each Connect session, and keeps them until the server stops. A new
-session for every command made each command's first read start them again (5 s on a
+Spark starts Python worker daemons (the reads' ``mapInArrow``, a stream's planning) for
+each Connect session, and keeps them until the server stops. A new session for every
+command made each command's first read start them again (5 s on a
 slow machine, most of a small read) and left three more daemons on the server each time
 (37 processes and 1.4 GB after twelve commands). So the toolkit's processes take their
 sessions from slots kept beside the server: a slot is one session, held by one process
