@@ -3,14 +3,14 @@ tables and large mismatches.
 
 Each side is read over psycopg, one Spark task per segment, each importing the
 segment's snapshot exported by a :class:`Snapshots` (a sync point's), so Spark's
-executors read exactly what the checksum mode would. Why not the PostgreSQL JDBC driver: a sandbox's or a cluster's
-segments are separate servers, each read at its own exported snapshot, which must be
-imported as a transaction's first statement; and values read as PostgreSQL's own
-text (the checksum mode's exactness: NULL versus '', floats as printed) need no type
-mapping. Rows are diffed by primary key in a full outer join (a table without one as a
-multiset of rows); the differing rows, and the target's rows on a segment their key
-does not name, are then collected and turned into the same differences and fix
-statements as the checksum mode's.
+executors read exactly what the checksum mode would. Why not the PostgreSQL JDBC
+driver: a sandbox's or a cluster's segments are separate servers, each read at its own
+exported snapshot, which must be imported as a transaction's first statement; and
+values read as PostgreSQL's own text (the checksum mode's exactness: NULL versus '',
+floats as printed) need no type mapping. Rows are diffed by primary key in a full outer
+join (a table without one as a multiset of rows); the differing rows, and the target's
+rows on a segment their key does not name, are then collected and turned into the same
+differences and fix statements as the checksum mode's.
 """
 
 from __future__ import annotations
