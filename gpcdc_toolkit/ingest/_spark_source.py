@@ -25,12 +25,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from .._spark_tasks import read_in_tasks
 from ..errors import ConfigError
 from ._rows import SCHEMA_DDL
 
@@ -310,15 +312,7 @@ def read_window(spark: Any, options: dict[str, str]) -> Any:
     fresh session's first read waits for; and it plans again at every action, where
     this DataFrame keeps the window it was made with."""
     planner = _Planner(_normalized(options))
-    ranges = planner.ranges(*planner.window())
-    kafka = planner.kafka
-
-    def read(ids: Iterator[Any]) -> Iterator[Any]:
-        for batch in ids:
-            for i in batch.column(0).to_pylist():
-                yield from read_range(kafka, ranges[i])
-
-    return spark.range(0, len(ranges), 1, max(len(ranges), 1)).mapInArrow(read, SCHEMA_DDL)
+    return read_in_tasks(spark, planner.ranges(*planner.window()), partial(read_range, planner.kafka), SCHEMA_DDL)
 
 
 class GpcdcDataSource(DataSource):

@@ -23,6 +23,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from .._spark_tasks import read_in_tasks
 from ..cluster import Table
 from ._checksum import ChecksumResult, Diff, MisplacedRow, _as_multiset, _by_key, _check_shapes, _misplaced, _row, _texts, finish
 from ._snapshots import SESSION, Snapshots
@@ -81,13 +82,7 @@ def read_side(spark: Any, side: Snapshots, info: Table) -> DataFrame:
                               sql.SQL("SELECT {}, {} FROM {} t").format(columns, _row(info), side.relation(node, info))
                               .as_string(conn)) for node in side.cluster.segments]
     schema = ", ".join([f"{SEGMENT} int", *(f"{c} string" for c in _names(info)), f"{ROW_TEXT} string"])
-
-    def read(ids: Iterator[Any]) -> Iterator[Any]:
-        for batch in ids:
-            for i in batch.column(0).to_pylist():
-                yield from read_slice(slices[i])
-
-    frame: DataFrame = spark.range(0, len(slices), 1, len(slices)).mapInArrow(read, schema)
+    frame: DataFrame = read_in_tasks(spark, slices, read_slice, schema)
     return frame
 
 
