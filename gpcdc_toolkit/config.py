@@ -94,7 +94,7 @@ GUARDED_CLIENT_SETTINGS = frozenset({
 
 @dataclass(frozen=True)
 class TargetRef(ClusterRef):
-    dsn: str | None = setting(None, "coordinator DSN of the target cluster")
+    dsn: str | None = setting(None, "DSN of the target: its coordinator, or a plain PostgreSQL server")
     sandbox: str | None = setting("target", "sandbox name of the target cluster (when no DSN)")
     kind: str = setting("auto", "sandbox: a Greenplum-style sandbox written segment by segment; postgres: a plain "
                                 "PostgreSQL server or a Citus coordinator, written at its front door; auto: told by "

@@ -277,7 +277,7 @@ def test_a_sync_point_kafka_does_not_hold_is_refused_before_anything_is_applied(
     assert stopped.returncode == 0 and f"stopped at sync point {gxid}" in stopped.stdout, stopped.stderr
 
 
-def test_a_wrong_target_kind_or_an_unreachable_door_is_one_line(source, work_dir):
+def test_a_wrong_target_kind_or_an_unreachable_door_is_one_line(source, broker, work_dir):
     from gpcdc_toolkit.cluster import connect_target
     from gpcdc_toolkit.errors import ClusterError, UnreachableError
 
@@ -296,7 +296,12 @@ def test_a_wrong_target_kind_or_an_unreachable_door_is_one_line(source, work_dir
     with pytest.raises(ClusterError, match="is no Greenplum-style coordinator, but target.kind is sandbox: set "
                                            "target.kind to postgres"):
         connect_target(plain, "sandbox")
-    assert connect_target(plain).kind == "postgres"
+    door = connect_target(plain)
+    assert door.kind == "postgres"
+    # A plain server is no coordinator and no segment, and its messages say so.
+    assert {str(node) for node in door.nodes} == {f"server ({door.coordinator.host}:{door.coordinator.port})"}
+    with pytest.raises(ClusterError, match=r'^no table "public"\."no such" on the server'):
+        door.table(("public", "no such"))
 
 
 @pytest.mark.parametrize("flavour", ["greenplum", "postgres"])

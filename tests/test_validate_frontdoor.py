@@ -109,7 +109,8 @@ def test_each_divergence_is_found_exactly_and_the_fix_at_the_door_makes_the_tabl
     assert diff.expected == 2000 and diff.actual == 2000
     assert set(result.fix) == {COORDINATOR}, "every fix statement goes through the door"
     result.write_fix(tmp_path / "fix.sql", target)
-    assert "-- node: coordinator" in (tmp_path / "fix.sql").read_text()
+    door_name = "server" if target.kind == "postgres" else "coordinator"  # a plain server is no coordinator
+    assert f"-- node: {door_name} ({target.coordinator.host}:{target.coordinator.port})" in (tmp_path / "fix.sql").read_text()
     apply(target, result)
     again = compare(source, target, TABLE)
     assert again.equal, again.diff.examples

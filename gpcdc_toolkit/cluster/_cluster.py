@@ -31,9 +31,12 @@ class Node:
     host: str
     port: int
     datadir: str
+    role: str = ""  # what messages call a node that is no coordinator or segment (a plain server)
 
     @property
     def name(self) -> str:
+        if self.role:
+            return self.role
         return "coordinator" if self.content == COORDINATOR else f"segment {self.content}"
 
     def __str__(self) -> str:
@@ -232,14 +235,14 @@ class Cluster:
                 )
 
     def table(self, name: TableRef) -> Table:
-        """A distributed table's columns and keys, from the coordinator's catalog."""
+        """A table's columns and keys, from the catalog of the coordinator (or front door)."""
         with self.coordinator_connection() as conn:
             if isinstance(name, tuple):
                 found = conn.execute(
                     "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
                     "WHERE n.nspname = %s AND c.relname = %s", name).fetchone()
                 if found is None:
-                    raise ClusterError(f"no table {quoted(*name)} on the coordinator")
+                    raise ClusterError(f"no table {quoted(*name)} on the {self.coordinator.name}")
                 oid = found[0]
             else:
                 how = "a name is read as SQL reads it: quote one with capitals or spaces ('\"Order Items\"'), or " \
@@ -249,7 +252,7 @@ class Cluster:
                 try:
                     oid = conn.execute("SELECT %s::regclass::oid", (name,)).fetchone()[0]  # type: ignore[index]
                 except psycopg.errors.UndefinedTable:
-                    raise ClusterError(f"no table {name} on the coordinator", fix=how) from None
+                    raise ClusterError(f"no table {name} on the {self.coordinator.name}", fix=how) from None
                 except (psycopg.errors.InvalidName, psycopg.errors.SyntaxError):
                     raise ClusterError(f"{name!r} is not a valid table name", fix=how) from None
             schema, relname, qualified = conn.execute(  # type: ignore[misc]

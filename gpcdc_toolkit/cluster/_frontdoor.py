@@ -44,8 +44,8 @@ class FrontDoor(Cluster):
     def connect(cls, dsn: str) -> FrontDoor:
         with connect_dsn(dsn, f"target {_where(dsn)}", autocommit=True):
             pass  # reachable; a front door needs no catalog of its own
-        door = _door(dsn)
-        return cls(dsn, [door, Node(0, door.host, door.port, "")])
+        door = _door(dsn, role="server")
+        return cls(dsn, [door, Node(0, door.host, door.port, "", role="server")])
 
     def dsn(self, node: Node, **overrides: Any) -> str:
         if node.host == self.coordinator.host and node.port == self.coordinator.port and not overrides:
@@ -441,14 +441,14 @@ class CitusCluster(FrontDoor):
         return out
 
 
-def _door(dsn: str) -> Node:
+def _door(dsn: str, role: str = "") -> Node:
     """The door's node, from its DSN (the first host of several)."""
     params = conninfo.conninfo_to_dict(dsn)
     host = str(params.get("host") or params.get("hostaddr") or "localhost").split(",")[0]
     port = str(params.get("port") or "5432").split(",")[0]
     if not port.isdigit():
         raise ClusterError(f"the target DSN's port {port!r} is not a number", fix="correct the DSN")
-    return Node(COORDINATOR, host, int(port), "")
+    return Node(COORDINATOR, host, int(port), "", role)
 
 
 class FrontDoorSession:
