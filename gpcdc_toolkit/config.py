@@ -114,6 +114,8 @@ class KafkaSettings:
 @dataclass(frozen=True)
 class SparkSettings:
     master: str = setting("local[2]", "Spark master URL")
+    class_archive: bool = setting(True, "start Spark's JVM from an archive of the classes it loads, recorded once per "
+                                        "Java and PySpark installation (seconds off each start)")
 
 
 @dataclass(frozen=True)

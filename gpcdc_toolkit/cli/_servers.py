@@ -179,7 +179,8 @@ class SparkUp(Command):
 
     def run(self, args: argparse.Namespace, config: Config) -> int:
         started = time.monotonic()
-        server = SparkServer(config.work_dir).up(config.spark.master, port=args.port)
+        server = SparkServer(config.work_dir).up(config.spark.master, port=args.port,
+                                                 class_archive=config.spark.class_archive)
         say(f"Spark Connect server is up: {server.url} ({config.spark.master}, pid {server.pid}, "
             f"{time.monotonic() - started:.1f} s); log in {server.log_file}")
         if args.warm:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from .._runtime import free_port, port_in_use, read_json, running_pid, stop_group, write_atomic, write_json
 from ..errors import GpcdcError
+from ._classes import class_archive_options
 from ._settings import SESSION_SETTINGS
 
 MAIN = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -81,9 +82,11 @@ class SparkServer:
         url = f"sc://127.0.0.1:{port}" if port else None
         return SparkServerStatus(pid is not None, pid, url, pid is not None and port is not None and _answers(port))
 
-    def up(self, master: str, *, port: int | None = None, timeout: float = 180.0) -> SparkServer:
+    def up(self, master: str, *, port: int | None = None, timeout: float = 180.0,
+           class_archive: bool = True) -> SparkServer:
         """Start the server unless it runs already; return once it answers. Starts of one
-        work directory's server take turns (one starts it, the others find it)."""
+        work directory's server take turns (one starts it, the others find it). With
+        ``class_archive``, its JVM starts from the archive of Spark's classes (``_classes``)."""
         self.path.mkdir(parents=True, exist_ok=True)
         with (self.path / "start.lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -97,10 +100,10 @@ class SparkServer:
                 raise SparkServerError(f"port {port} is taken by another process",
                                        fix="choose another --port, or omit it to use a free one")
             port = port or free_port()
-            self._await(self._launch(master, port), port, timeout)
+            self._await(self._launch(master, port, class_archive_options() if class_archive else ""), port, timeout)
         return self
 
-    def _launch(self, master: str, port: int) -> subprocess.Popen[bytes]:
+    def _launch(self, master: str, port: int, java_options: str) -> subprocess.Popen[bytes]:
         from pyspark.find_spark_home import _find_spark_home
 
         from ._spark_kafka import connector_jars
@@ -123,7 +126,7 @@ class SparkServer:
             "spark.gpcdc.server": str(self.path),  # so that its command line names this work directory
         }
         command = [str(submit), "--master", master, "--class", MAIN, "--name", "gpcdc-spark-server",
-                   "--driver-java-options", f"-Dlog4j2.configurationFile=file:{logging}",
+                   "--driver-java-options", f"-Dlog4j2.configurationFile=file:{logging} {java_options}".rstrip(),
                    "--jars", ",".join(str(jar) for jar in connector_jars()),
                    *[a for name, value in settings.items() for a in ("--conf", f"{name}={value}")], "spark-internal"]
         # Its Python workers (mapInArrow, the gpcdc data source) run this Python, as a local session's do.

@@ -23,6 +23,7 @@ from ..config import Config
 from ..connect import kafka_client_settings
 from ..errors import ConfigError
 from ..protocol import Topics
+from ._classes import class_archive_options
 from ._release import release_checkpoints, release_outside_the_collector
 from ._server import SparkServer, SparkServerError, SparkServerStatus
 from ._sessions import take_slot
@@ -185,6 +186,8 @@ def _session(config: Config, app_name: str, kafka_connector: bool) -> Any:
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(config.spark.master).appName(app_name).config(map=SESSION_SETTINGS)
+    if config.spark.class_archive and (java_options := class_archive_options()):
+        builder = builder.config("spark.driver.extraJavaOptions", java_options)
     if kafka_connector:
         builder = builder.config("spark.jars", ",".join(str(jar) for jar in connector_jars()))
     spark = builder.getOrCreate()

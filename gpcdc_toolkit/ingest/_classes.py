@@ -1,0 +1,230 @@
+"""Spark's JVM started from an archive of the classes it loads (class data sharing).
+
+A fresh JVM spends seconds finding, verifying and linking Spark's classes before a
+session can run its first job. The JVM can map them instead from an archive that an
+earlier JVM of the same Java build and classpath wrote at its exit
+(``-XX:ArchiveClassesAtExit``, read back with ``-XX:SharedArchiveFile``). The archive is
+recorded once per Java and PySpark installation by a short run in a process of its own:
+a local session runs the kinds of job the toolkit's sessions run, and its JVM writes
+the archive as it exits. A second run must then start a session from it with sharing
+required before it is kept.
+
+The JVM maps the file, and one cut short crashes it. So an archive reaches its place
+only by a rename once checked, and its name carries its size: a file whose size is not
+its name's is never handed to a JVM. A JVM that cannot use an archive (a classpath
+changed since) loads its classes as it would without one, silently.
+
+Archives lie beside the Java libraries (``jars_dir()/spark-classes``), one per Java and
+PySpark installation. Where none can be recorded, sessions start without one, and the
+reason is kept there (``<key>.failed``) so that later sessions do not try again.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._maven import jars_dir
+from .._runtime import stop_group
+from ..errors import GpcdcError
+
+log = logging.getLogger(__name__)
+
+RECORD_TIMEOUT = 300.0  # each of the two runs; they take 10 to 30 s on two cores
+# Whatever a JVM would say of an archive it cannot use: it then starts as without one.
+_QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+
+
+class ClassArchiveError(GpcdcError):
+    """No archive of Spark's classes could be recorded."""
+
+
+def class_archive_options() -> str:
+    """The JVM options that start Spark's JVM from the archive of its classes, recorded
+    first when there is none for this Java and PySpark; '' when none can be had (no
+    Java, a failed recording, another process recording it now)."""
+    archive = class_archive()
+    return "" if archive is None else f"{_quoted(f'-XX:SharedArchiveFile={archive}')} -Xshare:auto {_QUIET}"
+
+
+def class_archive() -> Path | None:
+    """The archive of Spark's classes for this Java and PySpark, recorded now when
+    there is none (about 20 s, once); None when none can be had."""
+    place = _Place.here()
+    if place is None:
+        return None
+    found = place.archive()
+    if found is not None or place.failed.exists():
+        return found
+    place.folder.mkdir(parents=True, exist_ok=True)
+    with place.lock() as held:
+        if not held:  # another process records it: this session starts without one
+            return None
+        found = place.archive()
+        if found is not None or place.failed.exists():
+            return found
+        log.warning("recording the classes Spark's JVM loads, so that it starts faster from now on "
+                    "(once per Java and PySpark installation)")
+        try:
+            return place.record()
+        except ClassArchiveError as e:
+            place.failed.write_text(f"{e}\n")
+            log.warning("%s; Spark's JVM starts without a class archive (delete %s to try again)", e, place.failed)
+            return None
+
+
+@dataclass(frozen=True)
+class _Place:
+    """Where the archive of one Java and PySpark installation lies."""
+
+    folder: Path
+    key: str  # of the Java build and the classpath Spark's launcher gives the JVM
+
+    @classmethod
+    def here(cls) -> _Place | None:
+        from pyspark.find_spark_home import _find_spark_home
+
+        java = _java()
+        if java is None:
+            return None  # Spark's own launcher says what is missing
+        identity = hashlib.sha256()
+        libjvm = java.parent.parent / "lib" / "server" / "libjvm.so"
+        jars = sorted((Path(_find_spark_home()) / "jars").glob("*.jar"))
+        for path in [java, *([libjvm] if libjvm.exists() else []), *jars]:
+            stat = path.stat()
+            identity.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        identity.update(f"{os.environ.get('SPARK_CONF_DIR', '')}\n".encode())  # the launcher puts it first on the classpath
+        return cls(jars_dir() / "spark-classes", identity.hexdigest()[:16])
+
+    @property
+    def failed(self) -> Path:
+        return self.folder / f"{self.key}.failed"
+
+    def archive(self) -> Path | None:
+        """The recorded archive, if its size is still the one its name gives."""
+        for path in self.folder.glob(f"{self.key}-*.jsa"):
+            size = path.stem.removeprefix(f"{self.key}-")
+            try:
+                if size.isdigit() and path.stat().st_size == int(size):
+                    return path
+            except FileNotFoundError:
+                continue
+        return None
+
+    @contextmanager
+    def lock(self) -> Iterator[bool]:
+        """Whether this process holds the folder's lock (it does not wait for it)."""
+        with (self.folder / ".lock").open("w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+
+    def record(self) -> Path:
+        partial = self.folder / f"{self.key}.{os.getpid()}.partial"
+        partial.unlink(missing_ok=True)
+        try:
+            _run("record", partial)
+            if not partial.is_file():
+                raise ClassArchiveError("Spark's JVM exited without writing its class archive")
+            _run("check", partial)
+            archive = self.folder / f"{self.key}-{partial.stat().st_size}.jsa"
+            partial.rename(archive)
+            return archive
+        finally:
+            partial.unlink(missing_ok=True)
+
+
+def _java() -> Path | None:
+    """The java Spark's launcher runs: ``$JAVA_HOME/bin/java``, else the one on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    found = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    return Path(found).resolve() if found and Path(found).exists() else None
+
+
+def _quoted(option: str) -> str:
+    """One option as Spark's launcher splits ``extraJavaOptions``: whole, in double quotes."""
+    return '"' + option.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _run(step: str, archive: Path) -> None:
+    """One run of this module in a process of its own (its own process group, stopped
+    whole should it overrun), its output kept for the error."""
+    command = [sys.executable, "-m", __name__, step, str(archive)]
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=RECORD_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        stop_group(proc.pid)
+        proc.communicate()
+        raise ClassArchiveError(f"the class archive's {step} run took longer than {RECORD_TIMEOUT:g} s") from None
+    except BaseException:
+        stop_group(proc.pid)
+        raise
+    if proc.returncode != 0:
+        lines = [line for line in output.decode(errors="replace").splitlines() if line.strip()]
+        said = next((line for line in reversed(lines) if "Error" in line or "error" in line), lines[-1] if lines else "")
+        raise ClassArchiveError(f"the class archive's {step} run exited with status {proc.returncode}: {said.strip()}")
+
+
+def _exercise(spark: object) -> None:
+    """The kinds of job the toolkit's sessions run: Arrow batches through Python workers,
+    pandas in and out, aggregates, windows, joins and sorts."""
+    import pandas as pd
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    def identity(batches: Iterator[object]) -> Iterator[object]:
+        yield from batches
+
+    frame: object = spark.range(0, 20_000, 1, 2)  # type: ignore[attr-defined]
+    rows = frame.mapInArrow(identity, "id long").select(  # type: ignore[attr-defined]
+        "id", (F.col("id") % 7).alias("k"), F.concat_ws("-", F.lit("v"), F.col("id").cast("string")).alias("v"),
+        F.to_json(F.struct("id")).alias("j"))
+    rows.groupBy("k").agg(F.count("*"), F.max("id"), F.collect_set("v")).collect()
+    rows.withColumn("previous", F.lag("id").over(Window.partitionBy("k").orderBy("id"))).where("previous IS NULL").count()
+    rows.join(rows.select("k").distinct(), "k", "left_anti").count()
+    keys = spark.createDataFrame(pd.DataFrame({"k": list(range(7)), "name": [f"n{i}" for i in range(7)]}))  # type: ignore[attr-defined]
+    rows.join(F.broadcast(keys), "k").orderBy(F.desc("id")).limit(100).toPandas()
+    rows.select(F.from_json("j", "id long").alias("parsed")).where("parsed.id > 5").unionByName(
+        rows.select(F.from_json("j", "id long").alias("parsed"))).dropDuplicates().count()
+
+
+def _main(step: str, archive: str) -> None:
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    from ._settings import SESSION_SETTINGS
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # ``check`` requires sharing: a JVM that cannot map the archive fails to start.
+    options = [f"-XX:ArchiveClassesAtExit={archive}"] if step == "record" else [f"-XX:SharedArchiveFile={archive}",
+                                                                               "-Xshare:on"]
+    spark = (SparkSession.builder.master("local[2]").appName(f"gpcdc-classes-{step}").config(map=SESSION_SETTINGS)
+             .config("spark.driver.extraJavaOptions", " ".join(map(_quoted, options))).getOrCreate())
+    if step == "record":
+        _exercise(spark)
+    else:
+        spark.range(0, 2, 1, 2).count()
+    jvm = SparkContext._gateway.proc  # type: ignore[union-attr]
+    spark.stop()
+    # The JVM exits when its standard input closes, writing the archive as it does.
+    jvm.stdin.close()
+    if jvm.wait(timeout=RECORD_TIMEOUT) != 0:
+        sys.exit(f"Spark's JVM exited with status {jvm.returncode}")
+
+
+if __name__ == "__main__":
+    _main(*sys.argv[1:])

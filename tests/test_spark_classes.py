@@ -1,0 +1,106 @@
+"""Spark's JVM started from the archive of its classes: recorded once and checked before
+it is kept, never handed to a JVM when cut short, and a session that cannot have one
+starts without it."""
+
+import fcntl
+import shutil
+import stat
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gpcdc_toolkit.ingest._classes import ClassArchiveError, _Place, _run, class_archive, class_archive_options
+
+# In a process of its own, as a notebook starts it: a session of the toolkit, then
+# whether its JVM maps the archive.
+_SESSION = textwrap.dedent("""
+    import sys
+    from pyspark import SparkContext
+    from gpcdc_toolkit.config import load_config
+    from gpcdc_toolkit.ingest.spark import spark_session
+    spark = spark_session(load_config({"work_dir": sys.argv[1], "spark.class_archive": sys.argv[2] == "on"},
+                                      environ={}), kafka_connector=False)
+    spark.range(0, 2, 1, 2).count()
+    with open(f"/proc/{SparkContext._gateway.proc.pid}/maps") as maps:
+        print("mapped:" + ",".join(sorted({line.split()[-1] for line in maps if line.rstrip().endswith(".jsa")})))
+    spark.stop()
+""")
+
+
+def _mapped(work_dir, archive_setting):
+    done = subprocess.run([sys.executable, "-c", _SESSION, str(work_dir), archive_setting], capture_output=True,
+                          text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("mapped:"))
+    return set(filter(None, line.removeprefix("mapped:").split(",")))
+
+
+def test_a_session_of_the_toolkit_starts_its_jvm_from_the_archive_and_without_it_when_told(tmp_path):
+    archive = class_archive()
+    assert archive is not None and archive.stat().st_size == int(archive.stem.rsplit("-", 1)[1])
+    assert str(archive) in _mapped(tmp_path, "on")
+    assert str(archive) not in _mapped(tmp_path, "off")
+
+
+def test_an_archive_is_handed_on_only_at_the_size_its_name_gives(tmp_path):
+    place = _Place(tmp_path, "0123456789abcdef")
+    (tmp_path / f"{place.key}-999.jsa").write_bytes(b"short")  # cut short: never mapped
+    (tmp_path / f"{place.key}-x.jsa").write_bytes(b"x")
+    (tmp_path / "fedcba9876543210-5.jsa").write_bytes(b"other")  # another installation's
+    assert place.archive() is None
+    (tmp_path / f"{place.key}-5.jsa").write_bytes(b"whole")
+    assert place.archive() == tmp_path / f"{place.key}-5.jsa"
+
+
+def test_the_check_refuses_an_archive_cut_short_which_would_crash_a_jvm(tmp_path):
+    archive = class_archive()
+    assert archive is not None
+    _run("check", archive)  # the whole one passes
+    cut = tmp_path / "cut.partial"
+    with archive.open("rb") as whole:
+        cut.write_bytes(whole.read(1 << 20))
+    with pytest.raises(ClassArchiveError, match="the class archive's check run exited with status"):
+        _run("check", cut)
+
+
+def test_a_recording_under_way_elsewhere_is_not_waited_for(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPCDC_JARS_DIR", str(tmp_path))
+    place = _Place.here()
+    place.folder.mkdir(parents=True)
+    with (place.folder / ".lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as a process recording it holds it
+        assert class_archive_options() == ""
+    assert list(place.folder.iterdir()) == [place.folder / ".lock"]  # nothing recorded, nothing marked failed
+
+
+def test_a_failed_recording_is_said_once_kept_and_not_tried_again(tmp_path, monkeypatch, caplog):
+    """A Java whose every run fails: sessions would fail too, but the archive's
+    recording must leave nothing behind but its reason."""
+    runs = tmp_path / "runs"
+    java = tmp_path / "jdk" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_text(f"#!/bin/sh\necho run >> {runs}\necho 'Error: no VM here' >&2\nexit 3\n")
+    java.chmod(java.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("GPCDC_JARS_DIR", str(tmp_path / "jars"))
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk"))
+    assert class_archive_options() == ""
+    place = _Place.here()
+    reason = place.failed.read_text()
+    assert reason.startswith("the class archive's record run exited with status 1: ") and runs.exists()
+    assert f"delete {place.failed} to try again" in caplog.text
+    tried = runs.read_text()
+    assert class_archive_options() == "" and runs.read_text() == tried, "tried again"
+    assert sorted(p.name for p in place.folder.iterdir()) == [".lock", place.failed.name]
+
+
+@pytest.mark.spark_server
+def test_an_archive_is_recorded_from_nothing_and_a_session_starts_from_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPCDC_JARS_DIR", str(tmp_path / "jars"))
+    archive = class_archive()
+    assert archive is not None and archive.parent == tmp_path / "jars" / "spark-classes"
+    assert sorted(p.name for p in archive.parent.iterdir()) == [".lock", archive.name]  # no partial left
+    assert class_archive() == archive  # recorded once
+    assert str(archive) in _mapped(tmp_path, "on")
+    shutil.rmtree(tmp_path / "jars")  # 150 MB or more
