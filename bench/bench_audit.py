@@ -7,7 +7,8 @@ per part, framed by BEGIN and END; watermarks every 100 parts; one two-phase par
 10,000 dropped, so that the missing-part rule has work. Then, in the same run, each in
 a process of its own (so that each peak is its own):
 
-* Spark (``local[2]``, the toolkit's session settings): ``read_archive`` and
+* Spark (``local[2]``, the toolkit's session settings, its JVM started from the archive
+  of Spark's classes unless ``--class-archive off``): ``read_archive`` and
   ``audit_events`` (every rule; the stream's expectations are left out, since pandas
   has no counterpart here), the findings counted per rule: first in a fresh JVM, as a
   command with no Spark server pays it; then in another fresh JVM warmed first by the
@@ -21,7 +22,7 @@ smallest size, and each process's peak resident memory: the Python driver's and,
 Spark, the JVM's (in local mode the JVM runs the executors too). Both must count the
 same findings.
 
-    .venv/bin/python bench/bench_audit.py [--events 1000000,10000000] [--data DIR]
+    .venv/bin/python bench/bench_audit.py [--events 1000000,10000000] [--data DIR] [--class-archive off]
 """
 
 from __future__ import annotations
@@ -177,17 +178,19 @@ def _coordinator_table(gxids: Any, first: Any, second: Any, schema: Any) -> Any:
 
 # -- the two audits ---------------------------------------------------------------------
 
-def spark_audit(path: Path, warmed: bool) -> dict[str, Any]:
+def spark_audit(path: Path, warmed: bool, class_archive: bool) -> dict[str, Any]:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     from gpcdc_toolkit.archive import read_archive
     from gpcdc_toolkit.audit import Thresholds, audit_events
     from gpcdc_toolkit.ingest._settings import SESSION_SETTINGS
+    from gpcdc_toolkit.ingest.spark import class_archive_options
 
     # The settings of the toolkit's own sessions (`gpcdc audit`), with room for 10M events.
+    java_options = class_archive_options() if class_archive else ""
     spark = (SparkSession.builder.master("local[2]").appName("bench-audit").config(map=SESSION_SETTINGS)
-             .config("spark.driver.memory", "6g").getOrCreate())
+             .config("spark.driver.memory", "6g").config("spark.driver.extraJavaOptions", java_options).getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     try:
         if warmed:
@@ -310,17 +313,18 @@ def pandas_audit(path: Path) -> dict[str, Any]:
 
 # -- the run ----------------------------------------------------------------------------
 
-def measure(which: str, path: Path) -> None:
+def measure(which: str, path: Path, class_archive: bool) -> None:
     """One audit in this process: JSON of its time, counts and peaks on stdout."""
-    counts = pandas_audit(path) if which == "pandas" else spark_audit(path, warmed=which == "warmed")
+    counts = pandas_audit(path) if which == "pandas" else spark_audit(path, warmed=which == "warmed",
+                                                                       class_archive=class_archive)
     elapsed = counts.pop("_seconds")
     jvm = counts.pop("_jvm_peak_kib", 0)
     print(json.dumps({"seconds": elapsed, "counts": counts, "python_peak_kib": _peak_kib(), "jvm_peak_kib": jvm}))
 
 
-def run(which: str, path: Path) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, __file__, "--measure", which, "--archive", str(path)],
-                          capture_output=True, text=True, check=True)
+def run(which: str, path: Path, class_archive: str) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, __file__, "--measure", which, "--archive", str(path),
+                           "--class-archive", class_archive], capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
@@ -330,9 +334,11 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path.home() / ".cache" / "gpcdc" / "bench-audit")
     parser.add_argument("--measure", choices=("spark", "warmed", "pandas"), help=argparse.SUPPRESS)
     parser.add_argument("--archive", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--class-archive", choices=("on", "off"), default="on",
+                        help="start Spark's JVMs from the archive of its classes, as the toolkit's sessions do")
     args = parser.parse_args()
     if args.measure:
-        measure(args.measure, args.archive)
+        measure(args.measure, args.archive, args.class_archive == "on")
         return
     sizes = [int(n) for n in args.events.split(",")]
     results = {}
@@ -343,7 +349,7 @@ def main() -> None:
         import pyarrow.parquet as pq
 
         events = sum(pq.ParquetFile(f).metadata.num_rows for f in (path / "run-000001").glob("*.parquet"))
-        spark, warmed, pandas = run("spark", path), run("warmed", path), run("pandas", path)
+        spark, warmed, pandas = (run(which, path, args.class_archive) for which in ("spark", "warmed", "pandas"))
         if not spark["counts"] == warmed["counts"] == pandas["counts"]:
             raise SystemExit(f"the audits disagree at {size}: spark {spark['counts']}, warmed {warmed['counts']}, "
                              f"pandas {pandas['counts']}")

@@ -38,7 +38,7 @@ def _mapped(work_dir, archive_setting):
 
 
 def test_a_session_of_the_toolkit_starts_its_jvm_from_the_archive_and_without_it_when_told(tmp_path):
-    archive = class_archive()
+    archive = class_archive(wait=True)
     assert archive is not None and archive.stat().st_size == int(archive.stem.rsplit("-", 1)[1])
     assert str(archive) in _mapped(tmp_path, "on")
     assert str(archive) not in _mapped(tmp_path, "off")
@@ -55,7 +55,7 @@ def test_an_archive_is_handed_on_only_at_the_size_its_name_gives(tmp_path):
 
 
 def test_the_check_refuses_an_archive_cut_short_which_would_crash_a_jvm(tmp_path):
-    archive = class_archive()
+    archive = class_archive(wait=True)
     assert archive is not None
     _run("check", archive)  # the whole one passes
     cut = tmp_path / "cut.partial"
@@ -65,7 +65,7 @@ def test_the_check_refuses_an_archive_cut_short_which_would_crash_a_jvm(tmp_path
         _run("check", cut)
 
 
-def test_a_recording_under_way_elsewhere_is_not_waited_for(tmp_path, monkeypatch):
+def test_a_recording_under_way_elsewhere_is_not_waited_for_by_a_session(tmp_path, monkeypatch):
     monkeypatch.setenv("GPCDC_JARS_DIR", str(tmp_path))
     place = _Place.here()
     place.folder.mkdir(parents=True)

@@ -39,7 +39,7 @@ from ..errors import GpcdcError
 
 log = logging.getLogger(__name__)
 
-RECORD_TIMEOUT = 300.0  # each of the two runs; they take 10 to 30 s on two cores
+RECORD_TIMEOUT = 300.0  # each of the two runs; together about 35 s on two cores
 # Whatever a JVM would say of an archive it cannot use: it then starts as without one.
 _QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 
@@ -56,9 +56,10 @@ def class_archive_options() -> str:
     return "" if archive is None else f"{_quoted(f'-XX:SharedArchiveFile={archive}')} -Xshare:auto {_QUIET}"
 
 
-def class_archive() -> Path | None:
+def class_archive(*, wait: bool = False) -> Path | None:
     """The archive of Spark's classes for this Java and PySpark, recorded now when
-    there is none (about 20 s, once); None when none can be had."""
+    there is none (about 35 s, once); None when none can be had. Another process
+    recording it is waited for only with ``wait``."""
     place = _Place.here()
     if place is None:
         return None
@@ -66,7 +67,7 @@ def class_archive() -> Path | None:
     if found is not None or place.failed.exists():
         return found
     place.folder.mkdir(parents=True, exist_ok=True)
-    with place.lock() as held:
+    with place.lock(wait) as held:
         if not held:  # another process records it: this session starts without one
             return None
         found = place.archive()
@@ -121,11 +122,11 @@ class _Place:
         return None
 
     @contextmanager
-    def lock(self) -> Iterator[bool]:
-        """Whether this process holds the folder's lock (it does not wait for it)."""
+    def lock(self, wait: bool) -> Iterator[bool]:
+        """Whether this process holds the folder's lock (waited for only with ``wait``)."""
         with (self.folder / ".lock").open("w") as lock:
             try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
             except BlockingIOError:
                 yield False
                 return
