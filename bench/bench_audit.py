@@ -178,19 +178,19 @@ def _coordinator_table(gxids: Any, first: Any, second: Any, schema: Any) -> Any:
 
 # -- the two audits ---------------------------------------------------------------------
 
-def spark_audit(path: Path, warmed: bool, class_archive: bool) -> dict[str, Any]:
+def spark_audit(path: Path, warmed: bool, use_class_archive: bool) -> dict[str, Any]:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     from gpcdc_toolkit.archive import read_archive
     from gpcdc_toolkit.audit import Thresholds, audit_events
     from gpcdc_toolkit.ingest._settings import SESSION_SETTINGS
-    from gpcdc_toolkit.ingest.spark import class_archive_options
+    from gpcdc_toolkit.ingest.spark import class_archive, class_archive_options
 
     # The settings of the toolkit's own sessions (`gpcdc audit`), with room for 10M events.
-    java_options = class_archive_options() if class_archive else ""
+    java_options = class_archive_options() if use_class_archive and class_archive(wait=True) else ""
     spark = (SparkSession.builder.master("local[2]").appName("bench-audit").config(map=SESSION_SETTINGS)
-             .config("spark.driver.memory", "6g").config("spark.driver.extraJavaOptions", java_options).getOrCreate())
+             .config("spark.driver.memory", "6g").config("spark.driver.defaultJavaOptions", java_options).getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     try:
         if warmed:
@@ -313,10 +313,10 @@ def pandas_audit(path: Path) -> dict[str, Any]:
 
 # -- the run ----------------------------------------------------------------------------
 
-def measure(which: str, path: Path, class_archive: bool) -> None:
+def measure(which: str, path: Path, use_class_archive: bool) -> None:
     """One audit in this process: JSON of its time, counts and peaks on stdout."""
     counts = pandas_audit(path) if which == "pandas" else spark_audit(path, warmed=which == "warmed",
-                                                                       class_archive=class_archive)
+                                                                       use_class_archive=use_class_archive)
     elapsed = counts.pop("_seconds")
     jvm = counts.pop("_jvm_peak_kib", 0)
     print(json.dumps({"seconds": elapsed, "counts": counts, "python_peak_kib": _peak_kib(), "jvm_peak_kib": jvm}))

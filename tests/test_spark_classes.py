@@ -3,6 +3,7 @@ it is kept, never handed to a JVM when cut short, and a session that cannot have
 starts without it."""
 
 import fcntl
+import pathlib
 import shutil
 import stat
 import subprocess
@@ -29,6 +30,11 @@ _SESSION = textwrap.dedent("""
 """)
 
 
+def _failed():
+    place = _Place.here()
+    return place.failed.read_text() if place.failed.exists() else "no archive and no reason kept"
+
+
 def _mapped(work_dir, archive_setting):
     done = subprocess.run([sys.executable, "-c", _SESSION, str(work_dir), archive_setting], capture_output=True,
                           text=True, timeout=300, stdin=subprocess.DEVNULL)
@@ -39,9 +45,10 @@ def _mapped(work_dir, archive_setting):
 
 def test_a_session_of_the_toolkit_starts_its_jvm_from_the_archive_and_without_it_when_told(tmp_path):
     archive = class_archive(wait=True)
-    assert archive is not None and archive.stat().st_size == int(archive.stem.rsplit("-", 1)[1])
-    assert str(archive) in _mapped(tmp_path, "on")
-    assert str(archive) not in _mapped(tmp_path, "off")
+    assert archive is not None, _failed()
+    assert archive.stat().st_size == int(archive.stem.rsplit("-", 1)[1])
+    assert str(archive.resolve()) in _mapped(tmp_path, "on")
+    assert str(archive.resolve()) not in _mapped(tmp_path, "off")
 
 
 def test_an_archive_is_handed_on_only_at_the_size_its_name_gives(tmp_path):
@@ -56,13 +63,17 @@ def test_an_archive_is_handed_on_only_at_the_size_its_name_gives(tmp_path):
 
 def test_the_check_refuses_an_archive_cut_short_which_would_crash_a_jvm(tmp_path):
     archive = class_archive(wait=True)
-    assert archive is not None
+    assert archive is not None, _failed()
     _run("check", archive)  # the whole one passes
     cut = tmp_path / "cut.partial"
     with archive.open("rb") as whole:
         cut.write_bytes(whole.read(1 << 20))
-    with pytest.raises(ClassArchiveError, match="the class archive's check run exited with status"):
+    reports = set(pathlib.Path.cwd().glob("hs_err_pid*.log"))
+    with pytest.raises(ClassArchiveError, match="the class archive's check run exited with status") as refused:
         _run("check", cut)
+    # The JVM's own words: it crashed on the cut file, or refused it.
+    assert "# A fatal error" in refused.value.output or "shared archive" in refused.value.output, refused.value.output
+    assert set(pathlib.Path.cwd().glob("hs_err_pid*.log")) == reports  # a crash's report goes beside the archive
 
 
 def test_a_recording_under_way_elsewhere_is_not_waited_for_by_a_session(tmp_path, monkeypatch):
@@ -89,18 +100,29 @@ def test_a_failed_recording_is_said_once_kept_and_not_tried_again(tmp_path, monk
     place = _Place.here()
     reason = place.failed.read_text()
     assert reason.startswith("the class archive's record run exited with status 1: ") and runs.exists()
-    assert f"delete {place.failed} to try again" in caplog.text
+    assert "Error: no VM here" in reason  # the run's own output kept
+    assert f"(see {place.failed}; delete it to try again)" in caplog.text
     tried = runs.read_text()
     assert class_archive_options() == "" and runs.read_text() == tried, "tried again"
+    assert [r.getMessage() for r in caplog.records].count(caplog.records[-1].getMessage()) == 1  # said once
     assert sorted(p.name for p in place.folder.iterdir()) == [".lock", place.failed.name]
 
 
 @pytest.mark.spark_server
 def test_an_archive_is_recorded_from_nothing_and_a_session_starts_from_it(tmp_path, monkeypatch):
     monkeypatch.setenv("GPCDC_JARS_DIR", str(tmp_path / "jars"))
-    archive = class_archive()
-    assert archive is not None and archive.parent == tmp_path / "jars" / "spark-classes"
-    assert sorted(p.name for p in archive.parent.iterdir()) == [".lock", archive.name]  # no partial left
-    assert class_archive() == archive  # recorded once
-    assert str(archive) in _mapped(tmp_path, "on")
-    shutil.rmtree(tmp_path / "jars")  # 150 MB or more
+    try:
+        archive = class_archive()
+        assert archive is not None and archive.parent == tmp_path / "jars" / "spark-classes"
+        assert sorted(p.name for p in archive.parent.iterdir()) == [".lock", archive.name]  # no partial left
+        assert class_archive() == archive  # recorded once
+        assert str(archive.resolve()) in _mapped(tmp_path, "on")
+    finally:
+        shutil.rmtree(tmp_path / "jars", ignore_errors=True)  # 150 MB or more
+
+
+def test_a_folder_it_cannot_write_leaves_sessions_as_they_were(tmp_path, monkeypatch, caplog):
+    (tmp_path / "a file").write_text("not a folder")
+    monkeypatch.setenv("GPCDC_JARS_DIR", str(tmp_path / "a file"))
+    assert class_archive_options() == ""
+    assert "Spark's JVM starts without one" in caplog.text

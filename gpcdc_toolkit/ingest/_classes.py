@@ -45,7 +45,13 @@ _QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 
 
 class ClassArchiveError(GpcdcError):
-    """No archive of Spark's classes could be recorded."""
+    """No archive of Spark's classes could be recorded. ``lasting``: not worth trying
+    again (unlike a run that took too long on a busy machine)."""
+
+    def __init__(self, message: str, *, lasting: bool = True, output: str = "") -> None:
+        super().__init__(message)
+        self.lasting = lasting
+        self.output = output  # the failed run's last lines
 
 
 def class_archive_options() -> str:
@@ -66,21 +72,29 @@ def class_archive(*, wait: bool = False) -> Path | None:
     found = place.archive()
     if found is not None or place.failed.exists():
         return found
-    place.folder.mkdir(parents=True, exist_ok=True)
-    with place.lock(wait) as held:
-        if not held:  # another process records it: this session starts without one
-            return None
-        found = place.archive()
-        if found is not None or place.failed.exists():
-            return found
-        log.warning("recording the classes Spark's JVM loads, so that it starts faster from now on "
-                    "(once per Java and PySpark installation)")
-        try:
-            return place.record()
-        except ClassArchiveError as e:
-            place.failed.write_text(f"{e}\n")
-            log.warning("%s; Spark's JVM starts without a class archive (delete %s to try again)", e, place.failed)
-            return None
+    try:
+        place.folder.mkdir(parents=True, exist_ok=True)
+        with place.lock(wait) as held:
+            if not held:  # another process records it: this session starts without one
+                return None
+            found = place.archive()
+            if found is not None or place.failed.exists():
+                return found
+            log.warning("recording the classes Spark's JVM loads, so that it starts faster from now on "
+                        "(once per Java and PySpark installation)")
+            try:
+                return place.record()
+            except ClassArchiveError as e:
+                if not e.lasting:
+                    log.warning("%s; Spark's JVM starts without a class archive this time", e)
+                    return None
+                place.failed.write_text(f"{e}\n\n{e.output}")
+                log.warning("%s; Spark's JVM starts without a class archive (see %s; delete it to try again)",
+                            e, place.failed)
+                return None
+    except OSError as e:  # a folder it cannot write: an archive is a speed-up, never a reason to fail
+        log.warning("no archive of Spark's classes in %s (%s); Spark's JVM starts without one", place.folder, e)
+        return None
 
 
 @dataclass(frozen=True)
@@ -98,12 +112,15 @@ class _Place:
         if java is None:
             return None  # Spark's own launcher says what is missing
         identity = hashlib.sha256()
-        libjvm = java.parent.parent / "lib" / "server" / "libjvm.so"
-        jars = sorted((Path(_find_spark_home()) / "jars").glob("*.jar"))
-        for path in [java, *([libjvm] if libjvm.exists() else []), *jars]:
+        server = java.parent.parent / "lib" / "server"  # the JVM and the JDK's own archive, which this one extends
+        home = Path(_find_spark_home())
+        jars = sorted((home / "jars").glob("*.jar"))
+        for path in [java, *(p for p in (server / "libjvm.so", server / "classes.jsa") if p.exists()), *jars]:
             stat = path.stat()
             identity.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-        identity.update(f"{os.environ.get('SPARK_CONF_DIR', '')}\n".encode())  # the launcher puts it first on the classpath
+        # The launcher puts the configuration's folder first on the classpath: what it holds counts.
+        conf = Path(os.environ.get("SPARK_CONF_DIR") or home / "conf")
+        identity.update(f"{conf}\0{sorted(p.name for p in conf.iterdir()) if conf.is_dir() else None}\n".encode())
         return cls(jars_dir() / "spark-classes", identity.hexdigest()[:16])
 
     @property
@@ -133,15 +150,25 @@ class _Place:
             yield True
 
     def record(self) -> Path:
+        """Called with the folder's lock held: any partial archive left there is stale
+        (its recording's process was killed)."""
+        for stale in self.folder.glob("*.partial"):
+            stale.unlink(missing_ok=True)
         partial = self.folder / f"{self.key}.{os.getpid()}.partial"
-        partial.unlink(missing_ok=True)
         try:
-            _run("record", partial)
+            output = _run("record", partial)
             if not partial.is_file():
-                raise ClassArchiveError("Spark's JVM exited without writing its class archive")
+                raise ClassArchiveError("Spark's JVM exited without writing its class archive", output=output)
             _run("check", partial)
+            with partial.open("rb") as written:  # on disk whole before its name says so
+                os.fsync(written.fileno())
             archive = self.folder / f"{self.key}-{partial.stat().st_size}.jsa"
             partial.rename(archive)
+            folder = os.open(self.folder, os.O_RDONLY)
+            try:
+                os.fsync(folder)
+            finally:
+                os.close(folder)
             return archive
         finally:
             partial.unlink(missing_ok=True)
@@ -159,25 +186,32 @@ def _quoted(option: str) -> str:
     return '"' + option.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _run(step: str, archive: Path) -> None:
+def _run(step: str, archive: Path) -> str:
     """One run of this module in a process of its own (its own process group, stopped
-    whole should it overrun), its output kept for the error."""
+    whole should it overrun), in the archive's folder (where a crashed JVM writes its
+    report); its output's last lines."""
     command = [sys.executable, "-m", __name__, step, str(archive)]
     proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            cwd=archive.parent, start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=RECORD_TIMEOUT)
     except subprocess.TimeoutExpired:
         stop_group(proc.pid)
         proc.communicate()
-        raise ClassArchiveError(f"the class archive's {step} run took longer than {RECORD_TIMEOUT:g} s") from None
+        raise ClassArchiveError(f"the class archive's {step} run took longer than {RECORD_TIMEOUT:g} s",
+                                lasting=False) from None
     except BaseException:
         stop_group(proc.pid)
         raise
+    lines = [line for line in output.decode(errors="replace").splitlines() if line.strip() and "[Stage " not in line]
     if proc.returncode != 0:
-        lines = [line for line in output.decode(errors="replace").splitlines() if line.strip()]
-        said = next((line for line in reversed(lines) if "Error" in line or "error" in line), lines[-1] if lines else "")
-        raise ClassArchiveError(f"the class archive's {step} run exited with status {proc.returncode}: {said.strip()}")
+        # The JVM's own words first (a crash, a refused archive), then Python's.
+        said = next((line for line in lines if line.startswith(("# A fatal error", "Error occurred during", "[error]"))
+                     or "[error]" in line), None)
+        said = said or next((line for line in reversed(lines) if "Error" in line), lines[-1] if lines else "")
+        raise ClassArchiveError(f"the class archive's {step} run exited with status {proc.returncode}: {said.strip()}",
+                                output="\n".join(lines[-40:]))
+    return "\n".join(lines[-40:])
 
 
 def _exercise(spark: object) -> None:
@@ -211,8 +245,8 @@ def _main(step: str, archive: str) -> None:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     # ``check`` requires sharing: a JVM that cannot map the archive fails to start.
-    options = [f"-XX:ArchiveClassesAtExit={archive}"] if step == "record" else [f"-XX:SharedArchiveFile={archive}",
-                                                                               "-Xshare:on"]
+    options = [f"-XX:ArchiveClassesAtExit={archive}"] if step == "record" else [
+        f"-XX:SharedArchiveFile={archive}", "-Xshare:on", "-XX:-CreateCoredumpOnCrash"]
     spark = (SparkSession.builder.master("local[2]").appName(f"gpcdc-classes-{step}").config(map=SESSION_SETTINGS)
              .config("spark.driver.extraJavaOptions", " ".join(map(_quoted, options))).getOrCreate())
     if step == "record":

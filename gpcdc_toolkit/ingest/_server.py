@@ -124,9 +124,10 @@ class SparkServer:
             # one more set on the server at each audit.
             "spark.connect.session.manager.defaultSessionTimeout": "24h",
             "spark.gpcdc.server": str(self.path),  # so that its command line names this work directory
+            **({"spark.driver.defaultJavaOptions": java_options} if java_options else {}),
         }
         command = [str(submit), "--master", master, "--class", MAIN, "--name", "gpcdc-spark-server",
-                   "--driver-java-options", f"-Dlog4j2.configurationFile=file:{logging} {java_options}".rstrip(),
+                   "--driver-java-options", f"-Dlog4j2.configurationFile=file:{logging}",
                    "--jars", ",".join(str(jar) for jar in connector_jars()),
                    *[a for name, value in settings.items() for a in ("--conf", f"{name}={value}")], "spark-internal"]
         # Its Python workers (mapInArrow, the gpcdc data source) run this Python, as a local session's do.

@@ -183,11 +183,15 @@ def _release_session(url: str) -> None:
 def _session(config: Config, app_name: str, kafka_connector: bool) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(config.spark.master).appName(app_name).config(map=SESSION_SETTINGS)
-    if config.spark.class_archive and (java_options := class_archive_options()):
-        builder = builder.config("spark.driver.extraJavaOptions", java_options)
+    # The JVM's default options, which a user's spark.driver.extraJavaOptions adds to.
+    # (A JVM already running in this process is the session's: nothing to start.)
+    if config.spark.class_archive and SparkContext._active_spark_context is None and (
+            java_options := class_archive_options()):
+        builder = builder.config("spark.driver.defaultJavaOptions", java_options)
     if kafka_connector:
         builder = builder.config("spark.jars", ",".join(str(jar) for jar in connector_jars()))
     spark = builder.getOrCreate()
