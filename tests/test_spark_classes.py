@@ -3,6 +3,7 @@ it is kept, never handed to a JVM when cut short, and a session that cannot have
 starts without it."""
 
 import fcntl
+import json
 import pathlib
 import shutil
 import stat
@@ -52,13 +53,55 @@ def test_a_session_of_the_toolkit_starts_its_jvm_from_the_archive_and_without_it
 
 
 def test_an_archive_is_handed_on_only_at_the_size_its_name_gives(tmp_path):
-    place = _Place(tmp_path, "0123456789abcdef")
+    place = _Place(tmp_path, "0123456789abcdef", tmp_path / "java", tmp_path / "spark")
     (tmp_path / f"{place.key}-999.jsa").write_bytes(b"short")  # cut short: never mapped
     (tmp_path / f"{place.key}-x.jsa").write_bytes(b"x")
     (tmp_path / "fedcba9876543210-5.jsa").write_bytes(b"other")  # another installation's
     assert place.archive() is None
     (tmp_path / f"{place.key}-5.jsa").write_bytes(b"whole")
     assert place.archive() == tmp_path / f"{place.key}-5.jsa"
+
+
+def test_a_recording_removes_what_no_installation_can_use_and_keeps_the_others(tmp_path):
+    folder = tmp_path / "spark-classes"
+    folder.mkdir()
+
+    def installation(name):
+        (tmp_path / name / "bin").mkdir(parents=True)
+        (tmp_path / name / "bin" / "java").write_text("")
+        (tmp_path / name / "spark").mkdir()
+        return tmp_path / name / "bin" / "java", tmp_path / name / "spark"
+
+    def recorded(key, owner, *, failed=False):
+        (folder / (f"{key}.failed" if failed else f"{key}-3.jsa")).write_bytes(b"jsa")
+        if owner is not None:
+            (folder / f"{key}.owner").write_text(owner if isinstance(owner, str) else json.dumps(
+                {"java": str(owner[0]), "spark_home": str(owner[1])}))
+        return key
+
+    ours, other = installation("ours"), installation("other")
+    gone = installation("gone")
+    kept = {recorded("a" * 16, other), recorded("b" * 16, other, failed=True)}
+    removed = {recorded("c" * 16, gone), recorded("d" * 16, ours), recorded("e" * 16, None),
+               recorded("f" * 16, '{"java": '), recorded("1" * 16, '{"java": 1}'), recorded("2" * 16, (ours[0], gone[1]))}
+    shutil.rmtree(tmp_path / "gone")  # a virtual environment deleted
+    place = _Place(folder, "0" * 16, *ours)
+    recorded(place.key, ours)
+    (folder / ".lock").write_text("")
+    place.prune()
+    left = {path.name for path in folder.iterdir()}
+    assert {name.split("-")[0].split(".")[0] for name in left} == kept | {place.key, ""}, left
+    assert not any(name.startswith(tuple(removed)) for name in left)
+    assert place.archive() == folder / f"{place.key}-3.jsa"
+
+
+def test_an_archive_recorded_before_owners_were_noted_gets_its_owner_when_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPCDC_JARS_DIR", str(tmp_path))
+    place = _Place.here()
+    place.folder.mkdir(parents=True)
+    (place.folder / f"{place.key}-5.jsa").write_bytes(b"whole")
+    assert class_archive() == place.folder / f"{place.key}-5.jsa"
+    assert json.loads(place.owner.read_text()) == {"java": str(place.java), "spark_home": str(place.spark_home)}
 
 
 def test_the_check_refuses_an_archive_cut_short_which_would_crash_a_jvm(tmp_path):
@@ -105,7 +148,7 @@ def test_a_failed_recording_is_said_once_kept_and_not_tried_again(tmp_path, monk
     tried = runs.read_text()
     assert class_archive_options() == "" and runs.read_text() == tried, "tried again"
     assert [r.getMessage() for r in caplog.records].count(caplog.records[-1].getMessage()) == 1  # said once
-    assert sorted(p.name for p in place.folder.iterdir()) == [".lock", place.failed.name]
+    assert sorted(p.name for p in place.folder.iterdir()) == [".lock", place.failed.name, place.owner.name]
 
 
 @pytest.mark.spark_server
@@ -114,7 +157,8 @@ def test_an_archive_is_recorded_from_nothing_and_a_session_starts_from_it(tmp_pa
     try:
         archive = class_archive()
         assert archive is not None and archive.parent == tmp_path / "jars" / "spark-classes"
-        assert sorted(p.name for p in archive.parent.iterdir()) == [".lock", archive.name]  # no partial left
+        # No partial left; the installation it serves noted.
+        assert sorted(p.name for p in archive.parent.iterdir()) == [".lock", archive.name, f"{archive.name.split('-')[0]}.owner"]
         assert class_archive() == archive  # recorded once
         assert str(archive.resolve()) in _mapped(tmp_path, "on")
     finally:

@@ -15,14 +15,18 @@ its name's is never handed to a JVM. A JVM that cannot use an archive (a classpa
 changed since) loads its classes as it would without one, silently.
 
 Archives lie beside the Java libraries (``jars_dir()/spark-classes``), one per Java and
-PySpark installation. Where none can be recorded, sessions start without one, and the
-reason is kept there (``<key>.failed``) so that later sessions do not try again.
+PySpark installation, each with a note of the installation it serves (``<key>.owner``).
+Where none can be recorded, sessions start without one, and the reason is kept there
+(``<key>.failed``) so that later sessions do not try again. Each recording removes what
+no installation can use any more: the files of a Java or a Spark that is gone (a
+virtual environment deleted), and those this installation had before it changed.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -70,6 +74,8 @@ def class_archive(*, wait: bool = False) -> Path | None:
     if place is None:
         return None
     found = place.archive()
+    if found is not None and not place.owner.exists():
+        place.note_owner()  # recorded before owners were noted: kept from being pruned as unknown
     if found is not None or place.failed.exists():
         return found
     try:
@@ -82,6 +88,7 @@ def class_archive(*, wait: bool = False) -> Path | None:
                 return found
             log.warning("recording the classes Spark's JVM loads, so that it starts faster from now on "
                         "(once per Java and PySpark installation)")
+            place.prune()
             try:
                 return place.record()
             except ClassArchiveError as e:
@@ -103,6 +110,8 @@ class _Place:
 
     folder: Path
     key: str  # of the Java build and the classpath Spark's launcher gives the JVM
+    java: Path
+    spark_home: Path
 
     @classmethod
     def here(cls) -> _Place | None:
@@ -121,11 +130,46 @@ class _Place:
         # The launcher puts the configuration's folder first on the classpath: what it holds counts.
         conf = Path(os.environ.get("SPARK_CONF_DIR") or home / "conf")
         identity.update(f"{conf}\0{sorted(p.name for p in conf.iterdir()) if conf.is_dir() else None}\n".encode())
-        return cls(jars_dir() / "spark-classes", identity.hexdigest()[:16])
+        return cls(jars_dir() / "spark-classes", identity.hexdigest()[:16], java, home)
 
     @property
     def failed(self) -> Path:
         return self.folder / f"{self.key}.failed"
+
+    @property
+    def owner(self) -> Path:
+        return self.folder / f"{self.key}.owner"
+
+    def note_owner(self) -> None:
+        """Notes the installation this key's files serve (an archive is a speed-up: a
+        note that cannot be written only leaves it to be recorded again some day)."""
+        try:
+            self.owner.write_text(json.dumps({"java": str(self.java), "spark_home": str(self.spark_home)}) + "\n")
+        except OSError as e:
+            log.debug("could not note the owner of %s: %s", self.key, e)
+
+    def prune(self) -> None:
+        """Called with the folder's lock held: removes the files of every other key
+        whose installation is gone or is this one before it changed, or whose owner is
+        not known (a JVM that has one mapped keeps its mapping; one about to start
+        from it starts without it)."""
+        keys = {path.name.split("-", 1)[0].split(".", 1)[0] for path in self.folder.iterdir()
+                if path.suffix in (".jsa", ".failed", ".owner")}
+        for key in keys - {self.key}:
+            if self._serves_another(key):
+                continue
+            for path in self.folder.glob(f"{key}[-.]*"):
+                if path.suffix in (".jsa", ".failed", ".owner"):
+                    path.unlink(missing_ok=True)
+
+    def _serves_another(self, key: str) -> bool:
+        """Whether ``key``'s files serve another installation that is still there."""
+        try:
+            owner = json.loads((self.folder / f"{key}.owner").read_text())
+            java, spark_home = Path(owner["java"]), Path(owner["spark_home"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return False  # unknown: recorded before owners were noted, or its note damaged
+        return java.exists() and spark_home.is_dir() and (java, spark_home) != (self.java, self.spark_home)
 
     def archive(self) -> Path | None:
         """The recorded archive, if its size is still the one its name gives."""
@@ -155,6 +199,7 @@ class _Place:
         for stale in self.folder.glob("*.partial"):
             stale.unlink(missing_ok=True)
         partial = self.folder / f"{self.key}.{os.getpid()}.partial"
+        self.note_owner()
         try:
             output = _run("record", partial)
             if not partial.is_file():
