@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 
+from gpcdc_toolkit.ingest import SparkServer
 from gpcdc_toolkit.ingest._classes import ClassArchiveError, _Place, _run, class_archive, class_archive_options
 
 # In a process of its own, as a notebook starts it: a session of the toolkit, then
@@ -170,3 +171,16 @@ def test_a_folder_it_cannot_write_leaves_sessions_as_they_were(tmp_path, monkeyp
     monkeypatch.setenv("GPCDC_JARS_DIR", str(tmp_path / "a file"))
     assert class_archive_options() == ""
     assert "Spark's JVM starts without one" in caplog.text
+
+
+@pytest.mark.spark_server
+def test_the_spark_servers_jvm_starts_from_the_archive(tmp_path):
+    archive = class_archive(wait=True)
+    assert archive is not None, _failed()
+    server = SparkServer(tmp_path / "work")
+    try:
+        pid = server.up("local[1]").pid
+        with open(f"/proc/{pid}/maps") as maps:
+            assert str(archive.resolve()) in {line.split()[-1] for line in maps if line.rstrip().endswith(".jsa")}
+    finally:
+        server.down()
