@@ -45,11 +45,17 @@ def _mapped(work_dir, archive_setting):
     return set(filter(None, line.removeprefix("mapped:").split(",")))
 
 
-def test_a_session_of_the_toolkit_starts_its_jvm_from_the_archive_and_without_it_when_told(tmp_path):
+def test_a_session_of_the_toolkit_starts_its_jvm_from_the_archive(tmp_path):
     archive = class_archive(wait=True)
     assert archive is not None, _failed()
     assert archive.stat().st_size == int(archive.stem.rsplit("-", 1)[1])
     assert str(archive.resolve()) in _mapped(tmp_path, "on")
+
+
+@pytest.mark.spark_server  # a fresh session more, in the suite of Spark's own processes
+def test_a_session_told_to_go_without_the_archive_does(tmp_path):
+    archive = class_archive(wait=True)
+    assert archive is not None, _failed()
     assert str(archive.resolve()) not in _mapped(tmp_path, "off")
 
 
