@@ -1,7 +1,7 @@
 """Property: whatever the schema and the transactions, snapshot plus replay equals the source.
 
-Hypothesis draws schemas (quoted names, case twins, names that are keywords, a table
-without a key), values of many types (NULL and '', NaN, infinities, -0, bytes with
+Hypothesis draws schemas (quoted names, case twins, names that are keywords or hold
+``%`` as psycopg's placeholders do, a table without a key), values of many types (NULL and '', NaN, infinities, -0, bytes with
 NUL, text that looks like the protocol's markers, emoji and right-to-left text),
 transactions (inserts, updates, deletes, distribution-key moves) and DDL between them;
 the pipeline runs on real servers, and each table's rows, compared as PostgreSQL's
@@ -38,7 +38,8 @@ from .conftest import TARGETS
 EXAMPLES = int(os.environ.get("GPCDC_PROPERTY_EXAMPLES", "3"))
 SEED = int(os.environ.get("GPCDC_PROPERTY_SEED", "20261123"))
 
-NAMES = ["Order Items", "Acct", "acct", "select", 'we"ird', "ünï cödé", "a.b", "x-y z", "ORDER", "שלום"]
+NAMES = ["Order Items", "Acct", "acct", "select", 'we"ird', "ünï cödé", "a.b", "x-y z", "ORDER", "שלום", "a%%b", "50% off",
+         "p%s", "%(x)s"]
 MARKERS = ["__gpcdc_unchanged_toast__", "UNCHANGED_TOAST", '{"resolved": 1}', "BEGIN", "\\N", "", " ", "'; DROP TABLE x; --"]
 TEXT = st.one_of(st.sampled_from(MARKERS), st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=40),
                  st.sampled_from(["😀🚀", "مرحبا بالعالم", "x" * 3000]))
@@ -77,7 +78,9 @@ def schemas(draw, tag):
         keyless = i == 0 and draw(st.booleans())
         columns = draw(st.lists(st.sampled_from(sorted(TYPES)), min_size=1, max_size=4))
         key_type = None if keyless else draw(st.sampled_from(sorted(KEY_TYPES)))
-        tables.append((f"{name} {tag}", key_type, [(f"C{j} {t}", t) for j, t in enumerate(columns)]))
+        # psycopg reads a % in a statement run with parameters as a placeholder, in quotes too.
+        percent = [draw(st.sampled_from(["", "%", "%s", "%%"])) for _ in columns]
+        tables.append((f"{name} {tag}", key_type, [(f"C{j}{p} {t}", t) for j, (t, p) in enumerate(zip(columns, percent))]))
     return tables
 
 
@@ -157,7 +160,7 @@ def test_snapshot_plus_replay_equals_the_source(source, broker, work_dir, flavou
             for step in range(data.draw(st.integers(2, 8), label="after")):
                 if data.draw(st.integers(0, 4), label="ddl?") == 0:
                     name, key_type, columns = data.draw(st.sampled_from(tables), label="ddl table")
-                    column = (f"N{step} {tag}", data.draw(st.sampled_from(["int", "text"])))
+                    column = (f"N{step}{'%s' if step % 2 else ''} {tag}", data.draw(st.sampled_from(["int", "text"])))
                     default = "7" if column[1] == "int" else "'__gpcdc_unchanged_toast__'"
                     session.ddl(f"ALTER TABLE {ident('public', name)} ADD COLUMN {ident(column[0])} {column[1]} "
                                 f"DEFAULT {default}")

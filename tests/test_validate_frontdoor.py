@@ -265,7 +265,7 @@ def test_a_shard_without_its_key_index_has_its_key_counted(door):
     content, shard, _low, _high = target._placements(info)[0]
     with target.connect_node(target.segments[content]) as conn:
         (index,) = conn.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'p'",
-                                (shard.as_string(conn),)).fetchone()
+                                (shard.text,)).fetchone()
         conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(shard, sql.Identifier(index)))
     try:
         with Snapshots(target) as side:

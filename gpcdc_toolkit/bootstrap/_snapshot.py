@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from .._sql import Name
 from ..cluster import Cluster, Table
 from ..protocol import convert
 
@@ -52,7 +53,7 @@ def export_tables(conn: psycopg.Connection[Any], content: int, tables: list[tupl
         rows = 0
         # The columns named: generated ones are the server's to compute.
         with path.open("wb") as f, conn.cursor().copy(sql.SQL("COPY (SELECT {} FROM {} t) TO STDOUT").format(
-            sql.SQL(", ").join(map(sql.Identifier, table.writable)), relation)
+            sql.SQL(", ").join(map(Name, table.writable)), relation)
         ) as copy:
             for chunk in copy:
                 f.write(chunk)

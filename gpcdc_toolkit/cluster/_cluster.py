@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import conninfo, sql
 
+from .._sql import Name
 from ..errors import ClusterError, UnreachableError
 from ..protocol import COORDINATOR, DistributedSnapshot, TransactionAssembler
 from ._routing import output_text, segment_for
@@ -66,7 +67,7 @@ class Table:
 
     @property
     def identifier(self) -> sql.Composable:
-        return sql.Identifier(*self.parts)
+        return Name(*self.parts)
 
     @property
     def writable(self) -> tuple[str, ...]:
@@ -423,7 +424,7 @@ class Cluster:
         counts with it, in the scan that hashes the rows."""
         if not info.distribution_key:
             return sql.SQL("false")  # randomly distributed: any segment is the right one
-        key = sql.SQL(", ").join(output_text(sql.Identifier("t", c), info.types[info.columns.index(c)])
+        key = sql.SQL(", ").join(output_text(Name("t", c), info.types[info.columns.index(c)])
                                  for c in info.distribution_key)
         return sql.SQL("gp_dist.segment_of({}, VARIADIC ARRAY[{}]) <> {}").format(
             sql.Literal(self.segment_count), key, sql.Literal(node.content))
@@ -432,7 +433,7 @@ class Cluster:
         """The unique index by which ``node`` itself keeps ``info``'s primary key unique,
         its columns also NOT NULL there, read from the node's catalog over ``conn``; None
         when it keeps no such index (a validation then counts duplicates and nulls)."""
-        return unique_key_index(conn, info.identifier.as_string(conn), info.primary_key)
+        return unique_key_index(conn, quoted(*info.parts), info.primary_key)
 
     def misplaced_rows(self, node: Node, conn: psycopg.Connection[Any], info: Table,
                        select: sql.Composable) -> list[tuple[sql.Composable, tuple[Any, ...]]]:

@@ -25,6 +25,7 @@ from typing import Any
 import psycopg
 from psycopg import conninfo, sql
 
+from .._sql import Name, Quoted
 from ..citus import COORDINATOR_GROUP, DECISIONS, CitusGidError, CitusStream, gxid_of_gid, syncpoint_gxid
 from ..errors import ClusterError, DistributedTransactionError, GpcdcError, SyncPointError
 from ..protocol import COORDINATOR, DdlError, DistributedSnapshot, TransactionAssembler, parse_create_table, parse_lsn
@@ -327,7 +328,7 @@ class CitusCluster(FrontDoor):
 
     def _shard_names(self, info: Table) -> list[tuple[int, str]]:
         """(store content, the shard's name as SQL names it) of each shard of a table."""
-        return [(content, shard.as_string(None)) for content, shard, _low, _high in self._placements(info)]
+        return [(content, shard.text) for content, shard, _low, _high in self._placements(info)]
 
     def _wait_shards_free(self, parts: Mapping[int, psycopg.Connection[Any]], shards: Mapping[int, list[str]],
                           deadline: float) -> None:
@@ -380,7 +381,7 @@ class CitusCluster(FrontDoor):
                              "WHERE logicalrelid = %s AND partmethod = 'h'", (oid,)).fetchone()
         return (str(found[0]),) if found else ()
 
-    def _placements(self, info: Table) -> list[tuple[int, sql.Composable, int, int]]:
+    def _placements(self, info: Table) -> list[tuple[int, Quoted, int, int]]:
         """Each shard of a table: (store content, the shard's relation, hash range low,
         high). The shard's name is Citus's own (``shard_name``: qualified and quoted,
         shortened as Citus shortens long ones)."""
@@ -399,7 +400,7 @@ class CitusCluster(FrontDoor):
         if unknown:
             raise ClusterError(f"shards of {info.name} are placed on groups {unknown}, which are not active nodes",
                                fix="move them to workers with citus_move_shard_placement(), or activate the nodes")
-        return [(self.groups[group], sql.SQL(shard), low, high) for group, shard, low, high in rows]
+        return [(self.groups[group], Quoted(shard), low, high) for group, shard, low, high in rows]
 
     def relation(self, node: Node, info: Table) -> sql.Composable:
         """The table's rows stored on a worker: its shard placements, together."""
@@ -407,7 +408,7 @@ class CitusCluster(FrontDoor):
                   for content, shard, _low, _high in self._placements(info) if content == node.content]
         if not shards:  # a worker without a placement of the table: no rows, of the table's type
             shards = [sql.SQL("SELECT {} WHERE false").format(sql.SQL(", ").join(
-                sql.SQL("NULL::{} AS {}").format(sql.SQL(t), sql.Identifier(c)) for c, t in zip(info.columns, info.types)))]
+                sql.SQL("NULL::{} AS {}").format(sql.SQL(t), Name(c)) for c, t in zip(info.columns, info.types)))]
         return sql.SQL("({})").format(sql.SQL(" UNION ALL ").join(shards))
 
     def key_index(self, node: Node, conn: psycopg.Connection[Any], info: Table) -> str | None:
@@ -417,7 +418,7 @@ class CitusCluster(FrontDoor):
         names = set()
         for content, shard, _low, _high in self._placements(info):
             if content == node.content:
-                if (name := unique_key_index(conn, shard.as_string(conn), info.primary_key)) is None:
+                if (name := unique_key_index(conn, shard.text, info.primary_key)) is None:
                     return None
                 names.add(re.sub(r'_\d+("?)$', r"\1", name))  # the table's index, named without the shard
         return ", ".join(sorted(names))
@@ -431,7 +432,7 @@ class CitusCluster(FrontDoor):
         shard's range, found by the worker itself (``worker_hash``)."""
         if not info.distribution_key:
             return []
-        column = sql.Identifier(info.distribution_key[0])
+        column = Name(info.distribution_key[0])
         out: list[tuple[sql.Composable, tuple[Any, ...]]] = []
         for content, shard, low, high in self._placements(info):
             if content == node.content:

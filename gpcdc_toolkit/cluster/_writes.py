@@ -17,6 +17,7 @@ from typing import Any, LiteralString, Protocol, Self
 import psycopg
 from psycopg import sql
 
+from .._sql import Name
 from ..errors import DistributedTransactionError
 from ._cluster import Cluster, Table, TableRef
 from ._routing import output_text
@@ -101,7 +102,7 @@ class Writes:
             raise DistributedTransactionError(
                 f"a key for {table.name} must include its distribution key; missing {', '.join(missing)}"
             )
-        clause = sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in key)
+        clause = sql.SQL(" AND ").join(sql.SQL("{} = %s").format(Name(c)) for c in key)
         return clause, list(key.values())
 
     def update(self, table_name: TableRef, key: Mapping[str, Any], values: Mapping[str, Any]) -> int:
@@ -119,7 +120,7 @@ class Writes:
             return self._rewrite(table_name, table, segment, where, params, values)
         assign, values_set = assignments(table, key, values)
         held = [c for c in table.always_identity if c in values and c not in key]  # which the row must hold already
-        guard = sql.SQL("").join(sql.SQL(" AND {} IS NOT DISTINCT FROM %s").format(sql.Identifier(c)) for c in held)
+        guard = sql.SQL("").join(sql.SQL(" AND {} IS NOT DISTINCT FROM %s").format(Name(c)) for c in held)
         query = sql.SQL("UPDATE {} SET {} WHERE {}{}").format(table.identifier, assign, where, guard)
         count = self._segment(segment).execute(query, [*values_set, *params, *(values[c] for c in held)]).rowcount
         if count or not held:
@@ -136,7 +137,7 @@ class Writes:
             segment,
             sql.SQL("DELETE FROM {} WHERE {} RETURNING {}").format(
                 table.identifier, where, sql.SQL(", ").join(
-                    output_text(sql.Identifier(c), table.types[table.columns.index(c)]) for c in table.writable)),
+                    output_text(Name(c), table.types[table.columns.index(c)]) for c in table.writable)),
             params,
         )
         moved = [{**dict(zip(table.writable, row)), **values} for row in deleted]
@@ -164,8 +165,8 @@ class Writes:
                 # (the source set it anew) is deleted first, and inserted below.
                 self._delete_unless_holding(table, segment, held, seg_rows)
             action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
-                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in others)) if others else sql.SQL("DO NOTHING")
-            tail = sql.SQL(" ON CONFLICT ({}) {}").format(sql.SQL(", ").join(map(sql.Identifier, table.primary_key)),
+                sql.SQL("{0} = EXCLUDED.{0}").format(Name(c)) for c in others)) if others else sql.SQL("DO NOTHING")
+            tail = sql.SQL(" ON CONFLICT ({}) {}").format(sql.SQL(", ").join(map(Name, table.primary_key)),
                                                           action)
             _values(self._segment(segment), insert_into(table, columns), columns, seg_rows, tail)
         return sum(len(r) for r in groups.values())
@@ -174,7 +175,7 @@ class Writes:
                                rows: Sequence[Mapping[str, Any]]) -> None:
         """Delete the rows of ``rows``' primary keys that do not hold their values of ``columns``."""
         where, _ = self._where(table, {c: None for c in table.primary_key})
-        differs = sql.SQL(" OR ").join(sql.SQL("{} IS DISTINCT FROM %s").format(sql.Identifier(c)) for c in columns)
+        differs = sql.SQL(" OR ").join(sql.SQL("{} IS DISTINCT FROM %s").format(Name(c)) for c in columns)
         query = sql.SQL("DELETE FROM {} WHERE {} AND ({})").format(table.identifier, where, differs)
         with self._segment(segment).cursor() as cur:
             cur.executemany(query, [[*(r[c] for c in table.primary_key), *(r[c] for c in columns)] for r in rows])
@@ -216,7 +217,7 @@ def insert_into(table: Table, columns: Sequence[str]) -> sql.Composed:
     table has an identity column GENERATED ALWAYS: a replica writes the source's."""
     overriding = sql.SQL(" OVERRIDING SYSTEM VALUE") if table.always_identity else sql.SQL("")
     return sql.SQL("INSERT INTO {} ({}){} VALUES ").format(
-        table.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)), overriding)
+        table.identifier, sql.SQL(", ").join(map(Name, columns)), overriding)
 
 
 def assignments(table: Table, old: Mapping[str, Any], values: Mapping[str, Any]) -> tuple[sql.Composable, list[Any]]:
@@ -233,8 +234,8 @@ def assignments(table: Table, old: Mapping[str, Any], values: Mapping[str, Any])
                       None)
         if itself is None:
             raise DistributedTransactionError(f"{table.name} has no column an UPDATE may set to itself")
-        return sql.SQL("{0} = {0}").format(sql.Identifier(itself)), []
-    return (sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in changed),
+        return sql.SQL("{0} = {0}").format(Name(itself)), []
+    return (sql.SQL(", ").join(sql.SQL("{} = %s").format(Name(c)) for c in changed),
             list(changed.values()))
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from .._sql import Name
 from ..cluster import Cluster, Table, Writes, assignments, quoted
 from ..errors import ClusterError, GpcdcError, StreamError
 from ..protocol import Topics
@@ -485,8 +486,8 @@ def _keyless_match(table: Table, row: Mapping[str, Any]) -> tuple[sql.Composable
     The distribution key is matched by equality too, outside and inside, so that a front
     door (Citus) sends the statement to the one shard that holds the row."""
     pinned = [c for c in table.distribution_key if row.get(c) is not None]
-    pin = sql.SQL("").join(sql.SQL("{} = %s AND ").format(sql.Identifier(c)) for c in pinned)
-    where = sql.SQL(" AND ").join(sql.SQL("{} IS NOT DISTINCT FROM %s").format(sql.Identifier(c)) for c in row)
+    pin = sql.SQL("").join(sql.SQL("{} = %s AND ").format(Name(c)) for c in pinned)
+    where = sql.SQL(" AND ").join(sql.SQL("{} IS NOT DISTINCT FROM %s").format(Name(c)) for c in row)
     pin_values = [row[c] for c in pinned]
     return (sql.SQL("{}ctid = (SELECT ctid FROM {} WHERE {}{} LIMIT 1)").format(pin, table.identifier, pin, where),
             [*pin_values, *pin_values, *row.values()])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
+from .._sql import Name
 from ..bootstrap import InitialSnapshot
 from ..cluster import Writes, WriteSession
 from ._apply import ApplyError
@@ -22,13 +23,13 @@ _LOAD_BATCH = 5000  # rows per INSERT round
 def create_statement(snapshot: InitialSnapshot, table: str) -> str:
     entry = snapshot.manifest["tables"][table]
     generated = entry.get("generated", {})
-    parts = [sql.SQL("{} {}{}").format(sql.Identifier(c), sql.SQL(t), sql.SQL(
+    parts = [sql.SQL("{} {}{}").format(Name(c), sql.SQL(t), sql.SQL(
         f" GENERATED ALWAYS AS ({generated[c]}) STORED" if c in generated else ""))
         for c, t in zip(entry["columns"], entry["types"])]
     if entry["primary_key"]:
-        parts.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, entry["primary_key"]))))
+        parts.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(Name, entry["primary_key"]))))
     body = sql.SQL(", ").join(parts).as_string(None)
-    key = sql.SQL(", ").join(map(sql.Identifier, entry["distribution_key"])).as_string(None)
+    key = sql.SQL(", ").join(map(Name, entry["distribution_key"])).as_string(None)
     return f"CREATE TABLE {table} ({body}) DISTRIBUTED BY ({key})"
 
 
@@ -39,7 +40,7 @@ def prepare_target(session: WriteSession, snapshot: InitialSnapshot) -> None:
             schema = snapshot.manifest["tables"][table].get("schema")
             if schema is not None and not conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s",
                                                        (schema,)).fetchone():
-                session.ddl(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)).as_string(None))
+                session.ddl(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(Name(schema)).as_string(None))
             exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()[0]  # type: ignore[index]
             if not exists:
                 statement = create_statement(snapshot, table)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from psycopg import sql
 
+from .._sql import Name
 from ..bootstrap import InitialSnapshot
 from ..cluster import Cluster, Writes
 from ..cluster._routing import segment_for
@@ -43,13 +44,13 @@ def reconcile(tx: Writes, target: Cluster, mark: RepairMark, directory: Path) ->
     for table in copy.tables:
         key = copy.manifest["tables"][table]["distribution_key"]
         info = tx.session.table(table)
-        query = sql.SQL("SELECT DISTINCT {} FROM {}").format(sql.SQL(", ").join(map(sql.Identifier, key)),
+        query = sql.SQL("SELECT DISTINCT {} FROM {}").format(sql.SQL(", ").join(map(Name, key)),
                                                              info.identifier)
         held = {tuple(row) for writer in writers for row in tx.execute(writer, query)}
         gone = [dict(zip(key, values)) for values in held if segment_for(values, segments) == mark.segment]
         tx.delete_keys(table, [k for k in gone if None not in k.values()])
         for null_key in (k for k in gone if None in k.values()):  # = never matches a NULL
-            where = sql.SQL(" AND ").join(sql.SQL("{} IS NOT DISTINCT FROM %s").format(sql.Identifier(c)) for c in key)
+            where = sql.SQL(" AND ").join(sql.SQL("{} IS NOT DISTINCT FROM %s").format(Name(c)) for c in key)
             tx.execute(tx.route(info, null_key), sql.SQL("DELETE FROM {} WHERE {}").format(info.identifier, where),
                        list(null_key.values()))
         deleted += len(gone)

@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from .._sql import Name
 from ..cluster import COORDINATOR, Cluster, Node
 from ..cluster._dtx import Session
 from ..errors import SandboxError
@@ -113,7 +114,7 @@ def _redistribute(session: Session, cluster: Cluster, table: str) -> tuple[int, 
     transaction (deleted where they were, inserted where they belong); returns (rows
     moved, its gxid), or None when none moves."""
     info = cluster.table(table)
-    select = sql.SQL("t.ctid::text, {}").format(sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(c))
+    select = sql.SQL("t.ctid::text, {}").format(sql.SQL(", ").join(sql.SQL("t.{}").format(Name(c))
                                                                      for c in info.writable))
     leaving: dict[int, list[tuple[Any, ...]]] = {}
     for node in cluster.segments:

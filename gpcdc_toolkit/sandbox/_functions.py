@@ -19,6 +19,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from .._sql import Name
 from ..errors import SandboxError
 
 # The row hash's C symbol names its form (gp_dist.c): validation asks a server for the
@@ -98,7 +99,7 @@ def install_functions(dsn: str, library: Path) -> None:
                      "STRICT", "final": "(internal) RETURNS bytea"}
         for name, signature in functions.items():
             conn.execute(sql.SQL("CREATE FUNCTION gp_dist.{}{} AS {}, {} LANGUAGE C IMMUTABLE PARALLEL SAFE").format(
-                sql.Identifier(f"chunks_{name}"), sql.SQL(signature), sql.Literal(str(library)),
+                Name(f"chunks_{name}"), sql.SQL(signature), sql.Literal(str(library)),
                 sql.Literal(f"gpcdc_chunks_{name}")))
         conn.execute("CREATE AGGREGATE gp_dist.chunk_digests(hash bigint, key bigint) (SFUNC = gp_dist.chunks_add, "
                      "STYPE = internal, SSPACE = 1572864, COMBINEFUNC = gp_dist.chunks_combine, SERIALFUNC = gp_dist.chunks_serialize, "

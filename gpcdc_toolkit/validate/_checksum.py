@@ -28,6 +28,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from .._sql import Name
 from ..cluster import COORDINATOR, Cluster, Node, TableRef, quoted
 from ..cluster._cluster import Table
 from ..cluster._routing import output_text
@@ -147,13 +148,13 @@ class ChecksumResult:
 
 
 def _row(info: Table) -> sql.Composable:
-    return sql.SQL("ROW({})::text").format(sql.SQL(", ").join(sql.Identifier(c) for c in info.columns))
+    return sql.SQL("ROW({})::text").format(sql.SQL(", ").join(Name(c) for c in info.columns))
 
 
 def _texts(info: Table) -> sql.Composable:
     """Each column's text as its type prints it: the text a row is routed by (a key's
     cast to text is not always it) and written back from."""
-    return sql.SQL(", ").join(output_text(sql.Identifier(c), t) for c, t in zip(info.columns, info.types))
+    return sql.SQL(", ").join(output_text(Name(c), t) for c, t in zip(info.columns, info.types))
 
 
 # Types whose own extended hash is equality as their text shows it: hashed as they are.
@@ -197,12 +198,12 @@ def _column_for_hash(column: str, type_name: str, form: str) -> sql.Composable:
     array = type_name.endswith("]") and form != RECORD_32
     base = "array" if array else type_name.split("(")[0]
     if base in _HASHED_AS_IS or (form == RECORD_32 and base in _HASHED_SENT):
-        return sql.Identifier(column)
+        return Name(column)
     if base in _HASHED_SENT:
-        return sql.SQL("{}({})").format(sql.SQL(_HASHED_SENT[base]), sql.Identifier(column))
+        return sql.SQL("{}({})").format(sql.SQL(_HASHED_SENT[base]), Name(column))
     if base in _TEXT:
-        return sql.SQL('{} COLLATE "C"').format(sql.Identifier(column))
-    return sql.SQL("{}::text").format(sql.Identifier(column))
+        return sql.SQL('{} COLLATE "C"').format(Name(column))
+    return sql.SQL("{}::text").format(Name(column))
 
 
 def row_hashes(side: Snapshots) -> tuple[str, ...]:
@@ -251,7 +252,7 @@ def _row_hash(info: Table, form: str) -> sql.Composable:
     if form == "stored" and not info.columns:  # a function needs an argument: ROW() has none
         form = "record"
     if form == "stored":
-        columns: list[sql.Composable] = [sql.Identifier(c) for c in info.columns]
+        columns: list[sql.Composable] = [Name(c) for c in info.columns]
         hashed = sql.SQL("gp_dist.row_hash({})").format(sql.SQL(", ").join(columns[:_MAX_ARGUMENTS]))
         for start in range(_MAX_ARGUMENTS, len(columns), _MAX_ARGUMENTS - 1):  # the hash so far, then the next run
             hashed = sql.SQL("gp_dist.row_hash({})").format(
@@ -307,7 +308,7 @@ def _digests(side: Snapshots, info: Table, hashed: sql.Composable, level: int,
     # A NULL key (only where a segment's table lost its NOT NULL) counts as 0: its chunk's
     # guess is then wrong, fails its proof and is bisected.
     carried = (sql.SQL(", {} AS gpcdc_key").format(
-        sql.SQL("coalesce({}::bigint, 0)").format(sql.Identifier(key)) if key else sql.SQL("0::bigint"))
+        sql.SQL("coalesce({}::bigint, 0)").format(Name(key)) if key else sql.SQL("0::bigint"))
         if one_pass or key else sql.SQL(""))
     # Grouped, the hash is named twice (prefix and sum): OFFSET 0 keeps the subquery
     # whole, or pulled up, its hash would be computed twice. Named once, the subquery is
@@ -394,11 +395,11 @@ def _under_keys(side: Snapshots, info: Table, keys: Sequence[Text], hashed: sql.
         return sql.SQL("ARRAY[{}]::{}[]").format(sql.SQL(", ").join(sql.Literal(k[i]) for k in whole), sql.SQL(of))
 
     if whole and len(types) == 1 and not types[0].endswith("]"):
-        tests.append(sql.SQL("{} = ANY({})").format(sql.Identifier(info.primary_key[0]), array(0, types[0])))
+        tests.append(sql.SQL("{} = ANY({})").format(Name(info.primary_key[0]), array(0, types[0])))
     elif whole:  # each value cast alone: an array's text is no element of an array of arrays
-        names = [sql.Identifier(f"k{i}") for i in range(len(types))]
+        names = [Name(f"k{i}") for i in range(len(types))]
         tests.append(sql.SQL("({}) IN (SELECT {} FROM unnest({}) u({}))").format(
-            sql.SQL(", ").join(map(sql.Identifier, info.primary_key)),
+            sql.SQL(", ").join(map(Name, info.primary_key)),
             sql.SQL(", ").join(sql.SQL("{}::{}").format(n, sql.SQL(t)) for n, t in zip(names, types)),
             sql.SQL(", ").join(array(i, "text") for i in range(len(types))), sql.SQL(", ").join(names)))
     # A NULL in a key (a segment's table lost its NOT NULL) is found by IS NULL, which = never matches.
@@ -487,7 +488,7 @@ def _schema(source: Table, target: Table) -> tuple[list[str], list[sql.Composed]
             said.append(f"column {column!r} defaults to {have or 'NULL'} on the target, {want or 'NULL'} on the source")
             change = sql.SQL("SET DEFAULT {}").format(sql.SQL(want)) if want is not None else sql.SQL("DROP DEFAULT")
             statements.append(sql.SQL("ALTER TABLE {} ALTER COLUMN {} {}").format(
-                target.identifier, sql.Identifier(column), change))
+                target.identifier, Name(column), change))
     return said, statements
 
 
@@ -721,13 +722,13 @@ def _typed(info: Table, column: str, text: str | None) -> sql.Composable:
 
 
 def _equal(info: Table, column: str, text: str | None) -> sql.Composable:
-    return sql.SQL("{} = {}").format(sql.Identifier(column), _typed(info, column, text))
+    return sql.SQL("{} = {}").format(Name(column), _typed(info, column, text))
 
 
 def _where(info: Table, columns: Sequence[str], values: Text) -> sql.Composable:
     """Each of ``columns`` matched to its value in ``values``: a NULL (a key column whose
     NOT NULL a segment lost) by IS NULL, which ``=`` never matches."""
-    return sql.SQL(" AND ").join(_equal(info, c, v) if v is not None else sql.SQL("{} IS NULL").format(sql.Identifier(c))
+    return sql.SQL(" AND ").join(_equal(info, c, v) if v is not None else sql.SQL("{} IS NULL").format(Name(c))
                                  for c, v in zip(columns, values))
 
 

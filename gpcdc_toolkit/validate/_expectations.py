@@ -16,7 +16,6 @@ enforced. great-expectations counts duplicates and nulls only of a key kept othe
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
@@ -26,6 +25,7 @@ import psycopg
 from psycopg import sql
 
 from .._expect import Expectations, Measured, Outcome, Suite, severity_of
+from .._sql import Name
 from ..cluster import Cluster, Node, Table
 from ..errors import ConfigError
 from ._snapshots import SESSION, Snapshots
@@ -204,20 +204,14 @@ def _connector(dsn: str) -> Any:
     return connect
 
 
-_QUOTED = re.compile(r'"((?:[^"]|"")*)"')  # a quoted identifier (the query holds no string literal)
-
-
 def _text_rows(target: Snapshots, node: Node, conn: psycopg.Connection[Any]) -> Callable[[Table], str]:
     """The query of a table's rows on one store, every value as PostgreSQL's text, the
-    columns named c0, c1, ... in the table's order."""
+    columns named c0, c1, ... in the table's order. (great-expectations runs it as
+    SQLAlchemy text, whose % the driver reads as a placeholder or not depending on the
+    outer query: :class:`Name` writes names holding one without it.)"""
     def query(info: Table) -> str:
-        columns = sql.SQL(", ").join(sql.SQL("{}::text AS {}").format(sql.Identifier(c), sql.Identifier(f"c{i}"))
+        columns = sql.SQL(", ").join(sql.SQL("{}::text AS {}").format(Name(c), Name(f"c{i}"))
                                      for i, c in enumerate(info.columns))
-        query = sql.SQL("SELECT {} FROM {} AS t").format(columns, target.relation(node, info)).as_string(conn)
-        # great-expectations runs it as SQLAlchemy text, whose % the driver reads as a
-        # placeholder or not depending on the outer query: names holding one are written
-        # with PostgreSQL's Unicode escapes instead, so that the text holds no %.
-        return _QUOTED.sub(lambda m: 'U&"' + m.group(1).replace("\\", "\\\\").replace("%", "\\0025") + '"'
-                           if "%" in m.group(1) else m.group(0), query)
+        return sql.SQL("SELECT {} FROM {} AS t").format(columns, target.relation(node, info)).as_string(conn)
 
     return query
