@@ -2,19 +2,22 @@
 
 from pathlib import Path
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpcdc_toolkit.replay import Framer, LegacyStreamError, Part, Record, StreamError, Watermark
+from gpcdc_toolkit.protocol import problem_of
+from gpcdc_toolkit.replay import Framer, LegacyStreamError, MalformedMessageError, Part, Record, StreamError, Watermark
+from gpcdc_toolkit.replay._source import resent_content
 
 
 def begin(segment, lsn, gxid=5):
     return {"status": "BEGIN", "segment": segment, "commit_lsn": lsn, "gxid": gxid}
 
 
-def row(segment, lsn, seq, gxid=5):
-    return {"op": "c", "after": {"id": seq}, "before": None,
+def row(segment, lsn, seq, gxid=5, value=None):
+    return {"op": "c", "after": {"id": seq, **({} if value is None else {"v": value})}, "before": None,
             "source": {"version": 2, "segment": segment, "commit_lsn": lsn, "seq": seq, "gxid": gxid, "schema": "public",
                        "table": "t"}}
 
@@ -108,9 +111,15 @@ class ListSpill:
 
     def __init__(self):
         self.rows = {}
+        self.differs = set()
 
     def put(self, seq, event):
+        if seq in self.rows and resent_content(self.rows[seq]) != resent_content(event):
+            self.differs.add(seq)
         self.rows[seq] = event
+
+    def conflicting(self):
+        return min(self.differs, default=None)
 
     def seqs(self):
         return iter(sorted(self.rows))
@@ -139,11 +148,15 @@ def test_sqlite_spill_keeps_one_row_per_sequence_number_in_order(tmp_path):
 
     spill = SqliteSpill(tmp_path)
     for seq in [3, 1, 2, 1, 5000, *range(4, 4000)]:
-        spill.put(seq, {"seq": seq, "v": "x" * (seq % 7)})
-    spill.put(1, {"seq": 1, "v": "resent"})
+        spill.put(seq, row(0, 7, seq))
+    assert spill.conflicting() is None  # each sent again as it was: a resend
+    spill.put(1, {**row(0, 7, 1), "ts_ms": 99})  # captured again later: the same row
+    spill.put(2, row(0, 7, 2))
+    spill.put(2, row(0, 7, 2, value="other"))
     rows = list(spill)
-    assert len(spill) == len(rows) == 4000 and [r["seq"] for r in rows] == [*range(1, 4000), 5000]
-    assert rows[0]["v"] == "resent" and list(spill.seqs()) == [r["seq"] for r in rows]
+    assert len(spill) == len(rows) == 4000 and [r["source"]["seq"] for r in rows] == [*range(1, 4000), 5000]
+    assert rows[0]["ts_ms"] == 99 and list(spill.seqs()) == [r["source"]["seq"] for r in rows]
+    assert spill.conflicting() == 2
     assert spill.path.exists()
     spill.close()
     assert not spill.path.exists()
@@ -206,3 +219,58 @@ def test_a_commit_record_missing_one_of_its_ddl_records_is_refused():
         feed_all(framer, -1, [commit])
     (record,) = feed_all(Framer("p"), -1, [{"type": "ddl", "gxid": 9, "statement": "ALTER TABLE t ADD c int"}, commit])
     assert record.ddl == ("ALTER TABLE t ADD c int",)
+
+
+@settings(max_examples=200)
+@given(count=st.integers(1, 20), data=st.data())
+def test_a_row_event_sent_again_changed_makes_its_part_damaged_held_or_spilled(count, data):
+    """A resend after a capture restart repeats its row (its capture time may differ); two
+    different rows under one sequence number cannot both be the source's: the part is
+    damaged, never applied with either."""
+    sent = [row(0, 7, s) for s in range(1, count + 1)]
+    again = data.draw(st.lists(st.integers(1, count), max_size=8), label="sent again")
+    changed = data.draw(st.sets(st.sampled_from(again)) if again else st.just(set()), label="changed when sent again")
+    for s in again:
+        sent.append({**row(0, 7, s, value="other" if s in changed else None), "ts_ms": 5})
+    for spill in ({}, {"spill": ListSpill, "spill_rows": data.draw(st.integers(0, 5))}):
+        (part,) = feed_all(Framer("p", **spill), 0, [begin(0, 7), *sent, end(0, 7, count=count)])
+        if changed:
+            assert part.damage == f"it holds two different row events numbered {min(changed)}"
+        else:
+            assert part.damage is None and [r["source"]["seq"] for r in part.payload] == list(range(1, count + 1))
+
+
+@pytest.mark.parametrize("event, reason", [
+    ({**row(0, 7, 1), "after": None}, "a row event with op 'c' and no after image"),
+    ({**row(0, 7, 1), "op": "u", "after": None}, "a row event with op 'u' and no after image"),
+    ({**row(0, 7, 1), "op": "d", "after": None}, "a row event with op 'd' and no before image"),
+    (row(1, 7, 1), "a row event of segment 1"),  # another segment's, in partition 0
+    ({**row(0, 7, 1), "op": "x"}, "a row event with op 'x'"),
+])
+def test_a_row_event_the_replayer_cannot_apply_is_set_aside_and_its_part_shows_the_gap(event, reason):
+    framer = Framer("p")
+    feed_all(framer, 0, [begin(0, 7)])
+    with pytest.raises(MalformedMessageError) as refused:
+        framer.feed(0, 1, event)
+    assert refused.value.reason == reason
+    (part,) = feed_all(framer, 0, [end(0, 7, count=1)], first_offset=2)
+    assert part.damage == "it holds 0 of its 1 row events; sequence numbers 1 are absent"
+
+
+NESTING_PLACES = [b'{"op": %b, "source": {}}', b'{"op": "c", "source": %b}', b'{"status": "BEGIN", "segment": %b, "commit_lsn": 1}',
+                  b'{"op": "c", "source": {"segment": 0, "commit_lsn": 1, "seq": 1, "gxid": %b}}']
+
+
+@given(depth=st.integers(1, 1020), place=st.sampled_from(NESTING_PLACES))  # orjson reads 1024 levels
+def test_deeply_nested_values_are_named_as_problems_without_recursing(depth, place):
+    problem = problem_of(orjson.loads(place % (b"[" * depth + b"]" * depth)))
+    assert problem is not None and len(problem) < 200
+
+
+@given(depth=st.integers(1, 1020), place=st.sampled_from(NESTING_PLACES))
+def test_a_deeply_nested_message_is_read_into_a_corrupt_record(depth, place):
+    from gpcdc_toolkit.ingest._rows import CORRUPT, to_row
+
+    value = place % (b"[" * depth + b"]" * depth)
+    row = to_row("p.changes", 0, 1, 1, None, value)
+    assert row[CORRUPT] == value.decode()

@@ -122,7 +122,7 @@ def to_row(topic: str, partition: int, offset: int, timestamp_ms: int | None,
                            v.get("segments"), v.get("statement"), None, None, None, None, None, None,
                            v.get("ddl_count"), None)
         raise ValueError(f"not a protocol message: {str(v)[:80]}")
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # a hostile message is a corrupt one
         raw = value.decode("utf-8", errors="replace") if value is not None else None
         return head + (None,) * (CORRUPT - len(head)) + (raw,) + (None,) * (WIDTH - CORRUPT - 1)
 

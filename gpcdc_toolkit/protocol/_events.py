@@ -7,6 +7,7 @@ See docs/protocol.md for the meaning of each field.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
@@ -159,6 +160,16 @@ def _out_of_range(name: str, value: Any) -> bool:
     return any(type(v) is int and not -bound <= v < bound for v in values)
 
 
+# The start of a value for a message's reason: bounded in depth (a str() of JSON nested a
+# thousand deep would recurse past Python's limit) and in length.
+_PREVIEW = reprlib.Repr()
+_PREVIEW.maxlevel, _PREVIEW.maxlist, _PREVIEW.maxdict = 3, 4, 4
+
+
+def _preview(value: Any) -> str:
+    return (value if isinstance(value, str) else _PREVIEW.repr(value))[:40]
+
+
 def _field_problem(holder: Mapping[str, Any], fields: Mapping[str, tuple[frozenset[type], int]]) -> str | None:
     """What is wrong with the first field of ``holder`` of a wrong type or out of range
     (checked in the order the message has them: a message has fewer fields than are
@@ -169,7 +180,7 @@ def _field_problem(holder: Mapping[str, Any], fields: Mapping[str, tuple[frozens
             continue
         kind = type(field)
         if kind not in spec[0]:
-            return f"whose {name} is {kind.__name__} {str(field)[:40]!r}"
+            return f"whose {name} is {kind.__name__} {_preview(field)!r}"
         if kind is int and not -spec[1] <= field < spec[1]:
             return f"whose {name} {str(field)[:40]} is out of range"
     return None

@@ -11,11 +11,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import orjson
+
 from ..errors import StreamError
 from ..protocol import COORDINATOR, PROTOCOL_VERSION, DistributedSnapshot, kind_of, problem_of
 from ._order import Part, Record, RepairMark
 
 ROW_OPS = ("c", "u", "d", "t")
+# The image each operation cannot do without: the row written, or the row deleted.
+_IMAGE_OF = {"c": "after", "u": "after", "d": "before"}
 
 _LEGACY_FIX = ("nothing was applied past this point; replay it segment by segment with --replay-legacy-per-segment "
                "(exact once every segment is replayed, but parts of distributed transactions can show until then), "
@@ -59,6 +63,21 @@ def _watermark(partition: int, value: Mapping[str, Any]) -> Watermark | None:
                      value.get("prepared_ts_ms"), value.get("parts"), resolved_lsn=value.get("resolved"))
 
 
+def _row_problem(partition: int, event: Mapping[str, Any]) -> str | None:
+    """What makes a well-formed row event one the replayer cannot apply: an operation
+    it does not know, the image its operation needs missing, or another segment's event
+    (whose own partition then lacks it, which its part's numbering shows)."""
+    op = event["op"]
+    if op not in ROW_OPS:
+        return f"a row event with op {op[:10]!r}"
+    image = _IMAGE_OF.get(op)
+    if image is not None and not isinstance(event.get(image), dict):
+        return f"a row event with op {op!r} and no {image} image"
+    if event["source"]["segment"] != partition:
+        return f"a row event of segment {event['source']['segment']}"
+    return None
+
+
 def _damage(seqs: Iterable[int], event_count: Any) -> str | None:
     """Why a part's rows are not whole, or None: a part is whole when it holds exactly
     the END's count of row events, numbered 1..count (``seqs``: its numbers, ascending)."""
@@ -97,11 +116,22 @@ def _ranges(numbers: list[int]) -> str:
     return ", ".join(shown) + (", ..." if len(spans) > 5 else "")
 
 
+def resent_content(event: Mapping[str, Any]) -> bytes:
+    """What a row event says of its row, which a resend after a capture restart repeats
+    (its capture time, and the transaction's flags as capture knew them when it sent
+    it, may differ): two events of one sequence number that differ in it are damage."""
+    source = event["source"]
+    return orjson.dumps((event["op"], source.get("schema"), source.get("table"), event.get("before"),
+                         event.get("after"), event.get("unchanged")))
+
+
 class Spill(Protocol):
     """Where a large part's row events go instead of memory, by sequence number (a
     resend replaces); it is then the part's payload, read back in sequence order."""
 
     def put(self, seq: int, event: Mapping[str, Any]) -> None: ...
+
+    def conflicting(self) -> int | None: ...  # the first sequence number put twice with different content
 
     def seqs(self) -> Iterator[int]: ...  # ascending
 
@@ -116,18 +146,29 @@ class _Open:
     rows: dict[int, Mapping[str, Any]] = field(default_factory=dict)  # by sequence: a resend replaces
     spill: Spill | None = None  # where its rows went once there were too many to hold
     gxid: int | None = None  # from its rows
+    conflicting: int | None = None  # a sequence number met with two different rows
 
     def put(self, seq: int, event: Mapping[str, Any], limit: int, spill: Callable[[], Spill] | None) -> None:
         self.gxid = event["source"].get("gxid") if self.gxid is None else self.gxid
         if self.spill is not None:
             self.spill.put(seq, event)
             return
+        earlier = self.rows.get(seq)
+        if earlier is not None and resent_content(earlier) != resent_content(event):
+            self.conflicting = seq if self.conflicting is None else min(self.conflicting, seq)
         self.rows[seq] = event
         if spill is not None and len(self.rows) > limit:
             self.spill = spill()
             for number in sorted(self.rows):
                 self.spill.put(number, self.rows[number])
             self.rows = {}
+
+    def damage(self, numbers: Iterable[int], event_count: Any) -> str | None:
+        spilled = self.spill.conflicting() if self.spill is not None else None
+        conflicting = [seq for seq in (self.conflicting, spilled) if seq is not None]
+        if conflicting:
+            return f"it holds two different row events numbered {min(conflicting)}"
+        return _damage(numbers, event_count)
 
     def payload(self) -> tuple[Sequence[Mapping[str, Any]] | Spill, Iterable[int]]:
         """The rows in sequence order, and their sequence numbers."""
@@ -160,8 +201,8 @@ class Framer:
     def feed(self, partition: int, offset: int, value: Any) -> Part | Record | Watermark | None:
         """Frame one decoded message; MalformedMessageError when it is not the protocol's."""
         problem = problem_of(value)
-        if problem is None and kind_of(value) == "row" and value["op"] not in ROW_OPS:
-            problem = f"a row event with op {str(value['op'])[:10]!r}"  # well formed, but nothing to apply
+        if problem is None and kind_of(value) == "row":
+            problem = _row_problem(partition, value)
         if problem is not None:
             raise MalformedMessageError(partition, offset, problem)
         framed = self._coordinator(offset, value) if partition == COORDINATOR else self._segment(partition, offset, value)
@@ -223,7 +264,7 @@ class Framer:
                 fix=_LEGACY_FIX)
         rows, numbers = opened.payload()
         return Part(partition, value["gxid"], bool(value["one_phase"]), value["commit_lsn"], value["commit_ts_ms"], rows,
-                    opened.offset, _damage(numbers, value.get("event_count")), value.get("number"))
+                    opened.offset, opened.damage(numbers, value.get("event_count")), value.get("number"))
 
     def _check_unended(self, segment: int, commit_lsn: int, offset: int) -> None:
         """A segment's transactions come one after another, each ended before the next

@@ -22,6 +22,8 @@ from typing import Any
 
 import orjson
 
+from ._source import resent_content
+
 _WRITE_BATCH = 500  # rows per INSERT round
 
 
@@ -73,13 +75,14 @@ class SqliteSpill:
         self.path = Path(name)
         self._db = sqlite3.connect(name, isolation_level=None, check_same_thread=False)
         self._db.executescript("PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF; PRAGMA cache_size = -4096;"
-                               "CREATE TABLE rows (seq INTEGER PRIMARY KEY, event BLOB NOT NULL)")
-        self._pending: list[tuple[int, bytes]] = []
+                               "CREATE TABLE rows (seq INTEGER PRIMARY KEY, event BLOB NOT NULL, content BLOB NOT NULL, "
+                               "differs INTEGER NOT NULL)")
+        self._pending: list[tuple[int, bytes, bytes]] = []
         self._count: int | None = 0
         self._finalizer = weakref.finalize(self, _remove, self._db, self.path)
 
     def put(self, seq: int, event: Mapping[str, Any]) -> None:
-        self._pending.append((seq, orjson.dumps(event)))
+        self._pending.append((seq, orjson.dumps(event), resent_content(event)))
         self._count = None
         if len(self._pending) >= _WRITE_BATCH:
             self._write()
@@ -87,9 +90,16 @@ class SqliteSpill:
     def _write(self) -> None:
         if self._pending:
             self._db.execute("BEGIN")  # one transaction per round; a resend replaces by sequence number
-            self._db.executemany("INSERT OR REPLACE INTO rows VALUES (?, ?)", self._pending)
+            self._db.executemany("INSERT INTO rows VALUES (?, ?, ?, 0) ON CONFLICT (seq) DO UPDATE SET "
+                                 "event = excluded.event, content = excluded.content, "
+                                 "differs = differs OR content <> excluded.content", self._pending)
             self._db.execute("COMMIT")
             self._pending = []
+
+    def conflicting(self) -> int | None:
+        self._write()
+        row = self._db.execute("SELECT seq FROM rows WHERE differs ORDER BY seq LIMIT 1").fetchone()
+        return None if row is None else int(row[0])
 
     def seqs(self) -> Iterator[int]:
         self._write()
