@@ -24,7 +24,7 @@ from psycopg import sql
 from .._sql import Name
 from ..cluster import Cluster, Table, Writes, assignments, quoted
 from ..errors import ClusterError, GpcdcError, StreamError
-from ..protocol import Topics
+from ..protocol import UNCHANGED, Topics
 from ._compact import TableChanges, compact, table_of
 from ._ddl_policy import SYSTEM_SCHEMAS, DdlRefused, check_ddl, check_default
 from ._order import RepairMark, Whole
@@ -329,12 +329,15 @@ class Applier:
         events = (e for whole in batch for part in whole.parts for e in part.payload or ())
         count = 0
         primary_keys: dict[tuple[str, str], tuple[str, ...]] = {}
+        writable: dict[tuple[str, str], frozenset[str]] = {}
         while chunk := list(itertools.islice(events, self.chunk_rows)):
             count += len(chunk)
             for event in chunk:
                 table = table_of(event)
                 if table not in primary_keys:
-                    primary_keys[table] = self._table(table, event["source"].get("gxid")).primary_key
+                    info = self._table(table, event["source"].get("gxid"))
+                    primary_keys[table], writable[table] = info.primary_key, frozenset(info.writable)
+                _check_image(table, event, writable[table])
             for changes in compact(chunk, primary_keys):
                 self._apply_folded(tx, changes)
                 self._apply_in_order(tx, changes.table, changes.ordered)
@@ -454,6 +457,26 @@ class Applier:
             return _one_row(tx.delete(table, key), table, key, "delete")
         raise ApplyError(f"cannot replay operation {op!r} on {info.name} (gxid {event['source'].get('gxid')})",
                          fix="replay TRUNCATE by hand on the target")
+
+
+def _check_image(table: tuple[str, str], event: Mapping[str, Any], writable: frozenset[str]) -> None:
+    """An insert or an update carries a value of every column the replay writes, but
+    those it lists as unchanged (TOASTed values the WAL left out): one without some was
+    cut, and would leave the target's values of them as they were."""
+    if event["op"] not in ("c", "u"):
+        return
+    missing = writable - event["after"].keys()
+    if missing and (unchanged := event.get(UNCHANGED)):
+        missing -= set(unchanged)
+    if missing:
+        source = event["source"]
+        raise ApplyError(
+            f"{'an insert' if event['op'] == 'c' else 'an update'} of {quoted(*table)} (gxid {source.get('gxid')}, "
+            f"segment {source.get('segment')}, sequence number {source.get('seq')}) carries no value for "
+            f"{', '.join(sorted(map(repr, missing)))[:200]} and does not list them as unchanged: nothing of its "
+            "batch was applied", fix="if the target's table has columns the source's lacks, make it the source's; "
+                                     "otherwise the event was damaged: restore its partition from capture, or "
+                                     "bootstrap the pipeline again")
 
 
 def _differs(what: str, table: tuple[str, str], key: Mapping[str, Any]) -> ApplyError:

@@ -1,0 +1,125 @@
+"""Replay of a real pipeline's topics copied with one message damaged: each damage is
+refused or set aside and said, never applied as if whole, and exit status 0 only where
+the target equals the source."""
+
+import uuid
+
+import orjson
+import pytest
+from confluent_kafka import Producer
+
+from gpcdc_toolkit.bootstrap import Pipeline, bootstrap, drop_slots
+from gpcdc_toolkit.capture import CaptureGroup, ensure_topics, wait_until_acknowledged
+from gpcdc_toolkit.config import load_config
+from gpcdc_toolkit.connect import kafka_client_settings
+from gpcdc_toolkit.ingest._consumer import located, read_to_end
+from gpcdc_toolkit.protocol import Topics
+from gpcdc_toolkit.sandbox import Sandbox
+from gpcdc_toolkit.validate import table_rows
+from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, reset_tables, run_workload
+
+from .test_cli import gpcdc
+
+
+@pytest.fixture(scope="module")
+def captured(source, broker, work_dir):
+    """A workload captured: (config, the source's rows per table, the changes topic's
+    messages as (partition, offset, key, value), the dtx topic's)."""
+    prefix = f"dmg{uuid.uuid4().hex[:6]}"
+    config = load_config({"work_dir": str(work_dir), "kafka.bootstrap_servers": broker.bootstrap_servers,
+                          "kafka.topic_prefix": prefix, "source.sandbox": "source"}, environ={})
+    pipeline = Pipeline(config.work_dir, prefix)
+    group = CaptureGroup(config.with_settings({"capture.heartbeat_interval": 0.3}))
+    reset_tables(source)
+    bootstrap(source, pipeline, "snapshot")
+    group.start()
+    try:
+        run_workload(source, WorkloadSpec(threads=2, transactions=60, hot_keys=3, multi_segment_share=0.7, seed=5))
+        wait_until_acknowledged(source, pipeline.slot)
+    finally:
+        group.stop()
+        drop_slots(source, pipeline.slot, publication=pipeline.publication)
+    kafka = kafka_client_settings(config)
+    messages = {topic: [(*located(m), m.key(), m.value()) for m in read_to_end(kafka, topic)]
+                for topic in (Topics(prefix).changes, Topics(prefix).dtx)}
+    rows = {table: table_rows(source, table) for table in (ACCOUNTS, EVENTS)}
+    return config, rows, messages[Topics(prefix).changes], messages[Topics(prefix).dtx]
+
+
+def _replayed(captured, work_dir, damage):
+    """The topics copied under a new prefix with ``damage`` done to the last account
+    update's message, then ``gpcdc replay --once`` into a fresh target: (its result, the
+    target's rows per table)."""
+    import shutil
+
+    config, rows, changes, dtx = captured
+    last = max((p, o) for p, o, _k, v in changes
+               if (d := orjson.loads(v)).get("op") == "u" and d["source"]["table"] == ACCOUNTS)
+    prefix = f"{config.kafka.topic_prefix}x{uuid.uuid4().hex[:4]}"
+    kafka = kafka_client_settings(config)
+    ensure_topics(kafka, Topics(prefix), max(p for p, *_ in changes) + 1)
+    producer = Producer({**kafka, "enable.idempotence": True})
+    for partition, offset, key, value in changes:
+        for to_partition, sent in damage(partition, orjson.loads(value)) if (partition, offset) == last else [
+                (partition, value)]:
+            producer.produce(Topics(prefix).changes, sent if isinstance(sent, bytes) else orjson.dumps(sent), key=key,
+                             partition=to_partition)
+    for _partition, _offset, key, value in dtx:
+        producer.produce(Topics(prefix).dtx, value, key=key, partition=0)
+    assert producer.flush(30) == 0
+    shutil.copytree(Pipeline(config.work_dir, config.kafka.topic_prefix).directory,
+                    Pipeline(config.work_dir, prefix).directory, ignore=shutil.ignore_patterns("*.tmp"))
+    target = Sandbox(f"dmg-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
+    try:
+        done = gpcdc(work_dir, "--source-sandbox", "source", "--target-sandbox", target.name,
+                     "--kafka-bootstrap-servers", config.kafka.bootstrap_servers, "--kafka-topic-prefix", prefix,
+                     "replay", "--once")
+        return done, {table: table_rows(target.cluster(), table) for table in rows}
+    finally:
+        target.down(remove=True)
+
+
+def _changed(event, **after):
+    return {**event, "after": {**event["after"], **after}}
+
+
+def test_a_copy_as_it_was_replays_equal(captured, work_dir):
+    done, target = _replayed(captured, work_dir, lambda p, event: [(p, event)])
+    assert done.returncode == 0, done.stderr
+    assert target == captured[1]
+
+
+@pytest.mark.parametrize(("damage", "said"), [
+    # Sent again with another balance: which is the source's cannot be told.
+    (lambda p, e: [(p, e), (p, _changed(e, balance=987654321))], "it holds two different row events numbered"),
+    # Its image cut: set aside, and its part lacks it.
+    (lambda p, e: [(p, {**e, "after": None})], "sequence numbers"),
+])
+def test_a_part_made_ambiguous_or_incomplete_is_refused_as_damaged(captured, work_dir, damage, said):
+    done, target = _replayed(captured, work_dir, damage)
+    assert done.returncode != 0 and said in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) <= 2, done.stderr  # a warning of what was set aside, then the error
+    balances = {row[0]: row[1] for row in target[ACCOUNTS]}
+    assert 987654321 not in balances.values()
+
+
+def test_an_update_without_a_column_it_does_not_list_as_unchanged_is_refused(captured, work_dir):
+    def cut(partition, event):
+        return [(partition, {**event, "after": {k: v for k, v in event["after"].items() if k != "balance"}})]
+
+    done, _target = _replayed(captured, work_dir, cut)
+    assert done.returncode == 1
+    assert "carries no value for 'balance' and does not list them as unchanged" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("damage", [
+    # A copy in the other segment's partition, changed: set aside there; its own part is whole.
+    lambda p, e: [(p, e), (1 - p, _changed(e, balance=55555))],
+    # A message nested deeper than Python's recursion limit.
+    lambda p, e: [(p, e), (p, b'{"op":' + b"[" * 1000 + b"]" * 1000 + b',"source":{}}')],
+])
+def test_a_stray_message_is_set_aside_and_the_target_equals_the_source(captured, work_dir, damage):
+    done, target = _replayed(captured, work_dir, damage)
+    assert done.returncode == 0, done.stderr
+    assert "1 malformed messages set aside" in done.stdout + done.stderr
+    assert target == captured[1]
