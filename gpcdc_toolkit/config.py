@@ -47,6 +47,11 @@ def _port(port: int, room: int) -> str | None:
     return None if port == 0 or 1 <= port <= 65535 - room else f"is not a port in 1..{65535 - room} (or 0: off)"
 
 
+def _lock_timeout(seconds: float) -> str | None:
+    """PostgreSQL's lock_timeout is an int of milliseconds."""
+    return None if seconds * 1000 <= 2**31 - 1 else "is above PostgreSQL's longest lock_timeout, 2147483.647 s"
+
+
 def internal(default: Any = dataclasses.MISSING, **kwargs: Any) -> Any:
     """A field of a section that is not a setting (set by code or a command's own flag)."""
     if default is dataclasses.MISSING:
@@ -185,7 +190,7 @@ class ValidateSettings:
                            choices=("error", "warning", "info"))
     replay_timeout: float = setting(120.0, "seconds to wait for the replayer to reach a new sync point", minimum=0.1)
     lock_timeout: float = setting(10.0, "seconds a sync point waits for the commit lock (for running commit "
-                                        "phases to end) before giving up", minimum=0.01)
+                                        "phases to end) before giving up", minimum=0.01, check=_lock_timeout)
 
 
 @dataclass(frozen=True)

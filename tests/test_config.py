@@ -195,6 +195,8 @@ def test_typed_values_from_file_environment_and_flags(tmp_path):
     ("capture.metrics_port", "65000", "env", "is not a port in 1..64511 (or 0: off)"),
     ("replay.metrics_port", 70000, "file", "is not a port in 1..65535 (or 0: off)"),
     ("report.keep_runs", "-1", "flag", "is below the minimum 0"),
+    ("validate.lock_timeout", "1e300", "flag", "is above PostgreSQL's longest lock_timeout, 2147483.647 s"),
+    ("validate.lock_timeout", 2147484, "file", "is above PostgreSQL's longest lock_timeout"),
 ])
 def test_a_bad_value_names_the_setting_the_value_and_where_it_came_from(tmp_path, name, raw, where, message):
     spec = SETTINGS[name]

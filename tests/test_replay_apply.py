@@ -201,6 +201,30 @@ def test_a_target_refuses_the_replay_of_a_pipeline_bootstrapped_again(source, re
     assert f"sandbox {target.name!r} does not answer" in line and f"gpcdc sandbox up --name {target.name}" in line
 
 
+@pytest.mark.parametrize("name", ["gpcdc_replay_applied", "gpcdc_replay_state"])
+def test_a_source_table_named_as_the_replayers_own_is_refused_before_anything_is_written(source, replay_target,
+                                                                                         work_dir, name):
+    target, config, pipeline, group = replay_target
+    schema = f"own_{uuid.uuid4().hex[:6]}"
+    with Session(source) as session:
+        session.ddl(f"CREATE SCHEMA {schema}")
+        session.ddl(f"CREATE TABLE {schema}.{name} (id int PRIMARY KEY, t text) DISTRIBUTED BY (id)")
+    try:
+        bootstrap(source, pipeline, "snapshot")
+        group.start()
+        line = one_line_error(gpcdc(work_dir, "--target-sandbox", target.name, "--kafka-bootstrap-servers",
+                                    config.kafka.bootstrap_servers, "--kafka-topic-prefix", config.kafka.topic_prefix,
+                                    "replay", "--once"))
+        assert f"the source's table {schema}.{name} is named as one of the replayer's own tables" in line, line
+        assert "rename the table on the source, then bootstrap the pipeline again" in line
+        with target.cluster().coordinator_connection() as conn:  # nothing created, nothing loaded
+            assert conn.execute("SELECT count(*) FROM pg_class WHERE relname LIKE 'gpcdc_replay%' OR relname LIKE 'wl_%'"
+                                ).fetchone()[0] == 0
+    finally:
+        with Session(source) as session:
+            session.ddl(f"DROP SCHEMA {schema} CASCADE")
+
+
 @pytest.mark.parametrize("replay_target", TARGETS[1:], indirect=True)
 def test_a_front_door_table_of_another_shape_is_refused_in_one_line_before_anything_is_written(
         source, replay_target, work_dir):

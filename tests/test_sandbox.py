@@ -116,6 +116,18 @@ def test_a_table_named_by_a_number_is_refused_not_taken_for_the_table_of_that_ob
             source.table(name)
 
 
+@pytest.mark.parametrize(("name", "said"), [
+    ("a.b.c", "'a.b.c' is not a valid table name"),  # another database's
+    ("a.b.c.d", "'a.b.c.d' is not a valid table name"),
+    ("no_such_schema.t", "no table no_such_schema.t on the coordinator"),
+    ("x; drop table t", "'x; drop table t' is not a valid table name"),
+])
+def test_a_table_name_that_names_no_table_here_is_one_line_with_the_fix(source, name, said):
+    with pytest.raises(ClusterError) as refused:
+        source.table(name)
+    assert str(refused.value).startswith(said) and "a name is read as SQL reads it" in str(refused.value)
+
+
 def test_plain_postgres_is_not_a_coordinator(source):
     segment = source.segments[0]
     with pytest.raises(ClusterError, match="has no gp_segment_configuration"):

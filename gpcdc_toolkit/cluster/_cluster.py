@@ -252,9 +252,10 @@ class Cluster:
                     raise ClusterError(f"{name!r} is not a valid table name", fix=how)
                 try:
                     oid = conn.execute("SELECT %s::regclass::oid", (name,)).fetchone()[0]  # type: ignore[index]
-                except psycopg.errors.UndefinedTable:
+                except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
                     raise ClusterError(f"no table {name} on the {self.coordinator.name}", fix=how) from None
-                except (psycopg.errors.InvalidName, psycopg.errors.SyntaxError):
+                except (psycopg.errors.InvalidName, psycopg.errors.SyntaxError, psycopg.errors.FeatureNotSupported):
+                    # FeatureNotSupported: a name of three parts, another database's.
                     raise ClusterError(f"{name!r} is not a valid table name", fix=how) from None
             schema, relname, qualified = conn.execute(  # type: ignore[misc]
                 "SELECT nspname, relname, quote_ident(nspname) || '.' || quote_ident(relname) "

@@ -31,6 +31,7 @@ from ._order import RepairMark, Whole
 
 APPLIED = "gpcdc_replay_applied"
 STATE = "gpcdc_replay_state"
+REPLAYERS_TABLES = frozenset({APPLIED, STATE})
 _TABLES = {
     APPLIED: f"CREATE TABLE {APPLIED} (pipeline text NOT NULL, gxid bigint NOT NULL, parts int NOT NULL, "
              "PRIMARY KEY (gxid, pipeline)) DISTRIBUTED BY (gxid)",
@@ -294,7 +295,7 @@ class Applier:
         target resolves into a system schema."""
         topic = Topics(self.pipeline).dtx
         try:
-            checked = check_ddl(statement, reserved=frozenset({APPLIED, STATE}))
+            checked = check_ddl(statement, reserved=REPLAYERS_TABLES)
         except DdlRefused as e:
             raise DdlRefusedError(whole, statement, str(e), topic) from None
         if checked.added_types:

@@ -14,7 +14,7 @@ from psycopg import sql
 from .._sql import Name
 from ..bootstrap import InitialSnapshot
 from ..cluster import Writes, WriteSession
-from ._apply import ApplyError
+from ._apply import REPLAYERS_TABLES, ApplyError
 from ._ddl_policy import DdlRefused, check_ddl
 
 _LOAD_BATCH = 5000  # rows per INSERT round
@@ -34,7 +34,13 @@ def create_statement(snapshot: InitialSnapshot, table: str) -> str:
 
 
 def prepare_target(session: WriteSession, snapshot: InitialSnapshot) -> None:
-    """Create the snapshot's tables the target lacks; refuse a table that has rows."""
+    """Create the snapshot's tables the target lacks; refuse a table that has rows, or one
+    named as the replayer's own tables are (before anything is written)."""
+    for table in snapshot.tables:
+        if snapshot.manifest["tables"][table].get("name") in REPLAYERS_TABLES:
+            raise ApplyError(f"the source's table {table} is named as one of the replayer's own tables on the target "
+                             f"({', '.join(sorted(REPLAYERS_TABLES))}), which it would be taken for",
+                             fix="rename the table on the source, then bootstrap the pipeline again")
     with session.cluster.coordinator_connection() as conn:
         for table in snapshot.tables:
             schema = snapshot.manifest["tables"][table].get("schema")
@@ -45,7 +51,7 @@ def prepare_target(session: WriteSession, snapshot: InitialSnapshot) -> None:
             if not exists:
                 statement = create_statement(snapshot, table)
                 try:  # the manifest is a file: its types and expressions pass the same check as the stream's DDL
-                    check_ddl(statement)
+                    check_ddl(statement, reserved=REPLAYERS_TABLES)
                 except DdlRefused as e:
                     raise ApplyError(f"the initial snapshot's table {table} cannot be created on the target: {e}",
                                      fix="create it on the target by hand, empty, then replay again") from None
