@@ -57,6 +57,36 @@ def test_initial_load_and_replay_reproduce_the_source_on_two_segments_exactly_on
     assert table_rows(target_cluster, APPLIED) == applied
 
 
+@pytest.mark.parametrize("replay_target", TARGETS, indirect=True)
+def test_tables_the_initial_load_creates_have_the_sources_defaults_and_validate_equal(source, replay_target):
+    """Defaults of every kind (a sequence's, a volatile function's, literals holding %):
+    the replay writes every column, and the target's catalog keeps the source's."""
+    from gpcdc_toolkit.validate import validate
+
+    target, config, pipeline, group = replay_target
+    table = f'"Def %s {uuid.uuid4().hex[:6]}"'
+    with Session(source) as session:
+        session.ddl(f"CREATE TABLE {table} (id serial PRIMARY KEY, made timestamptz DEFAULT now(), "
+                    "\"note %%\" text DEFAULT 'd%s', n int DEFAULT 7) DISTRIBUTED BY (id)")
+        with session.transaction() as tx:
+            tx.insert(table, [{"id": i, "made": None, "note %%": f"r{i}", "n": i} for i in range(1, 6)])
+    try:
+        bootstrap(source, pipeline, "snapshot")
+        group.start()
+        with Session(source) as session, session.transaction() as tx:
+            tx.insert(table, [{"id": 9, "made": None, "note %%": "after", "n": 0}])
+        wait_until_acknowledged(source, pipeline.slot)
+        with Replayer(config) as replayer:
+            replayer.run()
+        target_cluster = target.cluster()
+        assert target_cluster.table(table).defaults == source.table(table).defaults
+        run = validate(config.with_settings({"validate.expectations": False}), tables=[table], syncpoint=False)
+        assert run.verified, run.lines()
+    finally:
+        with Session(source) as session:
+            session.ddl(f"DROP TABLE {table}")
+
+
 def test_a_legacy_stream_is_refused_whole_and_replayed_segment_by_segment_on_request(source, replay_target, work_dir):
     target, config, pipeline, group = replay_target
     flags = ["--source-sandbox", "source", "--target-sandbox", target.name, "--kafka-bootstrap-servers",

@@ -46,7 +46,8 @@ def export_tables(conn: psycopg.Connection[Any], content: int, tables: list[tupl
     for table, relation in tables:
         entry = manifest["tables"].setdefault(table.name, {
             "schema": table.parts[0], "name": table.parts[1], "columns": list(table.columns),
-            "generated": dict(table.generated), "types": list(table.types), "type_oids": _type_oids(conn, table),
+            "generated": dict(table.generated), "defaults": dict(table.defaults), "types": list(table.types),
+            "type_oids": _type_oids(conn, table),
             "distribution_key": list(table.distribution_key), "primary_key": list(table.primary_key), "files": {},
         })
         path = node_dir / _file_name(table)

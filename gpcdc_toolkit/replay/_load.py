@@ -1,7 +1,7 @@
 """The initial load: the bootstrap's snapshot into the target, before any transaction.
 
 Tables the target lacks are created first, from the snapshot's manifest (columns and
-types, primary key, distribution key: as the target distributes, a sandbox by it,
+types, defaults and the sequences they draw on, primary key, distribution key: as the target distributes, a sandbox by it,
 Citus with ``create_distributed_table``, plain PostgreSQL not at all); then every row
 goes in through one target transaction, together with the replay's state row, so the
 load happens once or not at all. A table the target already has must be empty.
@@ -9,9 +9,11 @@ load happens once or not at all. A table the target already has must be empty.
 
 from __future__ import annotations
 
+import re
+
 from psycopg import sql
 
-from .._sql import Name
+from .._sql import Name, Quoted
 from ..bootstrap import InitialSnapshot
 from ..cluster import Writes, WriteSession
 from ._apply import REPLAYERS_TABLES, ApplyError
@@ -20,11 +22,21 @@ from ._ddl_policy import DdlRefused, check_ddl
 _LOAD_BATCH = 5000  # rows per INSERT round
 
 
+# A default's use of a sequence, as PostgreSQL prints it, and a name as regclass prints one.
+_NEXTVAL = re.compile(r"nextval\('((?:[^']|'')*)'::regclass\)")
+_IDENTIFIER = r'(?:"(?:[^"]|"")+"|[a-z_][a-z0-9_$]*)'
+_SEQUENCE_NAME = re.compile(rf"{_IDENTIFIER}(?:\.{_IDENTIFIER})?")
+
+
 def create_statement(snapshot: InitialSnapshot, table: str) -> str:
+    """The table as the source has it: its columns, their types, defaults (the replay
+    writes every column, so that a default only keeps the target's catalog the
+    source's) and generated expressions, its primary key and distribution."""
     entry = snapshot.manifest["tables"][table]
-    generated = entry.get("generated", {})
+    generated, defaults = entry.get("generated", {}), entry.get("defaults", {})
     parts = [sql.SQL("{} {}{}").format(Name(c), sql.SQL(t), sql.SQL(
-        f" GENERATED ALWAYS AS ({generated[c]}) STORED" if c in generated else ""))
+        f" GENERATED ALWAYS AS ({generated[c]}) STORED" if c in generated else
+        f" DEFAULT {defaults[c]}" if c in defaults else ""))
         for c, t in zip(entry["columns"], entry["types"])]
     if entry["primary_key"]:
         parts.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(Name, entry["primary_key"]))))
@@ -50,6 +62,8 @@ def prepare_target(session: WriteSession, snapshot: InitialSnapshot) -> None:
             exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()[0]  # type: ignore[index]
             if not exists:
                 statement = create_statement(snapshot, table)
+                for sequence in _sequences(snapshot, table):  # which its defaults take values from
+                    session.ddl(sql.SQL("CREATE SEQUENCE IF NOT EXISTS {}").format(Quoted(sequence)).as_string(None))
                 try:  # the manifest is a file: its types and expressions pass the same check as the stream's DDL
                     check_ddl(statement, reserved=REPLAYERS_TABLES)
                 except DdlRefused as e:
@@ -62,6 +76,20 @@ def prepare_target(session: WriteSession, snapshot: InitialSnapshot) -> None:
             if rows:
                 raise ApplyError(f"target table {table} has rows; the initial load needs it empty",
                                  fix=f"truncate {table} on the target, or replay with --no-replay-initial-load")
+
+
+def _sequences(snapshot: InitialSnapshot, table: str) -> list[str]:
+    """The sequences the table's defaults take values from (``nextval``), as PostgreSQL
+    names them; a name that is not one refuses the manifest."""
+    names = []
+    for default in snapshot.manifest["tables"][table].get("defaults", {}).values():
+        for quoted_name in _NEXTVAL.findall(default):
+            name = quoted_name.replace("''", "'")
+            if not _SEQUENCE_NAME.fullmatch(name):
+                raise ApplyError(f"the initial snapshot's table {table} has a default taking values from {name!r}, "
+                                 "which is not a sequence's name", fix="bootstrap the pipeline again")
+            names.append(name)
+    return sorted(set(names))
 
 
 def load_rows(tx: Writes, snapshot: InitialSnapshot) -> int:
