@@ -567,3 +567,81 @@ def replay_with_a_cut(rng, *, joined):
     source = last_writers((s, g) for s, log in enumerate(logs) for g in log)
     assert last_writers(applied) == source
     assert r.missing() == [] and r.pending == 0
+
+
+def _two_transactions_sharing_both_segments(r, record_first):
+    """gxids 1 and 2 commit on segments 0 and 1 at 100 and 200 ms: 1's record lost
+    (never added), 2's added (before or after the parts)."""
+    if record_first:
+        r.add_record(Record(2, (0, 1), commit_ts_ms=190))
+    for segment in (0, 1):
+        r.add_part(Part(segment, 1, False, 10, commit_ts_ms=100, offset=10))
+        r.add_part(Part(segment, 2, False, 20, commit_ts_ms=200, offset=11))
+    if not record_first:
+        r.add_record(Record(2, (0, 1), commit_ts_ms=190))
+
+
+@pytest.mark.parametrize("record_first", [True, False])
+def test_a_record_lost_is_proven_by_the_coordinators_watermark_and_nothing_after_it_goes_out(record_first):
+    r = Reassembler(2, clock_skew_ms=50)
+    r.add_watermark(-1, 149)  # not yet past gxid 1's commit by the skew: its record may still come
+    _two_transactions_sharing_both_segments(r, record_first)
+    r.add_watermark(-1, 150)  # every record of a commit before 150 ms by the coordinator's clock has come
+    assert r.ready() == []  # gxid 2 may have had to follow gxid 1
+    [missing] = r.missing()
+    assert (missing.gxid, missing.present, missing.record_ts_ms) == (1, (0, 1), -1)
+    assert missing.lost == "the coordinator's watermark passed its commit, and gxid 1's commit record never came"
+    assert r.pending == 2
+
+
+def test_a_late_record_is_waited_for_until_the_coordinators_watermark_passes_its_commit():
+    r = Reassembler(2, clock_skew_ms=50)
+    _two_transactions_sharing_both_segments(r, record_first=True)
+    r.add_watermark(-1, 149)
+    assert r.missing() == []
+    r.add_record(Record(1, (0, 1), commit_ts_ms=90))  # late, and in the coordinator's order after gxid 2's
+    r.add_watermark(-1, 1000)
+    assert sorted(w.gxid for w in r.ready()) == [1, 2] and r.missing() == [] and r.pending == 0
+
+
+def feed_with_watermarks(rng, logs, coordinator, writes, dropped=None, skew=0):
+    """As :func:`feed_in_random_interleaving`, with times: a record's commit at 10 ms per
+    place in the coordinator's order, each part of it committed on its segment a little
+    later; the coordinator's watermarks each right after a record, saying what it does
+    (every record of a commit before it has come). ``dropped``: a record never fed."""
+    segs_of = {g: sorted({s for s, _ in w}) for g, w in writes.items()}
+    record_ts = {g: 10 * i for i, g in enumerate(coordinator)}
+    queues = [[("part", s, g) for g in log] for s, log in enumerate(logs)] + [[("record", g) for g in coordinator]]
+    r = Reassembler(len(logs), clock_skew_ms=skew)
+    out = []
+    while any(queues):
+        q = rng.choice([q for q in queues if q])
+        event = q.pop(0)
+        if event[0] == "part":
+            _, s, g = event
+            two_phase = len(segs_of[g]) > 1
+            r.add_part(Part(s, g, one_phase=not two_phase, commit_lsn=logs[s].index(g) + 1,
+                            commit_ts_ms=record_ts[g] + rng.randint(0, 5) if two_phase else 0))
+        else:
+            g = event[1]
+            if g != dropped:
+                r.add_record(Record(g, tuple(segs_of[g]), commit_ts_ms=record_ts[g]))
+            r.add_watermark(-1, record_ts[g] + 9)
+        out += r.ready()
+    out += r.ready()
+    return out, r
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_true_coordinator_watermarks_never_stop_a_replay_and_a_dropped_record_is_named(seed):
+    rng = random.Random(seed)
+    logs, coordinator, writes = simulate(rng, segments=3, transactions=rng.randint(5, 30), keys=4)
+    out, r = feed_with_watermarks(rng, logs, coordinator, writes)
+    assert r.missing() == []
+    check(out, logs, writes)
+    if coordinator:
+        dropped = rng.choice(coordinator)
+        out, r = feed_with_watermarks(rng, logs, coordinator, writes, dropped=dropped)
+        r.add_watermark(-1, 10**12)
+        assert [m.gxid for m in r.missing()] == [dropped] and r.ready() == []
+        assert dropped not in [w.gxid for w in out]

@@ -176,6 +176,7 @@ class Reassembler:
         # Per segment, the number of the latest repair whose copy is applied.
         self.copies_applied = dict(copies_applied or {})
         self._coordinator_resolved = -1  # the coordinator's watermark: every record before it has arrived
+        self._coordinator_resolved_ts = -1  # the same by its clock: every record of a commit before it has arrived
         self.applied = applied
         # Per segment, the commit LSN up to which its one-phase parts without a gxid are
         # applied: they go out in their segment's order, so that order names them.
@@ -278,6 +279,7 @@ class Reassembler:
             self._coordinator_lost = self._coordinator_lost or lost
             if resolved_lsn is not None:
                 self._coordinator_resolved = max(self._coordinator_resolved, resolved_lsn)
+            self._coordinator_resolved_ts = max(self._coordinator_resolved_ts, resolved_ts_ms)
             return
         seg = self.segments[segment]
         if lost is not None:
@@ -338,6 +340,8 @@ class Reassembler:
     # -- output ---------------------------------------------------------------------------
     def ready(self) -> list[Whole]:
         """Every transaction that can be applied now, in an order true to the source."""
+        if self._record_passed():
+            return []  # the order from here on cannot be proven (see missing())
         out: list[Whole] = []
         progress = True
         while progress:
@@ -478,15 +482,33 @@ class Reassembler:
 
     def _unrecorded(self) -> list[Missing]:
         """With the coordinator lost and every record it wrote handed out, the first part
-        still waiting for its record: that record cannot come."""
+        still waiting for its record: that record cannot come. Else, one whose record
+        was lost (:meth:`_record_passed`)."""
         if self._coordinator_lost is None or self._records or not self._parts:
+            return self._record_passed()
+        return self._waiting_for_record(self._parts.items(),
+                                        f"the coordinator is lost to the pipeline ({self._coordinator_lost})")
+
+    def _record_passed(self) -> list[Missing]:
+        """The first part whose commit the coordinator's watermark has passed, by more
+        than the clocks may disagree, with no record: the coordinator commits before its
+        segments do, so the record came before that watermark, or was lost. Nothing is
+        handed out after it (:meth:`ready`): a later record may be of a transaction that
+        had to follow it."""
+        passed = [(gxid, parts) for gxid, parts in self._parts.items()
+                  if gxid not in self._position and gxid not in self.applied
+                  and min(p.commit_ts_ms for p in parts.values()) + self.clock_skew_ms <= self._coordinator_resolved_ts]
+        return self._waiting_for_record(passed, "the coordinator's watermark passed its commit")
+
+    def _waiting_for_record(self, waiting: Iterable[tuple[int, dict[int, Part]]], why: str) -> list[Missing]:
+        first_waiting = min(waiting, key=lambda item: min(p.offset for p in item[1].values()), default=None)
+        if first_waiting is None:
             return []
-        gxid, parts = min(self._parts.items(), key=lambda item: min(p.offset for p in item[1].values()))
+        gxid, parts = first_waiting
         first = min(parts.values(), key=lambda p: p.offset)
         return [Missing(gxid, first.segment, tuple(sorted(parts)), -1, self.segments[first.segment].watermark_ts_ms,
                         tuple((c, parts[c].offset) for c in sorted(parts)),
-                        lost=f"the coordinator is lost to the pipeline ({self._coordinator_lost}), and gxid {gxid}'s "
-                             "commit record never came")]
+                        lost=f"{why}, and gxid {gxid}'s commit record never came")]
 
     def in_doubt(self) -> list[tuple[int, int]]:
         """(gxid, segment) of the next record's parts that have not arrived and cannot be

@@ -60,6 +60,8 @@ class MissingPartError(StreamError):
             offset = dict(missing.offsets).get(missing.segment)
             why = (f"{missing.damage} (before offset {offset} of {topics.changes} partition {missing.segment})"
                    if offset is not None else f"{missing.damage} (before its latest watermark)")
+        elif missing.lost is not None and record is None:  # its record is what never came
+            why = missing.lost
         elif missing.lost is not None:
             why = f"{missing.lost}; {where} lists segment {missing.segment}, whose part never came"
         elif missing.damage is not None:
@@ -75,10 +77,12 @@ class MissingPartError(StreamError):
                 numbers = f"{first}" if first == last else f"{first} to {last}"
                 why += (f"; segment {missing.segment}'s parts numbered {numbers} never arrived, so that its part "
                         "changed nothing cannot be shown")
+        lacking = f"the coordinator's events to {topics.dtx}" if missing.lost is not None and record is None else \
+            f"segment {missing.segment}'s events to the topic"
         super().__init__(
             f"{what} cannot be replayed whole: {why}; parts present: {present}",
-            fix=f"nothing of {what} was applied, nor anything that must follow it; restore segment {missing.segment}'s "
-                "events to the topic, or bootstrap the pipeline again")
+            fix=f"nothing of {what} was applied, nor anything that must follow it; restore {lacking}, or bootstrap "
+                "the pipeline again")
         self.missing = missing
 
 
