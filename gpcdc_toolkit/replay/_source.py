@@ -7,6 +7,7 @@ coordinator's topic is called partition -1 here.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -117,12 +118,13 @@ def _ranges(numbers: list[int]) -> str:
 
 
 def resent_content(event: Mapping[str, Any]) -> bytes:
-    """What a row event says of its row, which a resend after a capture restart repeats
-    (its capture time, and the transaction's flags as capture knew them when it sent
-    it, may differ): two events of one sequence number that differ in it are damage."""
+    """A digest of what a row event says of its row, which a resend after a capture
+    restart repeats (its capture time, and the transaction's flags as capture knew them
+    when it sent it, may differ): two events of one sequence number that differ in it
+    are damage."""
     source = event["source"]
-    return orjson.dumps((event["op"], source.get("schema"), source.get("table"), event.get("before"),
-                         event.get("after"), event.get("unchanged")))
+    return hashlib.blake2b(orjson.dumps((event["op"], source.get("schema"), source.get("table"), event.get("before"),
+                                         event.get("after"), event.get("unchanged"))), digest_size=16).digest()
 
 
 class Spill(Protocol):
