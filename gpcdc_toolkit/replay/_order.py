@@ -177,6 +177,8 @@ class Reassembler:
         self.copies_applied = dict(copies_applied or {})
         self._coordinator_resolved = -1  # the coordinator's watermark: every record before it has arrived
         self._coordinator_resolved_ts = -1  # the same by its clock: every record of a commit before it has arrived
+        self._parts_added = 0  # two-phase parts added so far
+        self._passed: tuple[tuple[int, int, int], list[Missing]] | None = None  # _record_passed's, and what it saw
         self.applied = applied
         # Per segment, the commit LSN up to which its one-phase parts without a gxid are
         # applied: they go out in their segment's order, so that order names them.
@@ -221,6 +223,7 @@ class Reassembler:
             if part.segment in known:
                 return
             known[part.segment] = part
+            self._parts_added += 1
             record = self._record_of(part.gxid)
             if record is not None and part.segment not in record.segments:
                 raise ReassemblyError(f"gxid {part.gxid} has a part on segment {part.segment}, "
@@ -495,10 +498,13 @@ class Reassembler:
         segments do, so the record came before that watermark, or was lost. Nothing is
         handed out after it (:meth:`ready`): a later record may be of a transaction that
         had to follow it."""
-        passed = [(gxid, parts) for gxid, parts in self._parts.items()
-                  if gxid not in self._position and gxid not in self.applied
-                  and min(p.commit_ts_ms for p in parts.values()) + self.clock_skew_ms <= self._coordinator_resolved_ts]
-        return self._waiting_for_record(passed, "the coordinator's watermark passed its commit")
+        seen = (self._coordinator_resolved_ts, self._added, self._parts_added)
+        if self._passed is None or self._passed[0] != seen:  # asked at every ready(): looked at again on news only
+            passed = [(gxid, parts) for gxid, parts in self._parts.items()
+                      if gxid not in self._position and gxid not in self.applied
+                      and min(p.commit_ts_ms for p in parts.values()) + self.clock_skew_ms <= self._coordinator_resolved_ts]
+            self._passed = (seen, self._waiting_for_record(passed, "the coordinator's watermark passed its commit"))
+        return self._passed[1]
 
     def _waiting_for_record(self, waiting: Iterable[tuple[int, dict[int, Part]]], why: str) -> list[Missing]:
         first_waiting = min(waiting, key=lambda item: min(p.offset for p in item[1].values()), default=None)
