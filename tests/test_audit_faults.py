@@ -29,7 +29,7 @@ pytestmark = pytest.mark.audits
 
 SKEW_MS = 1000
 ERRORS = ("missing_part", "damaged_part", "commit_lsn_backwards", "corrupt_message", "key_order", "unlisted_part",
-          "conflicting_duplicate")
+          "conflicting_duplicate", "orphan_part")
 
 
 def read_messages(config):

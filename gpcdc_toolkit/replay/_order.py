@@ -26,7 +26,7 @@ waited for: their parts no longer need a record, and nothing waits on their anch
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -503,15 +503,19 @@ class Reassembler:
             passed = [(gxid, parts) for gxid, parts in self._parts.items()
                       if gxid not in self._position and gxid not in self.applied
                       and min(p.commit_ts_ms for p in parts.values()) + self.clock_skew_ms <= self._coordinator_resolved_ts]
-            self._passed = (seen, self._waiting_for_record(passed, "the coordinator's watermark passed its commit"))
+            self._passed = (seen, self._waiting_for_record(passed, "the coordinator's watermark passed its commit",
+                                                           lambda p: p.commit_ts_ms))
         return self._passed[1]
 
-    def _waiting_for_record(self, waiting: Iterable[tuple[int, dict[int, Part]]], why: str) -> list[Missing]:
+    def _waiting_for_record(self, waiting: Iterable[tuple[int, dict[int, Part]]], why: str,
+                            named: Callable[[Part], int] = lambda p: p.offset) -> list[Missing]:
+        """The first (by offset) of the transactions ``waiting``, named by its part that
+        comes first by ``named`` (the one whose commit proves the record lost)."""
         first_waiting = min(waiting, key=lambda item: min(p.offset for p in item[1].values()), default=None)
         if first_waiting is None:
             return []
         gxid, parts = first_waiting
-        first = min(parts.values(), key=lambda p: p.offset)
+        first = min(parts.values(), key=named)
         return [Missing(gxid, first.segment, tuple(sorted(parts)), -1, self.segments[first.segment].watermark_ts_ms,
                         tuple((c, parts[c].offset) for c in sorted(parts)),
                         lost=f"{why}, and gxid {gxid}'s commit record never came")]
