@@ -70,26 +70,37 @@ def simulate(rng, segments=3, transactions=30, keys=6):
     return logs, coordinator, writes
 
 
-def feed_in_random_interleaving(rng, logs, coordinator, writes, duplicates=False):
+def feed_in_random_interleaving(rng, logs, coordinator, writes, duplicates=False, watermarks=False, dropped=None):
+    """The logs and the records fed in a random interleaving, whatever is ready handed
+    out as it goes. With ``watermarks``, times: a record's commit at 10 ms per place in
+    the coordinator's order, each part of it committed on its segment a little later;
+    the coordinator's watermarks each right after a record, saying what it does (every
+    record of a commit before it has come). ``dropped``: a record never fed."""
     segs_of = {g: sorted({s for s, _ in w}) for g, w in writes.items()}
+    record_ts = {g: 10 * i for i, g in enumerate(coordinator)}
     queues = [[("part", s, g) for g in log] for s, log in enumerate(logs)] + [[("record", g) for g in coordinator]]
     if duplicates:  # a capture restart sends a tail of a segment's log again
         for q in queues[:-1]:
             if q:
                 q.extend(q[rng.randrange(len(q)):])
-    r = Reassembler(len(logs))
+    r = Reassembler(len(logs), clock_skew_ms=0)
     out = []
     while any(queues):
         q = rng.choice([q for q in queues if q])
         event = q.pop(0)
         if event[0] == "part":
             _, s, g = event
+            two_phase = len(segs_of[g]) > 1
             # The commit LSN is the position in the segment's log (duplicates repeat it).
             position = logs[s].index(g)
-            r.add_part(Part(s, g, one_phase=len(segs_of[g]) == 1, commit_lsn=position + 1))
+            r.add_part(Part(s, g, one_phase=not two_phase, commit_lsn=position + 1,
+                            commit_ts_ms=record_ts[g] + rng.randint(0, 5) if watermarks and two_phase else 0))
         else:
             g = event[1]
-            r.add_record(Record(g, tuple(segs_of[g])))
+            if g != dropped:
+                r.add_record(Record(g, tuple(segs_of[g]), commit_ts_ms=record_ts[g]))
+            if watermarks:
+                r.add_watermark(-1, record_ts[g] + 9)
         out += r.ready()
     out += r.ready()
     return out, r
@@ -604,44 +615,16 @@ def test_a_late_record_is_waited_for_until_the_coordinators_watermark_passes_its
     assert sorted(w.gxid for w in r.ready()) == [1, 2] and r.missing() == [] and r.pending == 0
 
 
-def feed_with_watermarks(rng, logs, coordinator, writes, dropped=None, skew=0):
-    """As :func:`feed_in_random_interleaving`, with times: a record's commit at 10 ms per
-    place in the coordinator's order, each part of it committed on its segment a little
-    later; the coordinator's watermarks each right after a record, saying what it does
-    (every record of a commit before it has come). ``dropped``: a record never fed."""
-    segs_of = {g: sorted({s for s, _ in w}) for g, w in writes.items()}
-    record_ts = {g: 10 * i for i, g in enumerate(coordinator)}
-    queues = [[("part", s, g) for g in log] for s, log in enumerate(logs)] + [[("record", g) for g in coordinator]]
-    r = Reassembler(len(logs), clock_skew_ms=skew)
-    out = []
-    while any(queues):
-        q = rng.choice([q for q in queues if q])
-        event = q.pop(0)
-        if event[0] == "part":
-            _, s, g = event
-            two_phase = len(segs_of[g]) > 1
-            r.add_part(Part(s, g, one_phase=not two_phase, commit_lsn=logs[s].index(g) + 1,
-                            commit_ts_ms=record_ts[g] + rng.randint(0, 5) if two_phase else 0))
-        else:
-            g = event[1]
-            if g != dropped:
-                r.add_record(Record(g, tuple(segs_of[g]), commit_ts_ms=record_ts[g]))
-            r.add_watermark(-1, record_ts[g] + 9)
-        out += r.ready()
-    out += r.ready()
-    return out, r
-
-
 @pytest.mark.parametrize("seed", range(100))
 def test_true_coordinator_watermarks_never_stop_a_replay_and_a_dropped_record_is_named(seed):
     rng = random.Random(seed)
     logs, coordinator, writes = simulate(rng, segments=3, transactions=rng.randint(5, 30), keys=4)
-    out, r = feed_with_watermarks(rng, logs, coordinator, writes)
+    out, r = feed_in_random_interleaving(rng, logs, coordinator, writes, watermarks=True)
     assert r.missing() == []
     check(out, logs, writes)
     if coordinator:
         dropped = rng.choice(coordinator)
-        out, r = feed_with_watermarks(rng, logs, coordinator, writes, dropped=dropped)
+        out, r = feed_in_random_interleaving(rng, logs, coordinator, writes, watermarks=True, dropped=dropped)
         r.add_watermark(-1, 10**12)
         assert [m.gxid for m in r.missing()] == [dropped] and r.ready() == []
         assert dropped not in [w.gxid for w in out]
