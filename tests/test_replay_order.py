@@ -74,8 +74,9 @@ def feed_in_random_interleaving(rng, logs, coordinator, writes, duplicates=False
     """The logs and the records fed in a random interleaving, whatever is ready handed
     out as it goes. With ``watermarks``, times: a record's commit at 10 ms per place in
     the coordinator's order, each part of it committed on its segment a little later;
-    the coordinator's watermarks each right after a record, saying what it does (every
-    record of a commit before it has come). ``dropped``: a record never fed."""
+    the coordinator's watermarks after some of the records, each saying what it does
+    (every record of a commit before it has come). ``dropped``: a record never fed, and
+    no watermark right after it, so that later records may come before one proves it lost."""
     segs_of = {g: sorted({s for s, _ in w}) for g, w in writes.items()}
     record_ts = {g: 10 * i for i, g in enumerate(coordinator)}
     queues = [[("part", s, g) for g in log] for s, log in enumerate(logs)] + [[("record", g) for g in coordinator]]
@@ -99,7 +100,7 @@ def feed_in_random_interleaving(rng, logs, coordinator, writes, duplicates=False
             g = event[1]
             if g != dropped:
                 r.add_record(Record(g, tuple(segs_of[g]), commit_ts_ms=record_ts[g]))
-            if watermarks:
+            if watermarks and g != dropped and rng.random() < 0.5:
                 r.add_watermark(-1, record_ts[g] + 9)
         out += r.ready()
     out += r.ready()
@@ -371,6 +372,30 @@ def test_with_the_coordinator_lost_a_part_whose_record_never_came_is_missing():
     assert r.resume_offsets()[-1] == 7
 
 
+def test_with_the_coordinator_lost_a_record_held_behind_a_part_whose_record_never_came_names_that_part():
+    r = Reassembler(2)
+    r.add_part(Part(1, 2, False, 10, offset=20))  # its record, before gxid 3's or after it, never comes
+    r.add_record(Record(3, (0, 1)))
+    r.add_part(Part(0, 3, False, 10, offset=10))
+    r.add_part(Part(1, 3, False, 11, offset=21))
+    assert r.ready() == [] and r.missing() == []  # gxid 3 may have to follow gxid 2, whose record may still come
+    r.add_watermark(-1, -1, lost="slot s on coordinator was invalidated", lost_at=7)
+    [missing] = r.missing()
+    assert (missing.gxid, missing.segment, missing.present) == (2, 1, (1,)) and r.ready() == []
+
+
+def test_a_record_after_a_part_whose_record_comes_later_waits_for_it_then_goes_first():
+    """Two transactions that do not conflict: segment 0 commits 1 then 2, while the
+    coordinator wrote 2's record first."""
+    r = Reassembler(1)
+    r.add_part(Part(0, 1, False, 10, offset=0))
+    r.add_part(Part(0, 2, False, 11, offset=1))
+    r.add_record(Record(2, (0,)))
+    assert r.ready() == []  # gxid 1's record, still to come, may have been written first
+    r.add_record(Record(1, (0,)))
+    assert [w.gxid for w in r.ready()] == [2, 1] and r.pending == 0
+
+
 def _repair(segment=1, number=1, xmax=3, running=(), coordinator_lsn=100, offset=30):
     from gpcdc_toolkit.protocol import DistributedSnapshot
     from gpcdc_toolkit.replay._order import RepairMark
@@ -627,4 +652,8 @@ def test_true_coordinator_watermarks_never_stop_a_replay_and_a_dropped_record_is
         out, r = feed_in_random_interleaving(rng, logs, coordinator, writes, watermarks=True, dropped=dropped)
         r.add_watermark(-1, 10**12)
         assert [m.gxid for m in r.missing()] == [dropped] and r.ready() == []
-        assert dropped not in [w.gxid for w in out]
+        handed = [w.gxid for w in out]
+        assert dropped not in handed
+        for g in handed:  # nothing that had to follow it went out before it was named
+            assert not any(logs[s].index(dropped) < logs[s].index(g) for s, _ in writes[dropped] & writes[g]), (
+                f"gxid {g} went out, yet it follows gxid {dropped}, whose record was lost, on a row they share")

@@ -155,6 +155,12 @@ class _Segment:
     lost_at: int = -1  # offset of its latest lost mark
     repair: RepairMark | None = None  # captured again after a loss (the latest repair)
     copy_out: bool = False  # the repair's copy is handed out (or was applied before a resume)
+    # Two-phase parts not handed out yet, by gxid: their place in the log (counted from 0).
+    arrival: dict[int, int] = field(default_factory=dict)
+    arrived: int = 0
+    # (place, gxid) of the parts that arrived before their record, in log order; one
+    # whose record came since, or that went out, is dropped when it reaches the front.
+    unrecorded: deque[tuple[int, int]] = field(default_factory=deque)
 
     @property
     def repaired(self) -> bool:
@@ -224,6 +230,10 @@ class Reassembler:
                 return
             known[part.segment] = part
             self._parts_added += 1
+            segment.arrival[part.gxid] = segment.arrived
+            if part.gxid not in self._position:
+                segment.unrecorded.append((segment.arrived, part.gxid))
+            segment.arrived += 1
             record = self._record_of(part.gxid)
             if record is not None and part.segment not in record.segments:
                 raise ReassemblyError(f"gxid {part.gxid} has a part on segment {part.segment}, "
@@ -362,6 +372,8 @@ class Reassembler:
                 if all(s in parts or self._empty(record, s) or self._covered(record, s) for s in record.segments):
                     if any(self._blocked(p) for p in parts.values()):
                         break  # after a gap in its segment's numbers: the order there is lost
+                    if self._follows_unrecorded(record.gxid, parts):
+                        break  # it may have to follow a transaction whose record is late, or lost
                     damaged = [parts[s] for s in sorted(parts) if parts[s].damage]
                     if damaged:
                         self._hold_damaged(damaged[0], record, parts)
@@ -369,6 +381,8 @@ class Reassembler:
                     covered = tuple(s for s in record.segments if s not in parts and self._covered(record, s))
                     out.append(Whole(record.gxid, tuple(parts[s] for s in sorted(parts)), record, covered))
                     self._parts.pop(record.gxid, None)  # none when every part changed nothing
+                    for s in parts:
+                        del self.segments[s].arrival[record.gxid]
                     self._records.popleft()
                     self._next += 1
                     progress = True
@@ -414,6 +428,21 @@ class Reassembler:
         if segment.repair is not None and not segment.copy_out and part.offset > segment.repair.offset:
             return True
         return segment.blocked_from is not None and part.offset >= segment.blocked_from
+
+    def _follows_unrecorded(self, gxid: int, parts: Mapping[int, Part]) -> bool:
+        """Whether one of the transaction's parts comes after a part, in its segment's log,
+        whose record has not arrived. That transaction may have had to go first: a writer
+        that waited for its row lock wrote its own record later, so that record came
+        first, and the other is lost. Or its record comes later in the coordinator's
+        order, and they do not conflict: then it is only held until that record comes."""
+        for s in parts:
+            segment = self.segments[s]
+            waiting = segment.unrecorded
+            while waiting and (waiting[0][1] in self._position or waiting[0][1] not in segment.arrival):
+                waiting.popleft()  # its record came, or it went out (with a record, or applied before)
+            if waiting and waiting[0][0] < segment.arrival[gxid]:
+                return True
+        return False
 
     def _proven_absent(self, record: Record, s: int) -> bool:
         """Whether segment ``s`` holds no part of the record's transaction uncommitted:
@@ -484,12 +513,16 @@ class Reassembler:
         return out
 
     def _unrecorded(self) -> list[Missing]:
-        """With the coordinator lost and every record it wrote handed out, the first part
-        still waiting for its record: that record cannot come. Else, one whose record
-        was lost (:meth:`_record_passed`)."""
-        if self._coordinator_lost is None or self._records or not self._parts:
+        """With the coordinator lost and every record it wrote read, the first part still
+        waiting for its record, once every record it wrote is handed out or the next is
+        held behind such a part: that record cannot come. Else, one whose record was lost
+        (:meth:`_record_passed`)."""
+        unrecorded = [(gxid, parts) for gxid, parts in self._parts.items() if gxid not in self._position]
+        if self._coordinator_lost is None or not unrecorded or (
+                self._records and not self._follows_unrecorded(self._records[0].gxid,
+                                                                self._parts.get(self._records[0].gxid, {}))):
             return self._record_passed()
-        return self._waiting_for_record(self._parts.items(),
+        return self._waiting_for_record(unrecorded,
                                         f"the coordinator is lost to the pipeline ({self._coordinator_lost})")
 
     def _record_passed(self) -> list[Missing]:
