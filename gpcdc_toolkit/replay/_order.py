@@ -517,11 +517,10 @@ class Reassembler:
         waiting for its record, once every record it wrote is handed out or the next is
         held behind such a part: that record cannot come. Else, one whose record was lost
         (:meth:`_record_passed`)."""
-        unrecorded = [(gxid, parts) for gxid, parts in self._parts.items() if gxid not in self._position]
-        if self._coordinator_lost is None or not unrecorded or (
-                self._records and not self._follows_unrecorded(self._records[0].gxid,
-                                                                self._parts.get(self._records[0].gxid, {}))):
+        if self._coordinator_lost is None or (self._records and not self._follows_unrecorded(
+                self._records[0].gxid, self._parts.get(self._records[0].gxid, {}))):
             return self._record_passed()
+        unrecorded = [(gxid, parts) for gxid, parts in self._parts.items() if gxid not in self._position]
         return self._waiting_for_record(unrecorded,
                                         f"the coordinator is lost to the pipeline ({self._coordinator_lost})")
 
