@@ -630,3 +630,40 @@ def test_a_target_that_went_away_is_told_from_one_that_refused_a_statement(error
     from gpcdc_toolkit.replay._apply import _connection_lost
 
     assert _connection_lost(error) is lost
+
+
+@pytest.mark.parametrize("replay_target", ["greenplum"], indirect=True)
+def test_rows_written_in_the_transaction_of_a_ddl_statement_stop_the_replay_until_applied_by_hand(source, replay_target):
+    """Replay applies a DDL statement in a transaction of its own: one that also changed
+    rows stops it, naming --skip-ddl; with the statement applied on the target by hand,
+    the skip applies the rows."""
+    import dataclasses
+
+    from gpcdc_toolkit.replay import ApplyError
+
+    target, config, pipeline, group = replay_target
+    table = f"ddl rows {uuid.uuid4().hex[:4]}"
+    quoted = '"' + table + '"'
+    with Session(source) as session:
+        session.ddl(f"CREATE TABLE {quoted} (id int PRIMARY KEY, v text) DISTRIBUTED BY (id)")
+    try:
+        bootstrap(source, pipeline, "snapshot")
+        group.start()
+        with Session(source) as session:
+            added = session.ddl(f"ALTER TABLE {quoted} ADD COLUMN w int",
+                                then=lambda tx: tx.insert(quoted, [{"id": i, "v": "x", "w": i} for i in range(4)]))
+        wait_until_acknowledged(source, pipeline.slot)
+        with pytest.raises(ApplyError) as refused, Replayer(config) as replayer:
+            replayer.run()
+        assert f"gxid {added} changes rows in the transaction of its DDL statement" in refused.value.message
+        assert f"--skip-ddl {added}" in refused.value.fix
+        assert table_rows(target.cluster(), quoted) == []
+        with Session(target.cluster()) as session:
+            session.ddl(f"ALTER TABLE {quoted} ADD COLUMN w int")
+        with Replayer(config, settings=dataclasses.replace(config.replay, skip_ddl=frozenset({added}))) as replayer:
+            replayer.run()
+        assert table_rows(target.cluster(), quoted) == table_rows(source, quoted) != []
+    finally:
+        group.stop()
+        with Session(source) as session:
+            session.ddl(f"DROP TABLE {quoted}")

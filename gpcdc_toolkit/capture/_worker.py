@@ -71,6 +71,22 @@ _ANY_PARTITION = [-1]  # the client's partitioner chooses, by key
 _CLOCK_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
 
+
+# The text of values decoded for the stream, whatever the server, the database, the role
+# or the capture host (PGTZ, PGDATESTYLE, PGOPTIONS) would set: ISO dates that any
+# target reads as the same day, times with their offset from UTC, floats written exactly.
+# The same WAL then always decodes to the same text, so that a row sent again after a
+# restart is the same row. Set in the session: it overrides every one of those.
+DECODING_SETTINGS = {"TimeZone": "UTC", "DateStyle": "ISO, MDY", "IntervalStyle": "postgres",
+                     "extra_float_digits": "1"}
+
+
+def pin_decoding_settings(cursor: Any) -> None:
+    """Set the replication session's settings of value text (:data:`DECODING_SETTINGS`)."""
+    for name, value in DECODING_SETTINGS.items():
+        cursor.execute(f"SET {name} = '{value}'")
+
+
 class DeliveryFailed(RuntimeError):
     """Kafka refused a message, or the producer stopped at an error that could have left
     a gap: the session restarts from the slot."""
@@ -250,6 +266,7 @@ class CaptureWorker:
                                     connect_timeout=10,
                                     application_name=worker_application(socket.gethostname(), os.getpid()))
             cur = conn.cursor()
+            pin_decoding_settings(cur)
             try:
                 acked = self._slot_position(cur, probe)
             except ClusterChangedError as e:

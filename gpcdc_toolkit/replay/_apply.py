@@ -276,10 +276,19 @@ class Applier:
                 self.skipped_file.parent.mkdir(parents=True, exist_ok=True)
                 with self.skipped_file.open("ab") as f:
                     f.write(json.dumps({"gxid": whole.gxid, "statements": list(statements)}).encode() + b"\n")
-            with self.session.transaction() as tx:  # applied by hand: only recorded
+            with self.session.transaction() as tx:  # its statement applied by hand: its rows, if any, and the record
+                self.stats.rows += self._apply_rows(tx, [whole])
                 record(tx)
             self.stats.ddl += 1
             return
+        if any(True for part in whole.parts for _ in (part.payload or ())):
+            shown = " ".join(statements[0].split())[:80]
+            # The target's catalog changes only as the statement commits, so the rows
+            # after it could not be written with the table as they knew it.
+            raise ApplyError(f"gxid {whole.gxid} changes rows in the transaction of its DDL statement "
+                             f"({shown}); replay applies a DDL statement in a transaction of its own",
+                             fix="apply the statement on the target by hand, then replay again with "
+                                 f"--skip-ddl {whole.gxid}: its rows are applied then")
         if len(statements) > 1:
             # The target's DDL path runs one statement per distributed transaction, so
             # these could not be applied together, nor exactly once.
