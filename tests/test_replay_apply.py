@@ -667,3 +667,27 @@ def test_rows_written_in_the_transaction_of_a_ddl_statement_stop_the_replay_unti
         group.stop()
         with Session(source) as session:
             session.ddl(f"DROP TABLE {quoted}")
+
+
+@pytest.mark.parametrize("replay_target", TARGETS, indirect=True)
+def test_the_initial_load_creates_a_table_whose_distribution_key_holds_percent(source, replay_target):
+    target, config, pipeline, group = replay_target
+    table = f'"dk% {uuid.uuid4().hex[:6]}"'
+    with Session(source) as session:
+        session.ddl(f'CREATE TABLE {table} ("k%" int PRIMARY KEY, v text) DISTRIBUTED BY ("k%")')
+        with session.transaction() as tx:
+            tx.insert(table, [{"k%": i, "v": f"b{i}"} for i in range(5)])
+    try:
+        bootstrap(source, pipeline, "snapshot")
+        group.start()
+        with Session(source) as session, session.transaction() as tx:
+            tx.insert(table, [{"k%": 100 + i, "v": f"a{i}"} for i in range(5)])
+        wait_until_acknowledged(source, pipeline.slot)
+        with Replayer(config) as replayer:
+            replayer.run()
+        assert sorted(table_rows(target.cluster(), table)) == sorted(table_rows(source, table))
+        assert len(table_rows(source, table)) == 10
+    finally:
+        group.stop()
+        with Session(source) as session:
+            session.ddl(f"DROP TABLE {table}")

@@ -41,7 +41,9 @@ def create_statement(snapshot: InitialSnapshot, table: str) -> str:
     if entry["primary_key"]:
         parts.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(Name, entry["primary_key"]))))
     body = sql.SQL(", ").join(parts).as_string(None)
-    key = sql.SQL(", ").join(map(Name, entry["distribution_key"])).as_string(None)
+    # Quoted plainly, not as Name writes a name holding %: the clause is read back by
+    # parse_create_table, which knows no Unicode escapes; the statement takes no parameters.
+    key = sql.SQL(", ").join(map(sql.Identifier, entry["distribution_key"])).as_string(None)
     return f"CREATE TABLE {table} ({body}) DISTRIBUTED BY ({key})"
 
 
