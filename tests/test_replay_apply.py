@@ -691,3 +691,29 @@ def test_the_initial_load_creates_a_table_whose_distribution_key_holds_percent(s
         group.stop()
         with Session(source) as session:
             session.ddl(f"DROP TABLE {table}")
+
+
+@pytest.mark.parametrize("replay_target", TARGETS, indirect=True)
+def test_a_table_whose_default_calls_a_function_the_target_lacks_stops_the_load_naming_it(source, replay_target):
+    from gpcdc_toolkit.replay import ApplyError
+
+    target, config, pipeline, group = replay_target
+    tag = uuid.uuid4().hex[:6]
+    function, table = f"fn_{tag}", f"fn_default_{tag}"
+    with Session(source) as session:
+        session.ddl(f"CREATE FUNCTION {function}() RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 42'")
+        session.ddl(f"CREATE TABLE {table} (id int PRIMARY KEY, n int DEFAULT {function}()) DISTRIBUTED BY (id)")
+    try:
+        bootstrap(source, pipeline, "snapshot")
+        group.start()
+        wait_until_acknowledged(source, pipeline.slot)
+        with pytest.raises(ApplyError) as refused, Replayer(config) as replayer:
+            replayer.run()
+        assert f"the initial snapshot's table public.{table} cannot be created on the target" in refused.value.message
+        assert function in refused.value.message and "\n" not in refused.value.message
+        assert "create what it names on the target" in refused.value.fix
+    finally:
+        group.stop()
+        with Session(source) as session:
+            session.ddl(f"DROP TABLE {table}")
+            session.ddl(f"DROP FUNCTION {function}()")

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import re
 
+import psycopg
 from psycopg import sql
 
 from .._sql import Name, Quoted
 from ..bootstrap import InitialSnapshot
 from ..cluster import Writes, WriteSession
-from ._apply import REPLAYERS_TABLES, ApplyError
+from ._apply import REPLAYERS_TABLES, ApplyError, _first_line
 from ._ddl_policy import DdlRefused, check_ddl
 
 _LOAD_BATCH = 5000  # rows per INSERT round
@@ -64,20 +65,31 @@ def prepare_target(session: WriteSession, snapshot: InitialSnapshot) -> None:
             exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()[0]  # type: ignore[index]
             if not exists:
                 statement = create_statement(snapshot, table)
-                for sequence in _sequences(snapshot, table):  # which its defaults take values from
-                    session.ddl(sql.SQL("CREATE SEQUENCE IF NOT EXISTS {}").format(Quoted(sequence)).as_string(None))
                 try:  # the manifest is a file: its types and expressions pass the same check as the stream's DDL
                     check_ddl(statement, reserved=REPLAYERS_TABLES)
                 except DdlRefused as e:
                     raise ApplyError(f"the initial snapshot's table {table} cannot be created on the target: {e}",
                                      fix="create it on the target by hand, empty, then replay again") from None
-                session.ddl(statement)
+                try:
+                    for sequence in _sequences(snapshot, table):  # which its defaults take values from
+                        session.ddl(sql.SQL("CREATE SEQUENCE IF NOT EXISTS {}").format(Quoted(sequence)).as_string(None))
+                    session.ddl(statement)
+                except _LACKING as e:
+                    raise ApplyError(f"the initial snapshot's table {table} cannot be created on the target as the source "
+                                     f"has it: {_first_line(e)}",
+                                     fix="create what it names on the target (a function, a type, an extension, a "
+                                         "schema), then replay again") from None
                 continue
             _check_shape(session, snapshot, table)
             rows = session.cluster.fetch_all(f"SELECT 1 FROM {table} LIMIT 1")
             if rows:
                 raise ApplyError(f"target table {table} has rows; the initial load needs it empty",
                                  fix=f"truncate {table} on the target, or replay with --no-replay-initial-load")
+
+
+# What a table's types and defaults may name that the target lacks.
+_LACKING = (psycopg.errors.UndefinedFunction, psycopg.errors.UndefinedObject, psycopg.errors.InvalidSchemaName,
+            psycopg.errors.UndefinedTable)
 
 
 def _sequences(snapshot: InitialSnapshot, table: str) -> list[str]:
