@@ -620,9 +620,9 @@ def _two_transactions_sharing_both_segments(r, record_first):
 @pytest.mark.parametrize("record_first", [True, False])
 def test_a_record_lost_is_proven_by_the_coordinators_watermark_and_nothing_after_it_goes_out(record_first):
     r = Reassembler(2, clock_skew_ms=50)
-    r.add_watermark(-1, 149)  # not yet past gxid 1's commit by the skew: its record may still come
+    r.add_watermark(-1, 151)  # not yet past gxid 1's commit by the skew and the times' rounding: it may still come
     _two_transactions_sharing_both_segments(r, record_first)
-    r.add_watermark(-1, 150)  # every record of a commit before 150 ms by the coordinator's clock has come
+    r.add_watermark(-1, 152)  # every record of a commit before 152 ms by the coordinator's clock has come
     assert r.ready() == []  # gxid 2 may have had to follow gxid 1
     [missing] = r.missing()
     assert (missing.gxid, missing.present, missing.record_ts_ms) == (1, (0, 1), -1)

@@ -168,6 +168,12 @@ class _Segment:
         return self.repair is not None and self.repair.offset > self.lost_at
 
 
+# A part's commit time is its microseconds cut to milliseconds, a watermark's time the
+# server's clock rounded to them: with no clock skew allowed, a part committed just after
+# a watermark could otherwise seem to come before it.
+_ROUNDING_MS = 2
+
+
 class Reassembler:
     """Streaming reassembly and ordering; see the module docstring.
 
@@ -534,7 +540,8 @@ class Reassembler:
         if self._passed is None or self._passed[0] != seen:  # asked at every ready(): looked at again on news only
             passed = [(gxid, parts) for gxid, parts in self._parts.items()
                       if gxid not in self._position and gxid not in self.applied
-                      and min(p.commit_ts_ms for p in parts.values()) + self.clock_skew_ms <= self._coordinator_resolved_ts]
+                      and min(p.commit_ts_ms for p in parts.values()) + self.clock_skew_ms + _ROUNDING_MS
+                      <= self._coordinator_resolved_ts]
             self._passed = (seen, self._waiting_for_record(passed, "the coordinator's watermark passed its commit",
                                                            lambda p: p.commit_ts_ms))
         return self._passed[1]
