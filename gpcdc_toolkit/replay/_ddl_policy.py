@@ -122,7 +122,8 @@ def check_ddl(statement: str, *, reserved: frozenset[str] = frozenset()) -> Chec
         if schema is not None and (schema in SYSTEM_SCHEMAS or schema.startswith("pg_")):
             raise DdlRefused(f"{kind} names {schema}.{name}, in a system schema")
         if name.startswith(tuple(reserved)) and reserved:
-            raise DdlRefused(f"{kind} names {name}, one of the replayer's own tables")
+            raise DdlRefused(f"{kind} names {name}, one of the replayer's own tables or a name beginning as theirs "
+                             "(their indexes and constraints)")
     return CheckedDdl(statement, kind, names, tuple(_added_types(node)))
 
 
