@@ -396,6 +396,40 @@ def test_a_record_after_a_part_whose_record_comes_later_waits_for_it_then_goes_f
     assert [w.gxid for w in r.ready()] == [2, 1] and r.pending == 0
 
 
+def test_a_record_whose_part_changed_nothing_waits_for_a_part_there_whose_record_has_not_come():
+    """Its DDL, applied from the record, may have waited for that part's locks: the other
+    transaction's record came first, or was lost."""
+    r = Reassembler(1, clock_skew_ms=100)
+    r.add_part(Part(0, 1, False, 10, commit_ts_ms=1_000, offset=0, number=1))
+    r.add_record(Record(2, (0,), commit_ts_ms=1_500, ddl=("ALTER TABLE t DROP COLUMN c",)))
+    r.add_watermark(0, 2_000, prepared=[], prepared_ts_ms=1_700)  # gxid 2 changed no row on segment 0
+    assert r.ready() == [] and r.missing() == []
+    r.add_watermark(-1, 1_000 + 100 + 2)  # the coordinator's watermark passes gxid 1's commit
+    [missing] = r.missing()
+    assert (missing.gxid, missing.segment) == (1, 0) and r.ready() == []
+
+
+def test_a_record_whose_part_changed_nothing_goes_out_once_the_waiting_parts_record_comes():
+    r = Reassembler(1, clock_skew_ms=100)
+    r.add_part(Part(0, 1, False, 10, commit_ts_ms=1_000, offset=0, number=1))
+    r.add_record(Record(2, (0,), commit_ts_ms=1_500, ddl=("ALTER TABLE t ADD COLUMN c int",)))
+    r.add_watermark(0, 2_000, prepared=[], prepared_ts_ms=1_700)
+    r.add_record(Record(1, (0,), commit_ts_ms=1_400))  # the two did not conflict: 1's record came later
+    assert [w.gxid for w in r.ready()] == [2, 1] and r.missing() == [] and r.pending == 0
+
+
+def test_a_part_arriving_after_its_transaction_went_out_without_it_stops_the_order():
+    r = Reassembler(2, clock_skew_ms=100)
+    r.add_part(Part(0, 1, False, 10, commit_ts_ms=1_000, offset=0, number=1))
+    r.add_part(Part(1, 7, True, 10, commit_ts_ms=900, offset=0, number=1))
+    r.add_record(Record(1, (0, 1), commit_ts_ms=1_000))
+    r.add_watermark(1, 2_000, prepared=[], prepared_ts_ms=1_700)  # proves gxid 1 changed nothing on segment 1
+    assert [w.gxid for w in r.ready()] == [7, 1]
+    with pytest.raises(ReassemblyError, match="segment 1's part of gxid 1 at offset 1 arrives after the transaction "
+                                              "went out without it"):
+        r.add_part(Part(1, 1, False, 11, commit_ts_ms=1_000, offset=1, number=2))
+
+
 def _repair(segment=1, number=1, xmax=3, running=(), coordinator_lsn=100, offset=30):
     from gpcdc_toolkit.protocol import DistributedSnapshot
     from gpcdc_toolkit.replay._order import RepairMark

@@ -231,6 +231,12 @@ class Reassembler:
         if not part.one_phase:
             if part.gxid is None:
                 raise ReassemblyError(f"segment {part.segment}'s two-phase part at offset {part.offset} has no gxid")
+            position = self._position.get(part.gxid)
+            if position is not None and position < self._next:
+                raise ReassemblyError(
+                    f"segment {part.segment}'s part of gxid {part.gxid} at offset {part.offset} arrives after the "
+                    "transaction went out without it (its part there was proven to have changed nothing, or to be in "
+                    "a repair's copy): the target lacks what it changed; bootstrap the pipeline again")
             known = self._parts.setdefault(part.gxid, {})
             if part.segment in known:
                 return
@@ -378,7 +384,7 @@ class Reassembler:
                 if all(s in parts or self._empty(record, s) or self._covered(record, s) for s in record.segments):
                     if any(self._blocked(p) for p in parts.values()):
                         break  # after a gap in its segment's numbers: the order there is lost
-                    if self._follows_unrecorded(record.gxid, parts):
+                    if self._follows_unrecorded(record, parts):
                         break  # it may have to follow a transaction whose record is late, or lost
                     damaged = [parts[s] for s in sorted(parts) if parts[s].damage]
                     if damaged:
@@ -435,18 +441,21 @@ class Reassembler:
             return True
         return segment.blocked_from is not None and part.offset >= segment.blocked_from
 
-    def _follows_unrecorded(self, gxid: int, parts: Mapping[int, Part]) -> bool:
+    def _follows_unrecorded(self, record: Record, parts: Mapping[int, Part]) -> bool:
         """Whether one of the transaction's parts comes after a part, in its segment's log,
         whose record has not arrived. That transaction may have had to go first: a writer
         that waited for its row lock wrote its own record later, so that record came
         first, and the other is lost. Or its record comes later in the coordinator's
-        order, and they do not conflict: then it is only held until that record comes."""
-        for s in parts:
+        order, and they do not conflict: then it is only held until that record comes.
+        A part that changed nothing has no place in its segment's log: any part waiting
+        there may come before it (its DDL, applied from the record, may have had to wait
+        for that part's locks)."""
+        for s in record.segments:
             segment = self.segments[s]
             waiting = segment.unrecorded
             while waiting and (waiting[0][1] in self._position or waiting[0][1] not in segment.arrival):
                 waiting.popleft()  # its record came, or it went out (with a record, or applied before)
-            if waiting and waiting[0][0] < segment.arrival[gxid]:
+            if waiting and (s not in parts or waiting[0][0] < segment.arrival[record.gxid]):
                 return True
         return False
 
@@ -519,12 +528,13 @@ class Reassembler:
         return out
 
     def _unrecorded(self) -> list[Missing]:
-        """With the coordinator lost and every record it wrote read, the first part still
-        waiting for its record, once every record it wrote is handed out or the next is
-        held behind such a part: that record cannot come. Else, one whose record was lost
+        """With the coordinator lost and every record it wrote read, a part still waiting
+        for its record (the one of lowest offset, not always the one the next record is
+        held behind), once every record it wrote is handed out or the next is held behind
+        such a part: no record of them can come. Else, one whose record was lost
         (:meth:`_record_passed`)."""
         if self._coordinator_lost is None or (self._records and not self._follows_unrecorded(
-                self._records[0].gxid, self._parts.get(self._records[0].gxid, {}))):
+                self._records[0], self._parts.get(self._records[0].gxid, {}))):
             return self._record_passed()
         unrecorded = [(gxid, parts) for gxid, parts in self._parts.items() if gxid not in self._position]
         return self._waiting_for_record(unrecorded,
