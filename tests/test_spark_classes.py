@@ -12,9 +12,11 @@ import sys
 import textwrap
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from gpcdc_toolkit.ingest import SparkServer
-from gpcdc_toolkit.ingest._classes import ClassArchiveError, _Place, _run, class_archive, class_archive_options
+from gpcdc_toolkit.ingest import SparkServer, _classes
+from gpcdc_toolkit.ingest._classes import ClassArchiveError, _Place, _run, class_archive, class_archive_options, spark_defaults
 
 # In a process of its own, as a notebook starts it: a session of the toolkit, then
 # whether its JVM maps the archive.
@@ -190,3 +192,34 @@ def test_the_spark_servers_jvm_starts_from_the_archive(tmp_path):
             assert str(archive.resolve()) in {line.split()[-1] for line in maps if line.rstrip().endswith(".jsa")}
     finally:
         server.down()
+
+
+# Pieces of a properties file, those that mean something to its reader among them:
+# separators, escapes, continuations, comment marks, each line ending.
+_PIECES = ["a", "b", "=", ":", " ", "\t", "\f", "\\", "#", "!", "\n", "\r", "\r\n", "é", "t", "n",
+           "\\u00e9", "\\u0041"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.lists(st.sampled_from(_PIECES), max_size=40).map("".join))
+def test_spark_defaults_are_read_as_javas_properties_reader_reads_them(spark, tmp_path, text):
+    """Spark's launcher loads ``spark-defaults.conf`` with java.util.Properties and trims
+    each value."""
+    (tmp_path / "spark-defaults.conf").write_bytes(text.encode())
+    jvm = spark.sparkContext._jvm
+    properties = jvm.java.util.Properties()
+    properties.load(jvm.java.io.StringReader(text))
+    javas = {name: properties.getProperty(name).strip() for name in properties.stringPropertyNames()}
+    assert spark_defaults(tmp_path) == javas
+
+
+def test_the_archives_options_follow_the_users_default_java_options(tmp_path, monkeypatch):
+    """They are given as spark.driver.defaultJavaOptions: the value Spark's configuration
+    file gives it is kept, before them."""
+    monkeypatch.setattr(_classes, "class_archive", lambda: tmp_path / "spark-classes-1.jsa")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    ours = class_archive_options()
+    assert ours.startswith(f'"-XX:SharedArchiveFile={tmp_path}/spark-classes-1.jsa" -Xshare:auto')
+    (tmp_path / "spark-defaults.conf").write_text("# the site's\nspark.driver.defaultJavaOptions  -Dsite.mine=1 \\\n"
+                                                  "    -Xss4m\nspark.driver.memory 2g\n")
+    assert class_archive_options() == f"-Dsite.mine=1 -Xss4m {ours}"

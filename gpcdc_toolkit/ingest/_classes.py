@@ -29,6 +29,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -61,9 +62,86 @@ class ClassArchiveError(GpcdcError):
 def class_archive_options() -> str:
     """The JVM options that start Spark's JVM from the archive of its classes, recorded
     first when there is none for this Java and PySpark; '' when none can be had (no
-    Java, a failed recording, another process recording it now)."""
+    Java, a failed recording, another process recording it now). They are given as
+    ``spark.driver.defaultJavaOptions``, and so begin with the value Spark's
+    configuration file gives that setting, which they would replace otherwise."""
     archive = class_archive()
-    return "" if archive is None else f"{_quoted(f'-XX:SharedArchiveFile={archive}')} -Xshare:auto {_QUIET}"
+    if archive is None:
+        return ""
+    ours = f"{_quoted(f'-XX:SharedArchiveFile={archive}')} -Xshare:auto {_QUIET}"
+    from pyspark.find_spark_home import _find_spark_home
+
+    theirs = spark_defaults(_conf_dir(Path(_find_spark_home()))).get("spark.driver.defaultJavaOptions", "").strip()
+    return f"{theirs} {ours}" if theirs else ours
+
+
+def spark_defaults(conf: Path) -> dict[str, str]:
+    """The settings of ``conf/spark-defaults.conf`` as Spark's launcher reads them:
+    with ``java.util.Properties``, each value trimmed. {} without the file."""
+    try:
+        with (conf / "spark-defaults.conf").open(encoding="utf-8", newline="") as file:
+            text = file.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    settings = {}
+    for line in _logical_lines(text):
+        match = _PROPERTY.fullmatch(line)
+        assert match is not None  # every line matches: the key may be empty, the value too
+        settings[_unescaped(match["key"])] = _unescaped(match["value"]).strip()
+    return settings
+
+
+def _logical_lines(text: str) -> Iterator[str]:
+    """The lines of a properties file as Java's reader of them gives them (its
+    ``LineReader``, followed step by step): blank lines and comments left out, leading
+    white space dropped, a line ending in an odd number of backslashes joined to the
+    next without them, that next line's leading white space dropped."""
+    line: list[str] = []
+    skip_blank, joined, escaping = True, False, False
+    i, end = 0, len(text)
+    while i < end:
+        c = text[i]
+        i += 1
+        if skip_blank:
+            if c in _BLANK or (not joined and c in "\r\n"):
+                continue
+            skip_blank = joined = False
+        if not line and c in "#!":  # a comment, even on a line joined to an empty one
+            while i < end and text[i] not in "\r\n":
+                i += 1
+            skip_blank = True
+        elif c not in "\r\n":
+            line.append(c)
+            escaping = c == "\\" and not escaping
+        elif not line:
+            skip_blank = True
+        elif i == end:  # the file's last line ending
+            break
+        elif escaping:  # the line goes on
+            line.pop()
+            skip_blank, joined, escaping = True, True, False
+            if c == "\r" and text[i] == "\n":
+                i += 1
+        else:
+            yield "".join(line)
+            line, skip_blank, escaping = [], True, False
+    if line:
+        yield "".join(line[:-1] if escaping else line)
+
+
+_BLANK = " \t\f"  # a properties file's white space
+_PROPERTY = re.compile(r"(?P<key>(?:[^\\ \t\f=:]|\\.)*)(?:[ \t\f]*[=:][ \t\f]*|[ \t\f]*)(?P<value>.*)", re.DOTALL)
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def _unescaped(text: str) -> str:
+    return re.sub(r"\\(u[0-9a-fA-F]{4}|.)", lambda m: chr(int(m[1][1:], 16)) if len(m[1]) == 5
+                  else _ESCAPES.get(m[1], m[1]), text, flags=re.DOTALL)
+
+
+def _conf_dir(spark_home: Path) -> Path:
+    """The folder of Spark's configuration, as its launcher finds it."""
+    return Path(os.environ.get("SPARK_CONF_DIR") or spark_home / "conf")
 
 
 def class_archive(*, wait: bool = False) -> Path | None:
@@ -128,7 +206,7 @@ class _Place:
             stat = path.stat()
             identity.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
         # The launcher puts the configuration's folder first on the classpath: what it holds counts.
-        conf = Path(os.environ.get("SPARK_CONF_DIR") or home / "conf")
+        conf = _conf_dir(home)
         identity.update(f"{conf}\0{sorted(p.name for p in conf.iterdir()) if conf.is_dir() else None}\n".encode())
         return cls(jars_dir() / "spark-classes", identity.hexdigest()[:16], java, home)
 
