@@ -1,10 +1,16 @@
 """The text capture decodes values into does not follow the settings of the capture
 host, the role or the database: the same WAL always decodes to the same text."""
 
+import datetime as dt
+import uuid
+
 import psycopg2
 import psycopg2.extras
 
-from gpcdc_toolkit.capture._worker import DECODING_SETTINGS, pin_decoding_settings
+from gpcdc_toolkit.bootstrap import InitialSnapshot, Pipeline, bootstrap, drop_slots
+from gpcdc_toolkit.capture._worker import pin_decoding_settings
+from gpcdc_toolkit.cluster import Session
+from gpcdc_toolkit.protocol import DECODING_SETTINGS
 
 
 def test_a_replication_session_decodes_with_the_pinned_settings_whatever_the_host_sets(source, monkeypatch):
@@ -28,3 +34,28 @@ def test_a_replication_session_decodes_with_the_pinned_settings_whatever_the_hos
         assert shown() == DECODING_SETTINGS
     finally:
         conn.close()
+
+
+def test_the_initial_snapshot_holds_the_streams_text_whatever_the_host_sets(source, work_dir, monkeypatch):
+    """Its rows are read back as the stream's are (:func:`convert`): a date written as
+    'SQL, DMY' would go to the target as another day, a float of extra_float_digits = 0
+    rounded, an interval or a time in another style as other text."""
+    suffix = uuid.uuid4().hex[:8]
+    pipeline = Pipeline(work_dir, f"t{suffix}")
+    table = f'public."Text Settings {suffix}"'
+    with Session(source) as session:
+        session.ddl(f"CREATE TABLE {table} (id int PRIMARY KEY, d date, t timestamptz, i interval, f float8) "
+                    "DISTRIBUTED BY (id)")
+        with session.transaction() as tx:
+            tx.insert(table, [{"id": 1, "d": dt.date(2026, 12, 5), "t": dt.datetime(2026, 12, 5, 1, 2, 3, 456789, dt.UTC),
+                               "i": dt.timedelta(days=400, seconds=3723, microseconds=500000), "f": 0.1 + 0.2}])
+    try:
+        with monkeypatch.context() as host:  # what a host's environment could hold: libpq reads it at each connection
+            host.setenv("PGTZ", "Asia/Kolkata")
+            host.setenv("PGDATESTYLE", "SQL, DMY")
+            host.setenv("PGOPTIONS", "-c IntervalStyle=sql_standard -c extra_float_digits=0")
+            bootstrap(source, pipeline, "snapshot")
+        rows = list(InitialSnapshot(pipeline.snapshot_dir).rows(table))
+    finally:
+        drop_slots(source, pipeline.slot, publication=pipeline.publication)
+    assert rows == [(1, "2026-12-05", "2026-12-05 01:02:03.456789+00", "400 days 01:02:03.5", 0.1 + 0.2)]

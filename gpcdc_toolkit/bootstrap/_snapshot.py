@@ -21,7 +21,7 @@ from psycopg import sql
 
 from .._sql import Name
 from ..cluster import Cluster, Table
-from ..protocol import convert
+from ..protocol import DECODING_SETTINGS, convert
 
 _ESCAPES = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\"}
 
@@ -43,6 +43,11 @@ def export_tables(conn: psycopg.Connection[Any], content: int, tables: list[tupl
     a Citus worker's shards: ``Cluster.relation``)."""
     node_dir = directory / f"seg{content}"
     node_dir.mkdir(parents=True, exist_ok=True)
+    # Values as the stream's text has them, whatever the server, the role or this host
+    # would set: a date of 'SQL, DMY' would be read as another day, a float of
+    # extra_float_digits = 0 rounded.
+    for name, value in DECODING_SETTINGS.items():
+        conn.execute(f"SET LOCAL {name} = '{value}'")
     for table, relation in tables:
         entry = manifest["tables"].setdefault(table.name, {
             "schema": table.parts[0], "name": table.parts[1], "columns": list(table.columns),

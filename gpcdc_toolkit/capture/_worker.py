@@ -48,6 +48,7 @@ from ..errors import BrokerError, ClusterChangedError, ConfigError, GpcdcError, 
 from ..ingest import end_offsets, first_message, located, read_to_end
 from ..protocol import (
     COORDINATOR,
+    DECODING_SETTINGS,
     Dispatcher,
     Outbound,
     ProtocolError,
@@ -70,15 +71,6 @@ log = logging.getLogger(__name__)
 _ANY_PARTITION = [-1]  # the client's partitioner chooses, by key
 _CLOCK_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
-
-
-# The text of values decoded for the stream, whatever the server, the database, the role
-# or the capture host (PGTZ, PGDATESTYLE, PGOPTIONS) would set: ISO dates that any
-# target reads as the same day, times with their offset from UTC, floats written exactly.
-# The same WAL then always decodes to the same text, so that a row sent again after a
-# restart is the same row. Set in the session: it overrides every one of those.
-DECODING_SETTINGS = {"TimeZone": "UTC", "DateStyle": "ISO, MDY", "IntervalStyle": "postgres",
-                     "extra_float_digits": "1"}
 
 
 def pin_decoding_settings(cursor: Any) -> None:

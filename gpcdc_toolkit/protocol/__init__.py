@@ -31,7 +31,7 @@ from ._events import (
     problem_of,
 )
 from ._markers import CommitRecord, DdlRecord, GxidMarker, MarkerError, OnePhaseMarker
-from ._pgoutput import UNCHANGED_TOAST, PgoutputError, convert, parse
+from ._pgoutput import DECODING_SETTINGS, UNCHANGED_TOAST, PgoutputError, convert, parse
 from ._startpoint import DistributedSnapshot, LocalSnapshot, NodeStart, Repair, StartPoint, format_lsn, parse_lsn
 from ._topics import Dispatcher, Topics
 
@@ -42,7 +42,7 @@ __all__ = [
     "TransactionEvent", "Watermark", "is_pipeline_marker", "kind_of", "problem_of",
     "CreateTable", "DdlError", "parse_create_table",
     "CommitRecord", "DdlRecord", "GxidMarker", "MarkerError", "OnePhaseMarker",
-    "UNCHANGED_TOAST", "PgoutputError", "convert", "parse",
+    "DECODING_SETTINGS", "UNCHANGED_TOAST", "PgoutputError", "convert", "parse",
     "DistributedSnapshot", "LocalSnapshot", "NodeStart", "Repair", "StartPoint", "format_lsn", "parse_lsn",
     "Dispatcher", "Topics",
 ]

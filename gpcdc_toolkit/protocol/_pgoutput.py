@@ -277,6 +277,15 @@ def _float(text: str) -> float | str:
     return text if text in ("NaN", "Infinity", "-Infinity") else float(text)  # JSON has no NaN or infinities
 
 
+# The text of values in the stream and in the initial snapshot, whatever the server, the
+# database, the role or the capture host (PGTZ, PGDATESTYLE, PGOPTIONS) would set: ISO
+# dates that any target reads as the same day, times with their offset from UTC, floats
+# written exactly. The same WAL then always decodes to the same text, so that a row sent
+# again after a restart is the same row, and a snapshot's row reads as the stream's
+# would. Set in each session that writes such text: it overrides every one of those.
+DECODING_SETTINGS = {"TimeZone": "UTC", "DateStyle": "ISO, MDY", "IntervalStyle": "postgres",
+                     "extra_float_digits": "1"}
+
 # The JSON form of a type's values (the others stay PostgreSQL's text): "b" a boolean,
 # "i" an integer, "f" a float (NaN and the infinities as text). _rowjson.c knows them too.
 _JSON_KINDS = {16: "b", 20: "i", 21: "i", 23: "i", 26: "i", 700: "f", 701: "f"}  # bool, int8/2/4, oid, float4/8
