@@ -545,3 +545,38 @@ def test_a_repair_refuses_a_segment_whose_capture_is_not_lost_the_coordinator_an
     write(cluster, _table, range(200, 210))
     wait_until_acknowledged(cluster, pipeline.slot)
     assert not pipeline.repairs_dir.exists()
+
+
+def test_a_workload_settles_the_parts_left_prepared_on_a_mirror_that_took_over(work_dir):
+    """A workload finishes what its writers' lost transactions left prepared, as
+    Greenplum's coordinator does on recovery: on the nodes the catalog lists when it
+    does, not those it began with (the failed primary's parts are on its mirror)."""
+    from gpcdc_toolkit.cluster import gid
+    from gpcdc_toolkit.workload import WorkloadSpec, run_workload
+
+    sandbox = Sandbox(f"wl-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2, mirrors=True)
+    try:
+        cluster = sandbox.cluster()
+        table = f'"Orphaned {uuid.uuid4().hex[:6]}"'
+        with Session(cluster) as session:
+            session.ddl(f"CREATE TABLE {table} (id int PRIMARY KEY) DISTRIBUTED BY (id)")
+            tx = session.transaction()
+            tx.insert(table, [{"id": k} for k in range(20)])  # on both segments
+            for segment in tx.touched:  # the client's commit, cut short after PREPARE
+                session.connection(segment).execute(f"PREPARE TRANSACTION '{gid(tx.gxid)}'")
+        # The client is gone: its parts stay prepared, and nothing settles them yet.
+        assert len(cluster.prepared_transactions()) == 2
+        spec = WorkloadSpec(threads=2, duration=6.0, rate=60, hot_keys=3, seed=61)
+        writing = threading.Event()
+        load = threading.Thread(target=run_workload, args=(cluster, spec),
+                                kwargs={"progress": lambda done: done.committed and writing.set()})
+        load.start()
+        try:
+            assert writing.wait(60), "the workload committed nothing"
+            sandbox.failover(1)  # the writers' errors on segment 1 have the workload settle
+        finally:
+            load.join()
+        assert sandbox.cluster().prepared_transactions() == []
+        assert table_rows(sandbox.cluster(), table) == []  # no commit record: rolled back
+    finally:
+        sandbox.down(remove=True)

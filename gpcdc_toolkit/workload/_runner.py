@@ -214,7 +214,9 @@ def run_workload(
         main thread, since every thread may be waiting behind those locks."""
         unsettled.clear()
         try:
-            resolve_in_doubt(cluster)
+            # On the nodes the coordinator lists now: a mirror may have taken a failed
+            # primary's place, with the parts it had prepared.
+            resolve_in_doubt(type(cluster).connect(cluster.coordinator_dsn))
         except (ClusterError, psycopg.Error):
             unsettled.set()
 
