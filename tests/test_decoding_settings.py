@@ -17,7 +17,7 @@ def test_a_replication_session_decodes_with_the_pinned_settings_whatever_the_hos
     # What a capture host's environment could hold: libpq reads it at every connection.
     monkeypatch.setenv("PGTZ", "Asia/Tokyo")
     monkeypatch.setenv("PGDATESTYLE", "SQL, DMY")
-    monkeypatch.setenv("PGOPTIONS", "-c IntervalStyle=sql_standard -c extra_float_digits=0")
+    monkeypatch.setenv("PGOPTIONS", "-c IntervalStyle=sql_standard -c extra_float_digits=0 -c bytea_output=escape")
     conn = psycopg2.connect(source.dsn(source.nodes[1]), connection_factory=psycopg2.extras.LogicalReplicationConnection)
     try:
         cur = conn.cursor()
@@ -44,18 +44,19 @@ def test_the_initial_snapshot_holds_the_streams_text_whatever_the_host_sets(sour
     pipeline = Pipeline(work_dir, f"t{suffix}")
     table = f'public."Text Settings {suffix}"'
     with Session(source) as session:
-        session.ddl(f"CREATE TABLE {table} (id int PRIMARY KEY, d date, t timestamptz, i interval, f float8) "
+        session.ddl(f"CREATE TABLE {table} (id int PRIMARY KEY, d date, t timestamptz, i interval, f float8, b bytea) "
                     "DISTRIBUTED BY (id)")
         with session.transaction() as tx:
             tx.insert(table, [{"id": 1, "d": dt.date(2026, 12, 5), "t": dt.datetime(2026, 12, 5, 1, 2, 3, 456789, dt.UTC),
-                               "i": dt.timedelta(days=400, seconds=3723, microseconds=500000), "f": 0.1 + 0.2}])
+                               "i": dt.timedelta(days=400, seconds=3723, microseconds=500000), "f": 0.1 + 0.2,
+                               "b": b"\x01A\\"}])
     try:
         with monkeypatch.context() as host:  # what a host's environment could hold: libpq reads it at each connection
             host.setenv("PGTZ", "Asia/Kolkata")
             host.setenv("PGDATESTYLE", "SQL, DMY")
-            host.setenv("PGOPTIONS", "-c IntervalStyle=sql_standard -c extra_float_digits=0")
+            host.setenv("PGOPTIONS", "-c IntervalStyle=sql_standard -c extra_float_digits=0 -c bytea_output=escape")
             bootstrap(source, pipeline, "snapshot")
         rows = list(InitialSnapshot(pipeline.snapshot_dir).rows(table))
     finally:
         drop_slots(source, pipeline.slot, publication=pipeline.publication)
-    assert rows == [(1, "2026-12-05", "2026-12-05 01:02:03.456789+00", "400 days 01:02:03.5", 0.1 + 0.2)]
+    assert rows == [(1, "2026-12-05", "2026-12-05 01:02:03.456789+00", "400 days 01:02:03.5", 0.1 + 0.2, "\\x01415c")]

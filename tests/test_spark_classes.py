@@ -195,9 +195,12 @@ def test_the_spark_servers_jvm_starts_from_the_archive(tmp_path):
 
 
 # Pieces of a properties file, those that mean something to its reader among them:
-# separators, escapes, continuations, comment marks, each line ending.
-_PIECES = ["a", "b", "=", ":", " ", "\t", "\f", "\\", "#", "!", "\n", "\r", "\r\n", "é", "t", "n",
-           "\\u00e9", "\\u0041"]
+# separators, escapes (a malformed one too), continuations, comment marks, each line
+# ending, what Java's trim removes and what it keeps. (No surrogates: py4j hands a
+# lone one over as "?".)
+_PIECES = ["a", "b", "=", ":", " ", "\t", "\f", "\\", "#", "!", "\n", "\r", "\r\n", "é", "t", "n", "\x01", "\u00a0",
+           "\\u00e9", "\\u0041", "\\u12"]
+_JAVA_TRIMMED = "".join(map(chr, range(0x21)))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -205,11 +208,19 @@ _PIECES = ["a", "b", "=", ":", " ", "\t", "\f", "\\", "#", "!", "\n", "\r", "\r\
 def test_spark_defaults_are_read_as_javas_properties_reader_reads_them(spark, tmp_path, text):
     """Spark's launcher loads ``spark-defaults.conf`` with java.util.Properties and trims
     each value."""
+    from pyspark.errors import IllegalArgumentException
+
     (tmp_path / "spark-defaults.conf").write_bytes(text.encode())
     jvm = spark.sparkContext._jvm
     properties = jvm.java.util.Properties()
-    properties.load(jvm.java.io.StringReader(text))
-    javas = {name: properties.getProperty(name).strip() for name in properties.stringPropertyNames()}
+    try:
+        properties.load(jvm.java.io.StringReader(text))
+    except IllegalArgumentException as e:  # Java's, as PySpark raises it
+        assert "Malformed \\uxxxx encoding" in str(e)
+        with pytest.raises(ValueError, match="malformed"):
+            spark_defaults(tmp_path)
+        return
+    javas = {name: properties.getProperty(name).strip(_JAVA_TRIMMED) for name in properties.stringPropertyNames()}
     assert spark_defaults(tmp_path) == javas
 
 
@@ -221,5 +232,7 @@ def test_the_archives_options_follow_the_users_default_java_options(tmp_path, mo
     ours = class_archive_options()
     assert ours.startswith(f'"-XX:SharedArchiveFile={tmp_path}/spark-classes-1.jsa" -Xshare:auto')
     (tmp_path / "spark-defaults.conf").write_text("# the site's\nspark.driver.defaultJavaOptions  -Dsite.mine=1 \\\n"
-                                                  "    -Xss4m\nspark.driver.memory 2g\n")
-    assert class_archive_options() == f"-Dsite.mine=1 -Xss4m {ours}"
+                                                  "    -Dsite.face=\\ud83d\\ude00 -Xss4m\nspark.driver.memory 2g\n")
+    assert class_archive_options() == f"-Dsite.mine=1 -Dsite.face=\U0001f600 -Xss4m {ours}"
+    (tmp_path / "spark-defaults.conf").write_text("spark.driver.defaultJavaOptions -Dsite.mine=\\u12\n")
+    assert class_archive_options() == ours  # Java refuses the file: Spark's launcher says why

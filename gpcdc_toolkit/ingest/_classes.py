@@ -71,15 +71,20 @@ def class_archive_options() -> str:
     ours = f"{_quoted(f'-XX:SharedArchiveFile={archive}')} -Xshare:auto {_QUIET}"
     from pyspark.find_spark_home import _find_spark_home
 
-    theirs = spark_defaults(_conf_dir(Path(_find_spark_home()))).get("spark.driver.defaultJavaOptions", "").strip()
+    try:
+        theirs = spark_defaults(_conf_dir(Path(_find_spark_home()))).get("spark.driver.defaultJavaOptions", "")
+    except ValueError:  # a file Java cannot read either: Spark's launcher says what is wrong with it
+        theirs = ""
     return f"{theirs} {ours}" if theirs else ours
 
 
 def spark_defaults(conf: Path) -> dict[str, str]:
     """The settings of ``conf/spark-defaults.conf`` as Spark's launcher reads them:
-    with ``java.util.Properties``, each value trimmed. {} without the file."""
+    with ``java.util.Properties`` (bytes that are not UTF-8 replaced), each value trimmed
+    as Java trims. {} without the file; ValueError for a malformed ``\\uxxxx``, which
+    Java refuses."""
     try:
-        with (conf / "spark-defaults.conf").open(encoding="utf-8", newline="") as file:
+        with (conf / "spark-defaults.conf").open(encoding="utf-8", errors="replace", newline="") as file:
             text = file.read()
     except (FileNotFoundError, NotADirectoryError):
         return {}
@@ -87,7 +92,7 @@ def spark_defaults(conf: Path) -> dict[str, str]:
     for line in _logical_lines(text):
         match = _PROPERTY.fullmatch(line)
         assert match is not None  # every line matches: the key may be empty, the value too
-        settings[_unescaped(match["key"])] = _unescaped(match["value"]).strip()
+        settings[_unescaped(match["key"])] = _unescaped(match["value"]).strip(_JAVA_TRIMMED)
     return settings
 
 
@@ -132,11 +137,20 @@ def _logical_lines(text: str) -> Iterator[str]:
 _BLANK = " \t\f"  # a properties file's white space
 _PROPERTY = re.compile(r"(?P<key>(?:[^\\ \t\f=:]|\\.)*)(?:[ \t\f]*[=:][ \t\f]*|[ \t\f]*)(?P<value>.*)", re.DOTALL)
 _ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+_JAVA_TRIMMED = "".join(map(chr, range(0x21)))  # what Java's String.trim() removes
 
 
 def _unescaped(text: str) -> str:
-    return re.sub(r"\\(u[0-9a-fA-F]{4}|.)", lambda m: chr(int(m[1][1:], 16)) if len(m[1]) == 5
-                  else _ESCAPES.get(m[1], m[1]), text, flags=re.DOTALL)
+    """A key's or value's text with its escapes read, as ``Properties.load`` reads them."""
+    def escape(match: re.Match[str]) -> str:
+        code = match[1]
+        if code == "u":
+            raise ValueError(f"malformed \\uxxxx escape in {text!r}")
+        return chr(int(code[1:], 16)) if code[0] == "u" else _ESCAPES.get(code, code)
+
+    unescaped = re.sub(r"\\(u(?:[0-9a-fA-F]{4})?|.)", escape, text, flags=re.DOTALL)
+    # Java's strings are UTF-16: the escapes of a surrogate pair make one character.
+    return unescaped.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _conf_dir(spark_home: Path) -> Path:
