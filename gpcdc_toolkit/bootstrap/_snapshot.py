@@ -39,8 +39,9 @@ def _type_oids(conn: psycopg.Connection[Any], table: Table) -> list[int]:
 def export_tables(conn: psycopg.Connection[Any], content: int, tables: list[tuple[Table, sql.Composable]],
                   directory: Path, manifest: dict[str, Any]) -> None:
     """COPY every table's rows on a node from ``conn`` (in a transaction already in the
-    snapshot to export: the text settings are set for it alone) into files. Each table comes with what holds its rows there (the table, or
-    a Citus worker's shards: ``Cluster.relation``)."""
+    snapshot to export: the text settings are set for it alone) into files. Each table
+    comes with what holds its rows there (the table, or a Citus worker's shards:
+    ``Cluster.relation``)."""
     node_dir = directory / f"seg{content}"
     node_dir.mkdir(parents=True, exist_ok=True)
     # Values as the stream's text has them, whatever the server, the role or this host

@@ -280,11 +280,12 @@ def _float(text: str) -> float | str:
 # The text of values in the stream and in the initial snapshot, whatever the server, the
 # database, the role or the capture host (PGTZ, PGDATESTYLE, PGOPTIONS) would set: ISO
 # dates that any target reads as the same day, times with their offset from UTC, floats
-# written exactly, bytes in hex. The same WAL then always decodes to the same text, so that a row sent
-# again after a restart is the same row, and a snapshot's row reads as the stream's
-# would. Set in each session that writes such text: it overrides every one of those.
+# written exactly, bytes in hex. The same WAL then always decodes to the same text, so
+# that a row sent again after a restart is the same row, and a snapshot's row reads as
+# the stream's would. Set in each session that writes such text: it overrides them all.
 DECODING_SETTINGS = {"TimeZone": "UTC", "DateStyle": "ISO, MDY", "IntervalStyle": "postgres",
                      "extra_float_digits": "1", "bytea_output": "hex"}
+
 
 # The JSON form of a type's values (the others stay PostgreSQL's text): "b" a boolean,
 # "i" an integer, "f" a float (NaN and the infinities as text). _rowjson.c knows them too.
