@@ -430,6 +430,64 @@ def test_a_part_arriving_after_its_transaction_went_out_without_it_stops_the_ord
         r.add_part(Part(1, 1, False, 11, commit_ts_ms=1_000, offset=1, number=2))
 
 
+def test_a_one_phase_part_after_a_lost_part_waits_at_the_gap_in_the_numbers():
+    """The lost part is not in its segment's log, so the one-phase part after it has the
+    part before the loss as its anchor. Only the gap in the numbers holds it: it may
+    change what the lost part wrote (here, delete the row gxid 2 inserted)."""
+    r = Reassembler(1, clock_skew_ms=100)
+    r.add_record(Record(1, (0,), commit_ts_ms=990))
+    r.add_record(Record(2, (0,), commit_ts_ms=1_100))
+    r.add_part(Part(0, 1, False, 10, commit_ts_ms=1_000, offset=0, number=1))
+    # gxid 2's part, number 2 at offset 1, was lost on its way
+    r.add_part(Part(0, 3, True, 12, commit_ts_ms=1_200, offset=2, number=3))
+    assert [w.gxid for w in r.ready()] == [1] and r.missing() == []  # gxid 2's part may be late
+    r.add_watermark(0, 2_000, prepared=[], prepared_ts_ms=1_300, parts=3)
+    [missing] = r.missing()
+    assert (missing.gxid, missing.segment, missing.gap) == (2, 0, (2, 2)) and r.ready() == []
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_a_lost_part_holds_everything_after_it_on_its_segment_and_is_named(seed):
+    """A random two-phase part dropped from a numbered stream: the replay stops at its
+    transaction, and nothing that shares a row with it and came after it there went out."""
+    rng = random.Random(seed)
+    logs, coordinator, writes = simulate(rng, segments=rng.choice([2, 3]), transactions=rng.randint(5, 40), keys=3)
+    if not coordinator:
+        return
+    victim = rng.choice(coordinator)
+    lost_on = rng.choice(sorted({s for s, _ in writes[victim]}))
+    record_ts = {g: 10 * (i + 1) for i, g in enumerate(coordinator)}
+    queues = [[("part", s, g) for g in log if (s, g) != (lost_on, victim)] for s, log in enumerate(logs)]
+    queues.append([("record", g) for g in coordinator])
+    r = Reassembler(len(logs), clock_skew_ms=0)
+    for s in range(len(logs)):
+        r.add_watermark(s, 0, parts=0)  # each partition's pipeline marker: no part before it
+    out = []
+    while any(queues):
+        event = rng.choice([q for q in queues if q]).pop(0)
+        if event[0] == "part":
+            _, s, g = event
+            two_phase = g in record_ts
+            r.add_part(Part(s, g, one_phase=not two_phase, commit_lsn=logs[s].index(g) + 1,
+                            offset=logs[s].index(g), number=logs[s].index(g) + 1))
+        else:
+            r.add_record(Record(event[1], tuple(sorted({s for s, _ in writes[event[1]]})),
+                                commit_ts_ms=record_ts[event[1]]))
+        out += r.ready()
+    end = 10 * (len(coordinator) + 2)
+    for s, log in enumerate(logs):
+        r.add_watermark(s, end, prepared=[], prepared_ts_ms=end, parts=len(log))
+    out += r.ready()
+    assert [(m.gxid, m.segment) for m in r.missing()] == [(victim, lost_on)]
+    handed = [w.gxid for w in out]
+    assert victim not in handed
+    for g in handed:
+        assert not any(logs[lost_on].index(victim) < logs[lost_on].index(g)
+                       for s, _ in writes[victim] & writes[g] if s == lost_on), (
+            f"gxid {g} went out, yet it follows gxid {victim}, whose part on segment {lost_on} was lost, on a row "
+            "they share there")
+
+
 def _repair(segment=1, number=1, xmax=3, running=(), coordinator_lsn=100, offset=30):
     from gpcdc_toolkit.protocol import DistributedSnapshot
     from gpcdc_toolkit.replay._order import RepairMark

@@ -143,7 +143,7 @@ def _capture_from_a_cut(cluster: Cluster, pipeline: Pipeline, node: Node, kafka:
         repair = _cut_and_copy(cluster, node, slot, number, directory, timeout, joined)
         topics = Topics(pipeline.prefix)
         if joined and lost is None:
-            _mark_joined(kafka, topics, repair, start.identity, cluster.numbers_parts)
+            _mark_joined(kafka, topics, repair, start.identity)
         else:
             _mark(kafka, topics, repair, lost or "")
         # Last: from here on the segment's worker captures from the new slot. A repair
@@ -245,13 +245,13 @@ def _produce(kafka: Mapping[str, str], topics: Topics, content: int, marks: list
                              + (f": {errors[0]}" if errors else ""), fix="check the broker, then run the command again")
 
 
-def _mark_joined(kafka: Mapping[str, str], topics: Topics, repair: Repair, identity: str, numbered: bool) -> None:
+def _mark_joined(kafka: Mapping[str, str], topics: Topics, repair: Repair, identity: str) -> None:
     """A joined segment's partition: the pipeline's marker (unless an earlier attempt
     wrote it), then the repaired mark."""
     content = repair.node.content
     marks = [repaired_marker(repair)]
     if end_offsets(kafka, topics.changes, [content])[content] == 0:
-        marks.insert(0, pipeline_marker(identity, content, numbered=numbered))
+        marks.insert(0, pipeline_marker(identity, content, numbered=True))
     _produce(kafka, topics, content, marks)
 
 

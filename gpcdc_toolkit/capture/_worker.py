@@ -264,8 +264,7 @@ class CaptureWorker:
             except ClusterChangedError as e:
                 self._mark_lost(producer, e.message)
                 raise
-            self._check_history(producer, acked)
-            numbered_after = self._numbered_after() if self._numbered else None
+            numbered_after = self._numbered_after() if self._check_history(producer, acked) else None
             cur.start_replication(slot_name=self.slot, decode=False, options={
                 **self.cluster.decoding_options(), "publication_names": self.start.publication})
             self._loop(stop, cur, conn, producer, probe, acked, numbered_after)
@@ -317,12 +316,14 @@ class CaptureWorker:
         if not self._deliver(producer, topic, partition, lost_marker(content, reason).value):
             raise DeliveryFailed(f"Kafka did not take {self.node}'s lost mark; {reason}")
 
-    def _check_history(self, producer: Producer, acked: int) -> None:
+    def _check_history(self, producer: Producer, acked: int) -> bool:
         """Before streaming: the node's partition must begin with this bootstrap's
         pipeline marker. An empty one gets it, unless the slot was acknowledged past its
-        start: then Kafka lost what it had acknowledged, and capture stops for good."""
+        start: then Kafka lost what it had acknowledged, and capture stops for good.
+        Returns whether the partition's parts are numbered, as its marker says (a
+        pipeline bootstrapped before parts were numbered goes on without numbers)."""
         if self.dispatcher.kind != "segment":
-            return  # partitions are shared by every node's worker: none of them owns one
+            return False  # partitions are shared by every node's worker: none of them owns one
         content = self.node.content
         topic, partition = (self.topics.dtx, 0) if content == COORDINATOR else (self.topics.changes, content)
         identity = self.start.identity
@@ -338,9 +339,9 @@ class CaptureWorker:
             marker = pipeline_marker(identity, content, numbered=self._numbered)
             if not self._deliver(producer, topic, partition, marker.value):
                 raise DeliveryFailed(f"Kafka did not take the pipeline marker of {topic} partition {partition}")
-            return
+            return self._numbered
         if located(first)[1] > 0:
-            return  # retention removed the partition's head, marker included: nothing left to compare
+            return self._numbered  # retention removed the partition's head, marker included: nothing left to compare
         value = first.value()
         try:
             decoded = orjson.loads(value) if value is not None else None
@@ -354,6 +355,7 @@ class CaptureWorker:
                    "something other than this pipeline's marker") + ": the topics belong to another pipeline",
                 fix="use another kafka.topic_prefix, or delete the old topics "
                     "(`gpcdc bootstrap drop --delete-topics`) and bootstrap again")
+        return self._numbered and isinstance(decoded, dict) and numbering_of(decoded) is not None
 
     def _deliver(self, producer: Producer, topic: str, partition: int, value: bytes) -> bool:
         """Produce one reported event and wait until Kafka confirms it; False if Kafka
@@ -364,10 +366,11 @@ class CaptureWorker:
 
     @property
     def _numbered(self) -> bool:
-        """Whether this node's parts are numbered (see ``Cluster.numbers_parts``): its own
-        partition, in the segment dispatcher's layout."""
-        return (self.cluster.numbers_parts and self.dispatcher.kind == "segment"
-                and self.node.content != COORDINATOR)
+        """Whether this node's parts are numbered in a new partition: a segment's own
+        partition, in the segment dispatcher's layout. A gap in the numbers proves parts
+        lost, and stops the segment's order there: a lost part is not in its segment's
+        log, so without the numbers a later part could go out before it is missed."""
+        return self.dispatcher.kind == "segment" and self.node.content != COORDINATOR
 
     def _numbered_after(self) -> tuple[int, int]:
         """(LSN, number) from the partition's tail: the number of the last part handed

@@ -304,10 +304,6 @@ class Cluster:
     bootstrap_methods: tuple[str, ...] = ("peaceful", "snapshot")
     # Whether slots decode prepared transactions at their PREPARE (two-phase decoding).
     two_phase_decoding = False
-    # Whether capture numbers each node's parts: needed where a commit record may list a
-    # part that is never decoded (one that changed nothing), so that a reader can tell it
-    # from a part lost by its gap in the numbers. The sandbox writes a marker in every part.
-    numbers_parts = False
 
     def check_source(self) -> None:
         """Raise ClusterError naming the fix when the cluster cannot be captured."""

@@ -130,7 +130,6 @@ class CitusCluster(FrontDoor):
     kind = "citus"
     bootstrap_methods = ("snapshot",)
     two_phase_decoding = True
-    numbers_parts = True  # Citus prepares every connection of a transaction, written to or not
     # Citus sends no SET LOCAL on to the workers unless asked: a statement at the door
     # would print a row's values there in the workers' own time zone, say.
     settings_reach_workers = ("SET LOCAL citus.propagate_set_commands = 'local'",)

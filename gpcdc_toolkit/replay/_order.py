@@ -466,6 +466,14 @@ class Reassembler:
         return (segment.prepared is not None and record.gxid not in segment.prepared
                 and segment.prepared_ts_ms >= record.commit_ts_ms + self.clock_skew_ms)
 
+    def _undecided(self, record: Record, s: int) -> bool:
+        """Whether the record's part on ``s`` has not arrived, and its segment has not
+        yet said whether it still holds it prepared (read late enough after the record)."""
+        segment = self.segments[s]
+        return (s in record.segments and s not in self._parts.get(record.gxid, {}) and segment.lost is None
+                and not self._covered(record, s)
+                and (segment.prepared is None or segment.prepared_ts_ms < record.commit_ts_ms + self.clock_skew_ms))
+
     def _empty(self, record: Record, s: int) -> bool:
         """Whether the record's part on ``s``, not arrived, changed nothing: proven absent
         from a numbered stream with no gap. A part that changed nothing is not decoded
@@ -492,10 +500,19 @@ class Reassembler:
 
     def _lost_parts(self) -> list[Missing]:
         """Gaps in a segment's numbers, once everything before the gap has passed: parts
-        lost whose transactions cannot be named (one-phase ones have no record)."""
+        lost. Named by the first waiting record that lists the segment and whose part
+        there is proven absent (the gap shows it did not change nothing), once every such
+        record's part is decided; else unnamed (a one-phase part has no record)."""
         out = []
         for content, segment in enumerate(self.segments):
             if segment.gap is None or any(not self._blocked(p) for p in segment.log):
+                continue
+            absent = [r for r in self._records if content in r.segments
+                      and content not in self._parts.get(r.gxid, {}) and not self._covered(r, content)]
+            if any(self._undecided(r, content) for r in absent):
+                continue  # the next prepared list may prove the lost part a record's: named then
+            if named := next((r for r in absent if self._proven_absent(r, content)), None):
+                out.append(self._missing(named, content, gap=segment.gap))
                 continue
             first, last = segment.gap
             numbers = f"{first}" if first == last else f"{first} to {last}"
@@ -503,6 +520,13 @@ class Reassembler:
             out.append(Missing(None, content, (), -1, segment.watermark_ts_ms, offsets,
                                f"its parts numbered {numbers} never arrived: the order after them is lost"))
         return out
+
+    def _missing(self, record: Record, s: int, **why: Any) -> Missing:
+        """The record's part on ``s`` as missing, with the offsets of what did arrive."""
+        parts = self._parts.get(record.gxid, {})
+        offsets = ((-1, record.offset), *((c, parts[c].offset) for c in sorted(parts)))
+        return Missing(record.gxid, s, tuple(sorted(parts)), record.commit_ts_ms, self.segments[s].watermark_ts_ms,
+                       offsets, **why)
 
     def _missing_parts(self) -> list[Missing]:
         if not self._records:
@@ -515,16 +539,12 @@ class Reassembler:
             if s not in parts and segment.repaired:
                 continue  # in the repair's copy, or still to come after its mark
             if s not in parts and segment.lost is not None and not self._covered(record, s):
-                offsets = ((-1, record.offset), *((c, parts[c].offset) for c in sorted(parts)))
-                out.append(Missing(record.gxid, s, tuple(sorted(parts)), record.commit_ts_ms, segment.watermark_ts_ms,
-                                   offsets, lost=f"segment {s} is lost to the pipeline ({segment.lost})"))
+                out.append(self._missing(record, s, lost=f"segment {s} is lost to the pipeline ({segment.lost})"))
                 continue
             if s in parts or segment.prepared is None or record.gxid in segment.prepared:
                 continue  # arrived, not provable, or still prepared there: it can still commit
             if self._proven_absent(record, s) and not self._empty(record, s):
-                offsets = ((-1, record.offset), *((c, parts[c].offset) for c in sorted(parts)))
-                out.append(Missing(record.gxid, s, tuple(sorted(parts)), record.commit_ts_ms,
-                                   segment.watermark_ts_ms, offsets, gap=segment.gap))
+                out.append(self._missing(record, s, gap=segment.gap))
         return out
 
     def _unrecorded(self) -> list[Missing]:
