@@ -10,7 +10,7 @@ import orjson
 
 from .._runtime import read_json
 from ..ingest._rows import SCHEMA_DDL
-from ..protocol import COORDINATOR, Topics
+from ..protocol import COORDINATOR, Topics, numbering_of
 from ._layout import POSITION, START, VALUE, ArchiveError, RunBounds, check_continuous, run_number
 
 
@@ -102,6 +102,27 @@ class ArchivedStream:
                         out.append((partition, offset, value))
                     if out:
                         yield out
+
+    def numbering_before(self, partition: int, offset: int) -> int | None:
+        """The number of the last part before ``offset`` in a numbered segment partition
+        (see ``protocol.numbering_of``); None when nothing before it says."""
+        import pyarrow.parquet as pq
+
+        found: tuple[int, int] | None = None  # (offset, number)
+        for run in self.runs:
+            for file in self._files(run):
+                table = pq.read_table(file, columns=["offset", VALUE], filters=[
+                    ("topic", "=", self.topics.changes), ("partition", "=", partition), ("offset", "<", offset),
+                    ("kind", "in", ["end", "resolved", "pipeline"])])
+                for at, value in zip(table["offset"].to_pylist(), table[VALUE].to_pylist()):
+                    try:
+                        body = orjson.loads(value or b"")
+                    except orjson.JSONDecodeError:
+                        continue
+                    numbering = numbering_of(body) if isinstance(body, dict) else None
+                    if numbering is not None and (found is None or at > found[0]):
+                        found = (at, numbering[1])
+        return None if found is None else found[1]
 
     def syncpoints(self) -> list[tuple[int, int]]:
         """(gxid, commit time in ms) of every sync point's commit record, in stream order."""

@@ -45,7 +45,7 @@ from ..cluster import Cluster, Node
 from ..config import CaptureSettings
 from ..connect import METADATA_REFRESH, kafka_logger
 from ..errors import BrokerError, ClusterChangedError, ConfigError, GpcdcError, StreamError, UnreachableError
-from ..ingest import end_offsets, first_message, located, read_to_end
+from ..ingest import end_offsets, first_message, last_numbering, located
 from ..protocol import (
     COORDINATOR,
     DECODING_SETTINGS,
@@ -375,26 +375,11 @@ class CaptureWorker:
     def _numbered_after(self) -> tuple[int, int]:
         """(LSN, number) from the partition's tail: the number of the last part handed
         out, and an LSN up to which every commit is in the partition (an END's commit
-        LSN, a watermark's resolved position; the marker: nothing yet). Read backwards
-        in growing windows from the end."""
+        LSN, a watermark's resolved position; the marker: nothing yet)."""
         topic, partition = self.topics.changes, self.node.content
         stop = end_offsets(self.settings.kafka, topic, [partition])[partition]
-        window = 256
-        while stop > 0:
-            begin = max(0, stop - window)
-            found: tuple[int, int] | None = None
-            for message in read_to_end(self.settings.kafka, topic, start={partition: begin}, partitions=[partition]):
-                if located(message)[1] >= stop:
-                    break
-                try:
-                    value = orjson.loads(message.value() or b"")
-                except orjson.JSONDecodeError:
-                    continue  # not the protocol's: nothing to count
-                if isinstance(value, dict) and (numbering := numbering_of(value)) is not None:
-                    found = numbering
-            if found is not None:
-                return found
-            stop, window = begin, window * 4
+        if (found := last_numbering(self.settings.kafka, topic, partition, stop)) is not None:
+            return found
         raise HistoryLost(f"{topic} partition {partition} holds no numbered message, not even the pipeline's marker",
                           fix="bootstrap the pipeline again (`gpcdc bootstrap drop --delete-topics`, then "
                               "`gpcdc bootstrap create`) and replay into a fresh target")

@@ -165,6 +165,33 @@ def first_message(kafka: Mapping[str, str], topic: str, partition: int, *, timeo
         messages.close()  # its consumer with it
 
 
+def last_numbering(kafka: Mapping[str, str], topic: str, partition: int, before: int) -> tuple[int, int] | None:
+    """What the last message of a numbered partition before offset ``before`` that says
+    anything of the parts before it says (see ``protocol.numbering_of``), as (LSN,
+    number); None when none does. Read backwards in growing windows."""
+    import orjson
+
+    from ..protocol import numbering_of
+
+    stop, window = before, 256
+    while stop > 0:
+        begin = max(0, stop - window)
+        found: tuple[int, int] | None = None
+        for message in read_to_end(kafka, topic, start={partition: begin}, partitions=[partition]):
+            if located(message)[1] >= stop:
+                break
+            try:
+                value = orjson.loads(message.value() or b"")
+            except orjson.JSONDecodeError:
+                continue  # not the protocol's: nothing to count
+            if isinstance(value, dict) and (numbering := numbering_of(value)) is not None:
+                found = numbering
+        if found is not None:
+            return found
+        stop, window = begin, window * 4
+    return None
+
+
 def end_offsets(kafka: Mapping[str, str], topic: str, partitions: list[int] | None = None,
                 *, timeout: float = 30.0) -> dict[int, int]:
     """The end (next offset to be written) of each partition."""

@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from ..archive import ArchivedStream
 from ..connect import METADATA_REFRESH, kafka_logger
 from ..errors import BrokerError
-from ..ingest import high_watermarks, located, partitions_of
+from ..ingest import high_watermarks, last_numbering, located, partitions_of
 from ..protocol import COORDINATOR, Topics
 
 
@@ -38,6 +38,11 @@ class Feed(Protocol):
 
     def poll(self) -> tuple[list[Delivery], list[int]]:
         """The next messages, and the partitions that reported reaching their end."""
+        ...
+
+    def numbering_before(self, partition: int, offset: int) -> int | None:
+        """In a numbered segment partition, the number of the last part before
+        ``offset`` (None: nothing before it says)."""
         ...
 
     def syncpoints(self) -> list[int] | None:
@@ -65,7 +70,7 @@ class KafkaFeed:
     def __init__(self, kafka: Mapping[str, str], topics: Topics, broker_wait: float, *, follow: bool = False) -> None:
         # The topics must be found within ``broker_wait``; once they are, a follower
         # waits for a broker that stops answering for as long as it takes, as capture does.
-        self.topics, self.broker_wait = topics, broker_wait
+        self.kafka, self.topics, self.broker_wait = kafka, topics, broker_wait
         self.ends_wait = None if follow else broker_wait
         self.consumer = Consumer(consumer_config(kafka, topics))
         try:
@@ -97,6 +102,10 @@ class KafkaFeed:
             delivered.append(Delivery(partition, located(message)[1], message.value()))
         return delivered, ended
 
+    def numbering_before(self, partition: int, offset: int) -> int | None:
+        found = last_numbering(self.kafka, self.topics.changes, partition, offset)
+        return None if found is None else found[1]
+
     def syncpoints(self) -> list[int] | None:
         return None
 
@@ -124,6 +133,9 @@ class ArchiveFeed:
         if batch is None:
             return [], [*self.segments, COORDINATOR]  # the archive's end is every partition's
         return [Delivery(*m) for m in batch], []
+
+    def numbering_before(self, partition: int, offset: int) -> int | None:
+        return self.stream.numbering_before(partition, offset)
 
     def syncpoints(self) -> list[int] | None:
         return [gxid for gxid, _ms in self.stream.syncpoints()]

@@ -333,6 +333,11 @@ class _Run:
         self.applied_lsn = dict(checkpoint.applied_lsn)  # parts without a gxid up to these are applied
         self.repaired = dict(checkpoint.repaired)  # segment -> the latest repair whose rows are applied
         self.window: list[Part | Record | Watermark] = []  # framed while reading the window
+        for segment in segments:
+            # Where a segment is read from partway, the number of the part before its first
+            # says whether a part right before it was lost (see Reassembler: numbered streams).
+            if self.next[segment] > 0 and (count := self.feed.numbering_before(segment, self.next[segment])) is not None:
+                self.window.append(Watermark(segment, -1, parts=count))
         self.in_hand: deque[Whole] = deque()  # handed out by the reassembler, not applied yet
         self.syncpoints: list[tuple[int, float]] = []  # (gxid, ms held there) of the sync points passed
 
@@ -394,8 +399,7 @@ class _Run:
                     + (f"it holds bootstrap {owner}'s events, not {self.identity}'s" if owner else
                        "its history is lost, or another writer's events are in it") + ")",
                     fix="bootstrap the pipeline again and replay into a fresh target")
-            self.unmarked.discard(partition)
-            return
+            self.unmarked.discard(partition)  # framed too: a numbered partition's marker starts its count
         try:
             framed = self.framer.feed(partition, offset, value) if malformed is None else None
         except MalformedMessageError as e:
