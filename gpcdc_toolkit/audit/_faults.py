@@ -173,7 +173,7 @@ def _silence(stream: _Stream, thresholds: Thresholds) -> list[Expected]:
 
 
 def _numbering(stream: _Stream, thresholds: Thresholds) -> list[Expected]:
-    """On segments whose parts are numbered (a Citus worker's), what the numbers imply as
+    """On segments whose parts are numbered, what the numbers imply as
     they now stand: a lost_parts finding at each break in them (a part whose number does
     not follow the one before it, a watermark whose count of parts differs from it); and
     for each part a record lists that is not there (a part that changed nothing is never

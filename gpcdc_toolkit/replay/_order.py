@@ -17,6 +17,11 @@ own. :class:`Reassembler` is fed parts (per segment, in partition order), record
 coordinator order) and watermarks, in any interleaving, and hands out whole
 transactions in an order that keeps every conflicting pair as the source had it.
 
+A lost part is not in its segment's log, so by the rules above the one-phase parts
+after it could go out before a watermark proves it missing, and one of them may change
+what it wrote. Where parts are numbered, the next number shows the loss at once, and
+nothing after a gap in a segment's numbers goes out.
+
 A replay resumes by reading each partition again from the first offset of anything
 not yet applied (:meth:`Reassembler.resume_offsets`). What it reads again may include
 transactions applied already; given as ``applied``, they are passed over without being
