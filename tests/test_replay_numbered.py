@@ -45,6 +45,24 @@ def test_a_listed_part_that_never_comes_changed_nothing_when_no_number_is_missin
     assert whole.gxid == 7 and [p.segment for p in whole.parts] == [0]
 
 
+def test_a_part_arriving_long_after_its_transaction_went_out_without_it_is_refused_as_such():
+    """However many transactions went out since: the positions of those handed out without
+    a part are kept past the forgetting of the others."""
+    r = numbered(2)
+    r.add_record(record(7, [0, 1], 10))
+    r.add_part(part(0, 7, 1, 20))
+    proving_watermark(r, 1, parts=0)
+    assert [w.gxid for w in r.ready()] == [7]
+    for i in range(12_000):
+        r.add_record(record(100 + i, [0], 100 + i))
+        r.add_part(part(0, 100 + i, 2 + i, 20_000 + i))
+        r.ready()
+    assert r.pending == 0
+    with pytest.raises(ReassemblyError, match="segment 1's part of gxid 7 at offset 40000 arrives after the "
+                                              "transaction went out without it"):
+        r.add_part(part(1, 7, 1, 40_000))
+
+
 def test_a_listed_part_lost_from_the_stream_is_missing_by_its_gap():
     r = numbered(2)
     r.add_record(record(7, [0, 1], 10))

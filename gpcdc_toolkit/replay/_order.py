@@ -138,6 +138,9 @@ class _Recent:
         """Whether ``lsn`` (below the last one added) was seen, or is too old to tell."""
         return lsn in self._set or not self._order or lsn < self._order[0]
 
+    def __contains__(self, value: int) -> bool:
+        return value in self._set
+
 
 @dataclass
 class _Segment:
@@ -211,6 +214,10 @@ class Reassembler:
         self._damaged: Missing | None = None  # the first damaged part met where it would go out
         self._coordinator_lost: str | None = None  # why the coordinator's capture stopped: no record comes any more
         self._lost_at: dict[int, int] = {}  # partition -> offset of its lost mark
+        # The latest gxids handed out without a part they list (it changed nothing, or is
+        # in a repair's copy): their positions are kept, so that such a part arriving late
+        # is refused as what it is.
+        self._handed_out_without = _Recent(5_000)
 
     # -- input ----------------------------------------------------------------------------
     def add_part(self, part: Part) -> None:
@@ -396,6 +403,8 @@ class Reassembler:
                         self._hold_damaged(damaged[0], record, parts)
                         break
                     covered = tuple(s for s in record.segments if s not in parts and self._covered(record, s))
+                    if len(parts) < len(record.segments):
+                        self._handed_out_without.add(record.gxid)
                     out.append(Whole(record.gxid, tuple(parts[s] for s in sorted(parts)), record, covered))
                     self._parts.pop(record.gxid, None)  # none when every part changed nothing
                     for s in parts:
@@ -409,9 +418,11 @@ class Reassembler:
 
     def _forget_handed_out(self) -> None:
         """Drop the positions of handed-out records that no segment log still needs
-        (their parts have all arrived; a part sent again is caught by its LSN)."""
+        (their parts have all arrived; a part sent again is caught by its LSN), but for
+        the latest handed out without a part."""
         needed = {p.gxid for seg in self.segments for p in seg.log}
-        self._position = {g: pos for g, pos in self._position.items() if pos >= self._next or g in needed}
+        self._position = {g: pos for g, pos in self._position.items()
+                          if pos >= self._next or g in needed or g in self._handed_out_without}
 
     def _advance(self, segment: _Segment, out: list[Whole]) -> bool:
         """Pass the head of a segment's log while its order allows."""
