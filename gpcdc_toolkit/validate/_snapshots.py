@@ -17,11 +17,11 @@ from psycopg import sql
 
 from ..cluster import Cluster, Node, Table
 from ..errors import GpcdcError
-from ..protocol import parse_lsn
+from ..protocol import DECODING_SETTINGS, parse_lsn
 
-# Values are compared by their text: print them alike whatever each server's defaults.
-SESSION = ("SET TimeZone = 'UTC'; SET DateStyle = 'ISO, YMD'; SET IntervalStyle = 'postgres'; "
-            "SET extra_float_digits = 1; SET bytea_output = 'hex'")
+# Values are compared by their text: print them as the stream does, whatever each
+# server's defaults.
+SESSION = "; ".join(f"SET {name} = '{value}'" for name, value in DECODING_SETTINGS.items())
 
 
 class Snapshots:
