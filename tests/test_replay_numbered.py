@@ -77,6 +77,20 @@ def test_a_listed_part_lost_from_the_stream_is_missing_by_its_gap():
     assert "segment 1's part is missing" in message and "parts numbered 1 never arrived" in message
 
 
+def test_a_gap_is_named_without_waiting_for_records_written_after_it():
+    """A stream that goes on keeps bringing records whose parts have not arrived yet: only
+    those written before the gap was seen may be the lost part's."""
+    r = numbered(1)
+    r.add_record(record(6, [0], 5))
+    r.add_record(record(7, [0], 10))  # the two do not conflict: 7 committed first on segment 0
+    r.add_part(part(0, 6, 2, 30))  # number 1 never came: 6 is held behind the gap
+    r.add_record(record(9, [0], 5_000))  # its part is still to come
+    proving_watermark(r, 0, parts=2, at=2_000)  # late enough for gxid 7, not for gxid 9
+    assert r.ready() == []
+    [missing] = r.missing()
+    assert (missing.gxid, missing.segment, missing.gap) == (7, 0, (1, 1))
+
+
 def test_a_transaction_whose_every_part_changed_nothing_goes_out_empty():
     r = numbered(2)
     r.add_record(record(7, [0, 1], 10))

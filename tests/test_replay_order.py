@@ -459,6 +459,12 @@ def test_a_lost_part_holds_everything_after_it_on_its_segment_and_is_named(seed)
     record_ts = {g: 10 * (i + 1) for i, g in enumerate(coordinator)}
     queues = [[("part", s, g) for g in log if (s, g) != (lost_on, victim)] for s, log in enumerate(logs)]
     queues.append([("record", g) for g in coordinator])
+    # Commit times: a part after its record, and after the part before it in its log.
+    commit_ts = {}
+    for s, log in enumerate(logs):
+        last = 0
+        for g in log:
+            last = commit_ts[s, g] = max(last, record_ts.get(g, 0)) + 1
     r = Reassembler(len(logs), clock_skew_ms=0)
     for s in range(len(logs)):
         r.add_watermark(s, 0, parts=0)  # each partition's pipeline marker: no part before it
@@ -469,7 +475,7 @@ def test_a_lost_part_holds_everything_after_it_on_its_segment_and_is_named(seed)
             _, s, g = event
             two_phase = g in record_ts
             r.add_part(Part(s, g, one_phase=not two_phase, commit_lsn=logs[s].index(g) + 1,
-                            offset=logs[s].index(g), number=logs[s].index(g) + 1))
+                            commit_ts_ms=commit_ts[s, g], offset=logs[s].index(g), number=logs[s].index(g) + 1))
         else:
             r.add_record(Record(event[1], tuple(sorted({s for s, _ in writes[event[1]]})),
                                 commit_ts_ms=record_ts[event[1]]))

@@ -158,6 +158,7 @@ class _Segment:
     numbered: bool = False
     last_number: int | None = None
     gap: tuple[int, int] | None = None  # numbers that never arrived, first and last
+    gap_ts_ms: int = -1  # the commit time of the part after the gap, or the time of the watermark that showed it
     blocked_from: int | None = None  # offset of the first part after the gap
     lost: str | None = None  # why the segment's capture stopped for good: nothing of it comes any more
     lost_at: int = -1  # offset of its latest lost mark
@@ -298,7 +299,7 @@ class Reassembler:
             raise ReassemblyError(f"segment {part.segment}'s part at offset {part.offset} is numbered {part.number}, "
                                   f"after part {segment.last_number}: the partition's numbering goes back")
         if segment.last_number is not None and part.number > segment.last_number + 1 and segment.gap is None:
-            segment.gap = (segment.last_number + 1, part.number - 1)
+            segment.gap, segment.gap_ts_ms = (segment.last_number + 1, part.number - 1), part.commit_ts_ms
         if segment.gap is not None and segment.blocked_from is None:
             segment.blocked_from = part.offset
         segment.last_number = part.number
@@ -326,7 +327,8 @@ class Reassembler:
             if seg.last_number is None:
                 seg.last_number = parts
             elif parts > seg.last_number and seg.gap is None:
-                seg.gap = (seg.last_number + 1, parts)  # lost before this watermark: what follows waits
+                # Lost before this watermark: what follows waits.
+                seg.gap, seg.gap_ts_ms = (seg.last_number + 1, parts), resolved_ts_ms
         seg.watermark_ts_ms = max(seg.watermark_ts_ms, resolved_ts_ms)
         if prepared is not None and prepared_ts_ms is not None and prepared_ts_ms >= seg.prepared_ts_ms:
             seg.prepared, seg.prepared_ts_ms = frozenset(prepared), prepared_ts_ms
@@ -483,12 +485,11 @@ class Reassembler:
                 and segment.prepared_ts_ms >= record.commit_ts_ms + self.clock_skew_ms)
 
     def _undecided(self, record: Record, s: int) -> bool:
-        """Whether the record's part on ``s`` has not arrived, and its segment has not
-        yet said whether it still holds it prepared (read late enough after the record)."""
+        """Whether segment ``s`` has yet to say whether it still holds the record's part
+        prepared: no prepared list of it read late enough after the record."""
         segment = self.segments[s]
-        return (s in record.segments and s not in self._parts.get(record.gxid, {}) and segment.lost is None
-                and not self._covered(record, s)
-                and (segment.prepared is None or segment.prepared_ts_ms < record.commit_ts_ms + self.clock_skew_ms))
+        return segment.lost is None and (segment.prepared is None
+                                         or segment.prepared_ts_ms < record.commit_ts_ms + self.clock_skew_ms)
 
     def _empty(self, record: Record, s: int) -> bool:
         """Whether the record's part on ``s``, not arrived, changed nothing: proven absent
@@ -516,14 +517,17 @@ class Reassembler:
 
     def _lost_parts(self) -> list[Missing]:
         """Gaps in a segment's numbers, once everything before the gap has passed: parts
-        lost. Named by the first waiting record that lists the segment and whose part
-        there is proven absent (the gap shows it did not change nothing), once every such
-        record's part is decided; else unnamed (a one-phase part has no record)."""
+        lost. Named by the first waiting record that lists the segment, written before
+        the gap was seen, whose part there is proven absent (the gap shows it did not
+        change nothing), once each such record's part is known to be absent or still
+        prepared there; else unnamed (a one-phase part has no record)."""
         out = []
         for content, segment in enumerate(self.segments):
             if segment.gap is None or any(not self._blocked(p) for p in segment.log):
                 continue
-            absent = [r for r in self._records if content in r.segments
+            # A lost two-phase part committed before the gap was seen, its record earlier.
+            before = segment.gap_ts_ms + self.clock_skew_ms + _ROUNDING_MS
+            absent = [r for r in self._records if content in r.segments and r.commit_ts_ms <= before
                       and content not in self._parts.get(r.gxid, {}) and not self._covered(r, content)]
             if any(self._undecided(r, content) for r in absent):
                 continue  # the next prepared list may prove the lost part a record's: named then
