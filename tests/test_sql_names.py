@@ -34,7 +34,8 @@ def test_a_statement_with_parameters_writes_the_table_and_column_so_named(server
         conn.execute(sql.SQL("CREATE TEMP TABLE {} ({} text, n int)").format(Name(table), Name(column)))
         conn.execute(sql.SQL("INSERT INTO {} ({}, n) VALUES (%s, %s)").format(Name(table), Name(column)), ["v", 1])
         found = conn.execute("SELECT c.relname, a.attname FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid "
-                             "WHERE c.relpersistence = 't' AND a.attnum = 1 AND c.relname = %s", [table]).fetchall()
+                             "WHERE c.relnamespace = pg_my_temp_schema() AND a.attnum = 1 AND c.relname = %s",
+                             [table]).fetchall()
         assert found == [(table, column)]
         read = sql.SQL("SELECT {}, n FROM {} WHERE {} = %s").format(Name(column), Name(table), Name(column))
         assert conn.execute(read, ["v"]).fetchall() == [("v", 1)]
