@@ -296,6 +296,11 @@ def test_a_pipeline_whose_partitions_began_unnumbered_goes_on_unnumbered_and_rep
     assert not [v for v in values if v.get("number") is not None or v.get("parts") is not None]
     with Replayer(config, settings=ReplaySettings(clock_skew_ms=0)) as replayer:
         assert replayer.run().pending == 0
+    # Resumed partway through the partitions: nothing before says a number, nothing waits for one.
+    run_workload(source, WorkloadSpec(threads=2, transactions=20, hot_keys=3, multi_segment_share=0.5, seed=22))
+    wait_until_acknowledged(source, pipeline.slot)
+    with Replayer(config, settings=ReplaySettings(clock_skew_ms=0)) as replayer:
+        assert replayer.run().pending == 0
     target_cluster = target.cluster()
     for table in (ACCOUNTS, EVENTS):
         assert table_rows(target_cluster, table) == table_rows(source, table), f"{table} differs"

@@ -168,14 +168,26 @@ def first_message(kafka: Mapping[str, str], topic: str, partition: int, *, timeo
 def last_numbering(kafka: Mapping[str, str], topic: str, partition: int, before: int) -> tuple[int, int] | None:
     """What the last message of a numbered partition before offset ``before`` that says
     anything of the parts before it says (see ``protocol.numbering_of``), as (LSN,
-    number); None when none does. Read backwards in growing windows."""
+    number); None when none does. Read backwards in growing windows, down to the
+    partition's first message; a partition whose marker counts no parts is not numbered,
+    and is not read further."""
     import orjson
 
-    from ..protocol import numbering_of
+    from ..protocol import kind_of, numbering_of
 
+    first = first_message(kafka, topic, partition)
+    if first is None:
+        return None
+    try:
+        head = orjson.loads(first.value() or b"")
+    except orjson.JSONDecodeError:
+        head = None
+    if isinstance(head, dict) and kind_of(head) == "pipeline" and numbering_of(head) is None:
+        return None
+    low = located(first)[1]
     stop, window = before, 256
-    while stop > 0:
-        begin = max(0, stop - window)
+    while stop > low:
+        begin = max(low, stop - window)
         found: tuple[int, int] | None = None
         for message in read_to_end(kafka, topic, start={partition: begin}, partitions=[partition]):
             if located(message)[1] >= stop:
