@@ -91,6 +91,16 @@ def test_a_gap_is_named_without_waiting_for_records_written_after_it():
     assert (missing.gxid, missing.segment, missing.gap) == (7, 0, (1, 1))
 
 
+def test_a_gap_a_watermark_showed_is_read_again_at_every_resume():
+    """Resumed past it, the replay would count on from the watermark's number: the part
+    lost before it would look like one that changed nothing."""
+    r = numbered(1)
+    r.add_part(part(0, 5, 1, 20, one_phase=True))
+    assert [w.gxid for w in r.ready()] == [5]
+    r.add_watermark(0, 5_000, parts=2, at=30)  # part 2 never came
+    assert r.resume_offsets()[0] == 30
+
+
 def test_a_transaction_whose_every_part_changed_nothing_goes_out_empty():
     r = numbered(2)
     r.add_record(record(7, [0, 1], 10))

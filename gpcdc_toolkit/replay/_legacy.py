@@ -73,7 +73,7 @@ class SegmentOrder:
 
     def add_watermark(self, segment: int, resolved_ts_ms: int, prepared: object = None,
                       prepared_ts_ms: int | None = None, parts: int | None = None, lost: str | None = None,
-                      lost_at: int = -1, resolved_lsn: int | None = None) -> None:
+                      lost_at: int = -1, resolved_lsn: int | None = None, at: int = -1) -> None:
         # A lost segment's log simply ends: segment by segment, nothing waits for it.
         if segment == COORDINATOR:
             self._coordinator_watermark_ts_ms = max(self._coordinator_watermark_ts_ms, resolved_ts_ms)

@@ -159,6 +159,9 @@ class _Segment:
     last_number: int | None = None
     gap: tuple[int, int] | None = None  # numbers that never arrived, first and last
     gap_ts_ms: int = -1  # the commit time of the part after the gap, or the time of the watermark that showed it
+    # Where a watermark showed the gap (-1: a part did, or nowhere known): read again at
+    # every resume, so that the gap is seen again (a part after it is never handed out).
+    gap_at: int = -1
     blocked_from: int | None = None  # offset of the first part after the gap
     lost: str | None = None  # why the segment's capture stopped for good: nothing of it comes any more
     lost_at: int = -1  # offset of its latest lost mark
@@ -306,9 +309,10 @@ class Reassembler:
 
     def add_watermark(self, segment: int, resolved_ts_ms: int, prepared: Iterable[int] | None = None,
                       prepared_ts_ms: int | None = None, parts: int | None = None, lost: str | None = None,
-                      lost_at: int = -1, resolved_lsn: int | None = None) -> None:
-        """A node's progress; ``lost``: its capture stopped for good (a lost mark at offset
-        ``lost_at`` ends its partition: every part of it that will ever come is read)."""
+                      lost_at: int = -1, resolved_lsn: int | None = None, at: int = -1) -> None:
+        """A node's progress, at offset ``at`` of its partition; ``lost``: its capture
+        stopped for good (a lost mark at offset ``lost_at`` ends its partition: every part
+        of it that will ever come is read)."""
         if lost is not None:
             self._lost_at[segment] = min(self._lost_at.get(segment, lost_at), lost_at)
         if segment < 0:
@@ -328,7 +332,7 @@ class Reassembler:
                 seg.last_number = parts
             elif parts > seg.last_number and seg.gap is None:
                 # Lost before this watermark: what follows waits.
-                seg.gap, seg.gap_ts_ms = (seg.last_number + 1, parts), resolved_ts_ms
+                seg.gap, seg.gap_ts_ms, seg.gap_at = (seg.last_number + 1, parts), resolved_ts_ms, at
         seg.watermark_ts_ms = max(seg.watermark_ts_ms, resolved_ts_ms)
         if prepared is not None and prepared_ts_ms is not None and prepared_ts_ms >= seg.prepared_ts_ms:
             seg.prepared, seg.prepared_ts_ms = frozenset(prepared), prepared_ts_ms
@@ -638,6 +642,8 @@ class Reassembler:
                 continue  # repaired, and its copy applied: nothing before the marks is needed again
             out[content] = min(out.get(content, offset), offset)
         for content, segment in enumerate(self.segments):
+            if segment.gap_at >= 0:
+                out[content] = min(out.get(content, segment.gap_at), segment.gap_at)
             # A repaired mark too, until its copy is applied: a joined segment's has no
             # lost mark before it, and a resume past it would hand out its covered
             # transactions without the copy.

@@ -465,7 +465,7 @@ class _Run:
         else:
             self.reassembler.add_watermark(framed.segment, framed.resolved_ts_ms, framed.prepared,
                                            framed.prepared_ts_ms, framed.parts, framed.lost, framed.offset,
-                                           framed.resolved_lsn)
+                                           framed.resolved_lsn, at=framed.offset)
 
     @property
     def ready_to_apply(self) -> bool:

@@ -51,17 +51,17 @@ class Watermark:
     prepared_ts_ms: int | None = None
     parts: int | None = None  # the number of the node's last part before it (numbered streams)
     lost: str | None = None  # a lost mark: why the node's capture stopped for good
-    offset: int = -1  # where a lost mark is (read again at every resume: see Reassembler.resume_offsets)
+    offset: int = -1  # where it is in its partition (a lost mark's is read again at every resume: see Reassembler)
     resolved_lsn: int | None = None  # the node's WAL position up to which everything has been sent
     repaired: RepairMark | None = None  # a repaired mark: the node is captured again after its loss
 
 
-def _watermark(partition: int, value: Mapping[str, Any]) -> Watermark | None:
+def _watermark(partition: int, offset: int, value: Mapping[str, Any]) -> Watermark | None:
     if value.get("resolved_ts_ms") is None:
         return None
     prepared = value.get("prepared")
     return Watermark(partition, value["resolved_ts_ms"], frozenset(prepared) if prepared is not None else None,
-                     value.get("prepared_ts_ms"), value.get("parts"), resolved_lsn=value.get("resolved"))
+                     value.get("prepared_ts_ms"), value.get("parts"), offset=offset, resolved_lsn=value.get("resolved"))
 
 
 def _row_problem(partition: int, event: Mapping[str, Any]) -> str | None:
@@ -230,7 +230,7 @@ class Framer:
             self._open.setdefault(key, _Open(offset)).put(source["seq"], value, self.spill_rows, self.spill)
             return None
         if kind == "resolved":
-            return _watermark(partition, value)
+            return _watermark(partition, offset, value)
         if kind in ("lost", "repaired"):
             # Nothing before the mark comes any more: a transaction left without its END
             # will never have it. After a repair, the segment's LSNs are the new slot's.
@@ -284,7 +284,7 @@ class Framer:
     def _coordinator(self, offset: int, value: Mapping[str, Any]) -> Record | Watermark | None:
         kind = kind_of(value)
         if kind == "resolved":
-            return _watermark(COORDINATOR, value)
+            return _watermark(COORDINATOR, offset, value)
         if kind == "lost":
             return Watermark(COORDINATOR, -1, lost=value["reason"], offset=offset)
         if kind == "ddl":
