@@ -11,13 +11,14 @@ import time
 
 import orjson
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from gpcdc_toolkit.bootstrap import Pipeline, bootstrap
 from gpcdc_toolkit.capture import ensure_topics, wait_until_acknowledged
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.connect import kafka_client_settings
-from gpcdc_toolkit.ingest import read_values
+from gpcdc_toolkit.ingest import end_offsets, read_values
 from gpcdc_toolkit.protocol import Topics
 from gpcdc_toolkit.replay import APPLIED, MissingPartError, Replayer, ReplaySettings
 from gpcdc_toolkit.validate import read_captured, table_rows
@@ -299,6 +300,21 @@ def test_a_pipeline_whose_partitions_began_unnumbered_goes_on_unnumbered_and_rep
     # Resumed partway through the partitions: nothing before says a number, nothing waits for one.
     run_workload(source, WorkloadSpec(threads=2, transactions=20, hot_keys=3, multi_segment_share=0.5, seed=22))
     wait_until_acknowledged(source, pipeline.slot)
+    with Replayer(config, settings=ReplaySettings(clock_skew_ms=0)) as replayer:
+        assert replayer.run().pending == 0
+    # Retention removes each partition's head, its marker with it: capture, restarted,
+    # tells from the partition's last END or watermark that its parts are not numbered.
+    group.stop()
+    ends = end_offsets(kafka, topics.changes)
+    admin = AdminClient(kafka)
+    for future in admin.delete_records([TopicPartition(topics.changes, p, end - 1) for p, end in ends.items()]).values():
+        future.result(30)
+    group.start()
+    run_workload(source, WorkloadSpec(threads=2, transactions=20, hot_keys=3, multi_segment_share=0.5, seed=23))
+    wait_until_acknowledged(source, pipeline.slot)
+    later = [v for p, o, v in read_values(kafka, topics.changes) if o >= ends[p]]
+    assert any(v.get("status") == "END" for v in later)
+    assert not [v for v in later if v.get("number") is not None or v.get("parts") is not None]
     with Replayer(config, settings=ReplaySettings(clock_skew_ms=0)) as replayer:
         assert replayer.run().pending == 0
     target_cluster = target.cluster()

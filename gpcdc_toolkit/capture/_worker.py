@@ -45,7 +45,7 @@ from ..cluster import Cluster, Node
 from ..config import CaptureSettings
 from ..connect import METADATA_REFRESH, kafka_logger
 from ..errors import BrokerError, ClusterChangedError, ConfigError, GpcdcError, StreamError, UnreachableError
-from ..ingest import end_offsets, first_message, last_numbering, located
+from ..ingest import UNNUMBERED, end_offsets, first_message, last_numbering, located
 from ..protocol import (
     COORDINATOR,
     DECODING_SETTINGS,
@@ -321,7 +321,8 @@ class CaptureWorker:
         pipeline marker. An empty one gets it, unless the slot was acknowledged past its
         start: then Kafka lost what it had acknowledged, and capture stops for good.
         Returns whether the partition's parts are numbered, as its marker says (a
-        pipeline bootstrapped before parts were numbered goes on without numbers)."""
+        pipeline bootstrapped before parts were numbered goes on without numbers), or
+        may be, where retention removed the marker (:meth:`_numbered_after` tells)."""
         if self.dispatcher.kind != "segment":
             return False  # partitions are shared by every node's worker: none of them owns one
         content = self.node.content
@@ -372,15 +373,21 @@ class CaptureWorker:
         log, so without the numbers a later part could go out before it is missed."""
         return self.dispatcher.kind == "segment" and self.node.content != COORDINATOR
 
-    def _numbered_after(self) -> tuple[int, int]:
+    def _numbered_after(self) -> tuple[int, int] | None:
         """(LSN, number) from the partition's tail: the number of the last part handed
         out, and an LSN up to which every commit is in the partition (an END's commit
-        LSN, a watermark's resolved position; the marker: nothing yet)."""
+        LSN, a watermark's resolved position; the marker: nothing yet). None when the
+        partition's parts are not numbered: retention removed its marker, and its last
+        END or watermark carries no number (a pipeline bootstrapped before they were)."""
         topic, partition = self.topics.changes, self.node.content
         stop = end_offsets(self.settings.kafka, topic, [partition])[partition]
-        if (found := last_numbering(self.settings.kafka, topic, partition, stop)) is not None:
+        found = last_numbering(self.settings.kafka, topic, partition, stop)
+        if found == UNNUMBERED:
+            return None
+        if found is not None:
             return found
-        raise HistoryLost(f"{topic} partition {partition} holds no numbered message, not even the pipeline's marker",
+        raise HistoryLost(f"{topic} partition {partition} holds neither its pipeline's marker nor an END or a watermark "
+                          "to say whether its parts are numbered",
                           fix="bootstrap the pipeline again (`gpcdc bootstrap drop --delete-topics`, then "
                               "`gpcdc bootstrap create`) and replay into a fresh target")
 

@@ -1,6 +1,7 @@
 """Reading the toolkit's Kafka topics: a plain consumer, and Spark reads."""
 
 from ._consumer import (
+    UNNUMBERED,
     EndTracker,
     end_offsets,
     first_message,
@@ -14,7 +15,7 @@ from ._consumer import (
 from ._rows import COLUMNS, SCHEMA_DDL, to_row
 from ._server import SparkServer, SparkServerError, SparkServerStatus
 
-__all__ = ["EndTracker", "end_offsets", "first_message", "high_watermarks", "last_numbering", "located",
+__all__ = ["UNNUMBERED", "EndTracker", "end_offsets", "first_message", "high_watermarks", "last_numbering", "located",
            "partitions_of", "read_to_end", "read_values", "COLUMNS", "SCHEMA_DDL", "to_row", "SparkServer",
            "SparkServerError", "SparkServerStatus"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Generator, Mapping
-from typing import Any
+from typing import Any, Final, Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -165,39 +165,50 @@ def first_message(kafka: Mapping[str, str], topic: str, partition: int, *, timeo
         messages.close()  # its consumer with it
 
 
-def last_numbering(kafka: Mapping[str, str], topic: str, partition: int, before: int) -> tuple[int, int] | None:
-    """What the last message of a numbered partition before offset ``before`` that says
+UNNUMBERED: Final = "unnumbered"
+
+
+def last_numbering(kafka: Mapping[str, str], topic: str, partition: int,
+                   before: int) -> tuple[int, int] | Literal["unnumbered"] | None:
+    """What the last message of a segment partition before offset ``before`` that says
     anything of the parts before it says (see ``protocol.numbering_of``), as (LSN,
-    number); None when none does. Read backwards in growing windows, down to the
-    partition's first message; a partition whose marker counts no parts is not numbered,
-    and is not read further."""
+    number). ``UNNUMBERED`` for a partition whose parts are not numbered (a pipeline
+    bootstrapped before they were): its marker counts no parts, or, where retention
+    removed the marker, the last END or watermark before ``before`` carries no number.
+    None when nothing before ``before`` says. Read backwards in growing windows, down
+    to the partition's first message."""
     import orjson
 
-    from ..protocol import kind_of, numbering_of
+    from ..protocol import kind_of, numbering_of, shows_unnumbered
+
+    def decoded(message: Message) -> Any:
+        try:
+            return orjson.loads(message.value() or b"")
+        except orjson.JSONDecodeError:
+            return None  # not the protocol's: it says nothing
 
     first = first_message(kafka, topic, partition)
     if first is None:
         return None
-    try:
-        head = orjson.loads(first.value() or b"")
-    except orjson.JSONDecodeError:
-        head = None
-    if isinstance(head, dict) and kind_of(head) == "pipeline" and numbering_of(head) is None:
-        return None
+    head = decoded(first)
+    marked = isinstance(head, dict) and kind_of(head) == "pipeline"
+    if marked and shows_unnumbered(head):
+        return UNNUMBERED
     low = located(first)[1]
     stop, window = before, 256
     while stop > low:
         begin = max(low, stop - window)
-        found: tuple[int, int] | None = None
+        found: tuple[int, int] | Literal["unnumbered"] | None = None
         for message in read_to_end(kafka, topic, start={partition: begin}, partitions=[partition]):
             if located(message)[1] >= stop:
                 break
-            try:
-                value = orjson.loads(message.value() or b"")
-            except orjson.JSONDecodeError:
-                continue  # not the protocol's: nothing to count
-            if isinstance(value, dict) and (numbering := numbering_of(value)) is not None:
+            value = decoded(message)
+            if not isinstance(value, dict):
+                continue
+            if (numbering := numbering_of(value)) is not None:
                 found = numbering
+            elif not marked and shows_unnumbered(value):
+                found = UNNUMBERED  # the marker is gone: the partition's own messages say
         if found is not None:
             return found
         stop, window = begin, window * 4

@@ -12,6 +12,7 @@ from ._assembler import (
     numbering_of,
     pipeline_marker,
     repaired_marker,
+    shows_unnumbered,
 )
 from ._ddl import CreateTable, DdlError, parse_create_table
 from ._events import (
@@ -37,7 +38,7 @@ from ._topics import Dispatcher, Topics
 
 __all__ = [
     "COORDINATOR", "PROTOCOL_VERSION", "UNCHANGED", "Outbound", "ProtocolError", "TransactionAssembler", "UnknownNodesError",
-    "encoder_built", "pipeline_marker", "lost_marker", "numbering_of", "repaired_marker",
+    "encoder_built", "pipeline_marker", "lost_marker", "numbering_of", "repaired_marker", "shows_unnumbered",
     "KINDS", "CoordinatorRecord", "Kind", "PipelineMarker", "RowEvent", "Source",
     "TransactionEvent", "Watermark", "is_pipeline_marker", "kind_of", "problem_of",
     "CreateTable", "DdlError", "parse_create_table",

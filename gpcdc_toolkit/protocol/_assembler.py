@@ -23,7 +23,7 @@ import orjson
 from ..errors import ClusterChangedError, StreamError
 from . import _markers as markers
 from . import _pgoutput as pg
-from ._events import COORDINATOR, PROTOCOL_VERSION, UNCHANGED, kind_of
+from ._events import COORDINATOR, PROTOCOL_VERSION, UNCHANGED, kind_of, problem_of
 from ._startpoint import Repair, StartPoint
 
 try:
@@ -96,16 +96,32 @@ def pipeline_marker(identity: str, content: int, *, numbered: bool = False) -> O
 def numbering_of(value: Mapping[str, Any]) -> tuple[int, int] | None:
     """What a message of a numbered partition says of the parts before it, as (LSN,
     number): every commit up to that LSN is in the partition, the last of them the
-    part of that number. None: it says nothing of them. A restarted capture session
-    numbers on from the latest such message and hands out nothing up to its LSN."""
+    part of that number. None: it says nothing of them (a malformed message says
+    nothing). A restarted capture session numbers on from the latest such message and
+    hands out nothing up to its LSN."""
+    if problem_of(value) is not None:
+        return None
     kind = kind_of(value)
-    if kind == "end" and value.get("number") is not None:
-        return value["commit_lsn"], value["number"]
-    if kind == "resolved" and value.get("parts") is not None:
-        return value["resolved"], value["parts"]
-    if kind == "pipeline" and value.get("parts") is not None:
-        return -1, value["parts"]
+    if kind == "end" and (number := value.get("number")) is not None:
+        return value["commit_lsn"], number
+    if kind == "resolved" and (parts := value.get("parts")) is not None and (lsn := value.get("resolved")) is not None:
+        return lsn, parts
+    if kind == "pipeline" and (parts := value.get("parts")) is not None:
+        return -1, parts
     return None
+
+
+# The field of each kind of message that carries its partition's numbering.
+_NUMBER_FIELD = {"pipeline": "parts", "end": "number", "resolved": "parts"}
+
+
+def shows_unnumbered(value: Mapping[str, Any]) -> bool:
+    """Whether a message of a segment partition shows that its parts are not numbered
+    (a pipeline bootstrapped before they were): a pipeline marker that counts no parts,
+    or an END or a watermark that carries no number; every one of them carries one in
+    a numbered partition. A malformed message shows nothing."""
+    field = _NUMBER_FIELD.get(kind_of(value) or "")
+    return field is not None and value.get(field) is None and problem_of(value) is None
 
 
 def _qualified(schema: str, name: str) -> str:

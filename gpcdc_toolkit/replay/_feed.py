@@ -104,7 +104,7 @@ class KafkaFeed:
 
     def numbering_before(self, partition: int, offset: int) -> int | None:
         found = last_numbering(self.kafka, self.topics.changes, partition, offset)
-        return None if found is None else found[1]
+        return found[1] if isinstance(found, tuple) else None
 
     def syncpoints(self) -> list[int] | None:
         return None
