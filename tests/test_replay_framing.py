@@ -53,6 +53,16 @@ def test_records_carry_their_ddl_and_watermarks_pass_through():
     assert out[1] == Record(9, (0, 1), 7, ("ALTER TABLE t ADD c int",), 70, 10)
 
 
+def test_a_watermark_without_a_time_still_counts_the_parts_before_it():
+    """Capture's first watermark of a session says no time: its count is read all the same,
+    as a replay resumed after it reads it (``ingest.last_numbering``), so that a part
+    lost before it is a gap in both."""
+    framer = Framer("p")
+    untimed = {"type": "resolved", "segment": 0, "resolved": 400, "resolved_ts_ms": None, "parts": 2}
+    assert feed_all(framer, 0, [untimed], first_offset=7) == [Watermark(0, -1, parts=2, offset=7)]
+    assert feed_all(framer, 0, [{**untimed, "parts": None}], first_offset=8) == []
+
+
 def test_after_a_restart_a_resend_past_the_read_offset_is_dropped_but_the_window_is_not():
     # Before the restart: read to offset 6 of partition 0; highest commit LSN 200.
     framer = Framer("p", read={0: 6}, lsn={0: 200})

@@ -58,7 +58,9 @@ class Watermark:
 
 def _watermark(partition: int, offset: int, value: Mapping[str, Any]) -> Watermark | None:
     if value.get("resolved_ts_ms") is None:
-        return None
+        # The first of a capture session, written before its clock was read: it says no
+        # time, but its count of parts may show a gap, as a resume reading before it finds.
+        return None if value.get("parts") is None else Watermark(partition, -1, parts=value["parts"], offset=offset)
     prepared = value.get("prepared")
     return Watermark(partition, value["resolved_ts_ms"], frozenset(prepared) if prepared is not None else None,
                      value.get("prepared_ts_ms"), value.get("parts"), offset=offset, resolved_lsn=value.get("resolved"))
