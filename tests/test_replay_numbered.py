@@ -101,6 +101,26 @@ def test_a_gap_a_watermark_showed_is_read_again_at_every_resume():
     assert r.resume_offsets()[0] == 30
 
 
+def test_a_gap_that_what_came_before_it_waits_behind_is_reported_all_the_same():
+    """Coordinator order 7, 15, 4. Segment 1 committed 15, then the one-phase 2 (after
+    15, so it waits for gxid 15's record), then gxid 4's part, lost, then gxid 7's.
+    Record 7 waits on its part after the gap; record 15 and part 2 behind it never pass:
+    the gap is reported without them."""
+    r = numbered(2)
+    for gxid, lsn in ((7, 1), (15, 2), (4, 3)):
+        r.add_record(record(gxid, [0, 1], lsn))
+    for number, gxid in enumerate([7, 15, 4], start=1):
+        r.add_part(part(0, gxid, number, 10 * number))
+    r.add_part(part(1, 15, 1, 10))
+    r.add_part(part(1, 2, 2, 20, one_phase=True))
+    r.add_part(part(1, 7, 4, 40))  # number 3, gxid 4's part, never came
+    proving_watermark(r, 0, parts=3)
+    proving_watermark(r, 1, parts=4)
+    assert r.ready() == []
+    [missing] = r.missing()
+    assert (missing.gxid, missing.segment) == (4, 1)
+
+
 def test_a_transaction_whose_every_part_changed_nothing_goes_out_empty():
     r = numbered(2)
     r.add_record(record(7, [0, 1], 10))

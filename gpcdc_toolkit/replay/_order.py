@@ -520,14 +520,15 @@ class Reassembler:
         return self._missing_parts() or self._lost_parts() or self._unrecorded()
 
     def _lost_parts(self) -> list[Missing]:
-        """Gaps in a segment's numbers, once everything before the gap has passed: parts
-        lost. Named by the first waiting record that lists the segment, written before
-        the gap was seen, whose part there is proven absent (the gap shows it did not
-        change nothing), once each such record's part is known to be absent or still
-        prepared there; else unnamed (a one-phase part has no record)."""
+        """Gaps in a segment's numbers, once everything before the gap has passed, or can
+        never pass: parts lost. Named by the first waiting record that lists the segment,
+        written before the gap was seen, whose part there is proven absent (the gap shows
+        it did not change nothing), once each such record's part is known to be absent or
+        still prepared there; else unnamed (a one-phase part has no record)."""
         out = []
+        stuck = self._stuck_at_a_gap()
         for content, segment in enumerate(self.segments):
-            if segment.gap is None or any(not self._blocked(p) for p in segment.log):
+            if segment.gap is None or (not stuck and any(not self._blocked(p) for p in segment.log)):
                 continue
             # A lost two-phase part committed before the gap was seen, its record earlier.
             before = segment.gap_ts_ms + self.clock_skew_ms + _ROUNDING_MS
@@ -544,6 +545,19 @@ class Reassembler:
             out.append(Missing(None, content, (), -1, segment.watermark_ts_ms, offsets,
                                f"its parts numbered {numbers} never arrived: the order after them is lost"))
         return out
+
+    def _stuck_at_a_gap(self) -> bool:
+        """Whether the next record can never go out: its part on a segment with a gap in
+        its numbers came after the gap, or has not come (then it is lost, or comes after
+        the gap). No record goes out after it either, so the parts before a gap that wait
+        for their records, or follow one, never pass: the gap is reported without them."""
+        if not self._records:
+            return False
+        record = self._records[0]
+        parts = self._parts.get(record.gxid, {})
+        return any(self.segments[s].gap is not None and (self._blocked(parts[s]) if s in parts
+                                                          else not self._covered(record, s))
+                   for s in record.segments)
 
     def _missing(self, record: Record, s: int, **why: Any) -> Missing:
         """The record's part on ``s`` as missing, with the offsets of what did arrive."""
