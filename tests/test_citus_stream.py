@@ -258,6 +258,7 @@ def test_the_coordinators_decision_is_the_commit_record():
     [record] = decisions(stream, 800, 77, [(2, gids[0]), (2, gids[1]), (1, gids[2])])
     assert record["type"] == "commit" and record["gxid"] == gxid_of_gid(gids[0])
     assert record["segments"] == [0, 1] and record["ddl_count"] == 0 and record["commit_lsn"] == 800
+    assert "all_parts_decoded" not in record, "a Citus participant that changed nothing is never decoded"
     # Recovery deleting carried-out decisions is nothing to the stream.
     stream.feed(w.begin(900, 78))
     stream.feed(w.delete(12345, ["2", None, gids[0]], old_kind="O"))

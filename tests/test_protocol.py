@@ -242,6 +242,7 @@ def test_coordinator_records():
                   w.begin(960, 4), w.message("gpcdc.commit", '{"gxid":51}'), w.commit(960, 990))
     assert [(k, e["gxid"]) for k, _, e in events] == [("ddl", 50), ("commit", 50), ("commit", 51)]
     assert events[1][2]["segments"] == [0, 1] and events[2][2]["segments"] is None
+    assert events[1][2]["all_parts_decoded"] is True, "each participant wrote its gxid marker in its part"
     assert events[0][2]["statement"] == "CREATE TABLE x" and events[0][2]["commit_lsn"] == 900
     resolved = orjson.loads(a.resolved(990, 1_795_000_000_000).value)
     assert resolved["resolved"] == 990 and resolved["segment"] == -1 and resolved["type"] == "resolved"

@@ -2,6 +2,8 @@
 changed nothing when the segment's numbers have no gap, and is missing when they do;
 a gap anywhere stops the segment's order and is reported once all before it is out."""
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -43,6 +45,21 @@ def test_a_listed_part_that_never_comes_changed_nothing_when_no_number_is_missin
     proving_watermark(r, 1, parts=0)  # segment 1 handed out no part at all
     [whole] = r.ready()
     assert whole.gxid == 7 and [p.segment for p in whole.parts] == [0]
+
+
+def test_a_listed_part_that_never_comes_is_missing_where_every_listed_part_is_decoded():
+    """The sandbox's records say so (each participant wrote its gxid marker in its part):
+    a part that never comes was lost, though no number is missing (Kafka lost a
+    partition's acknowledged tail and capture numbered on from what was left, or a
+    segment's clock ran ahead by more than the skew allowed)."""
+    r = numbered(2)
+    r.add_record(replace(record(7, [0, 1], 10), all_parts_decoded=True))
+    r.add_part(part(0, 7, 1, 20))
+    proving_watermark(r, 0, parts=1)
+    proving_watermark(r, 1, parts=0)
+    assert r.ready() == []
+    [missing] = r.missing()
+    assert (missing.gxid, missing.segment) == (7, 1)
 
 
 def test_a_part_arriving_long_after_its_transaction_went_out_without_it_is_refused_as_such():

@@ -351,6 +351,9 @@ class TransactionAssembler:
             if isinstance(marker, markers.CommitRecord):
                 self._known_nodes(marker.gxid, marker.segments or ())
                 body["segments"] = list(marker.segments) if marker.segments is not None else None
+                # Each participant wrote its gxid marker in its part: every part listed is
+                # decoded, so one that does not come is missing, never one that changed nothing.
+                body["all_parts_decoded"] = True
                 if marker.syncpoint is not None:
                     body["syncpoint"] = {str(node): lsn for node, lsn in marker.syncpoint}
             else:

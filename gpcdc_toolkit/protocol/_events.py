@@ -80,6 +80,7 @@ class CoordinatorRecord(TypedDict, total=False):
     type: Literal["commit", "ddl"]
     gxid: int
     segments: list[int] | None  # commit: the participants (None under legacy markers)
+    all_parts_decoded: bool  # commit: every participant's part is in the stream (absent: one may have changed nothing)
     ddl_count: int  # commit: how many DDL records came before it in the same transaction
     syncpoint: dict[str, int]  # commit of a sync point only: each node's WAL position at the cut
     statement: str  # ddl
@@ -135,7 +136,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "segment": _INT, "gxid": _OPT_INT, "xid": _OPT_INT, "commit_lsn": _INT, "commit_ts_ms": _INT, "one_phase": _OPT_BOOL,
     "event_count": _OPT_INT, "end_lsn": _OPT_INT, "resolved": _OPT_INT, "resolved_ts_ms": _OPT_INT,
     "prepared": _OPT_LIST, "prepared_ts_ms": _OPT_INT, "segments": _OPT_LIST, "ddl_count": _OPT_INT,
-    "syncpoint": (dict, type(None)), "statement": _STR, "pipeline": _STR, "number": _OPT_INT, "parts": _OPT_INT,
+    "syncpoint": (dict, type(None)), "all_parts_decoded": _OPT_BOOL, "statement": _STR, "pipeline": _STR,
+    "number": _OPT_INT, "parts": _OPT_INT,
     "reason": _STR, "xmax": _INT, "in_progress": (list,), "coordinator_lsn": _INT,
 }
 _SOURCE_TYPES: dict[str, tuple[type, ...]] = {

@@ -65,6 +65,9 @@ class Record:
     commit_lsn: int = -1  # of the coordinator's local commit; -1: unknown
     offset: int = -1  # where the record (or its first DDL statement) is in the coordinator's partition
     syncpoint: bool = False  # a sync point's: the source's state at a consistent cut ends here
+    # Every part it lists is decoded (the sandbox's): one that does not come is missing.
+    # Otherwise a listed part may have changed nothing, and is then never decoded (Citus).
+    all_parts_decoded: bool = False
 
 
 @dataclass(frozen=True)
@@ -497,11 +500,13 @@ class Reassembler:
 
     def _empty(self, record: Record, s: int) -> bool:
         """Whether the record's part on ``s``, not arrived, changed nothing: proven absent
-        from a numbered stream with no gap. A part that changed nothing is not decoded
-        (Citus lists every prepared connection, written to or not); one with changes
-        would have arrived, numbered, before the proving watermark."""
+        from a numbered stream with no gap, where a listed part may go undecoded. A part
+        that changed nothing is not decoded (Citus lists every prepared connection,
+        written to or not); one with changes would have arrived, numbered, before the
+        proving watermark."""
         segment = self.segments[s]
-        return segment.numbered and segment.gap is None and segment.lost is None and self._proven_absent(record, s)
+        return (not record.all_parts_decoded and segment.numbered and segment.gap is None and segment.lost is None
+                and self._proven_absent(record, s))
 
     def _hold_damaged(self, part: Part, record: Record | None, parts: Mapping[int, Part]) -> None:
         """Hand out nothing from here on: a damaged part stops the order where it stands."""

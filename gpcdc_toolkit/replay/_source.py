@@ -309,7 +309,8 @@ class Framer:
                 f"{expected} DDL records, and {len(statements)} came before it: a DDL record was lost; nothing of "
                 f"gxid {value['gxid']} or after it was applied", fix="bootstrap the pipeline again")
         return Record(value["gxid"], tuple(value["segments"] or ()), value["commit_ts_ms"], tuple(statements),
-                      value["commit_lsn"], first, syncpoint=value.get("syncpoint") is not None)
+                      value["commit_lsn"], first, syncpoint=value.get("syncpoint") is not None,
+                      all_parts_decoded=value.get("all_parts_decoded") is True)
 
     def resume_offsets(self) -> dict[int, int]:
         """Per partition, the first offset of a transaction begun but not ended."""
