@@ -110,12 +110,24 @@ def test_a_gap_is_named_without_waiting_for_records_written_after_it():
 
 def test_a_gap_a_watermark_showed_is_read_again_at_every_resume():
     """Resumed past it, the replay would count on from the watermark's number: the part
-    lost before it would look like one that changed nothing."""
+    lost before it would look like one that changed nothing. It is read again from the
+    number before it, which shows the gap even where retention removed all before."""
     r = numbered(1)
     r.add_part(part(0, 5, 1, 20, one_phase=True))
     assert [w.gxid for w in r.ready()] == [5]
+    assert r.resume_offsets()[0] == 20, "the latest number read"
     r.add_watermark(0, 5_000, parts=2, at=30)  # part 2 never came
-    assert r.resume_offsets()[0] == 30
+    r.add_watermark(0, 6_000, parts=2, at=40)
+    assert r.resume_offsets()[0] == 20
+
+
+def test_a_gap_a_part_showed_is_read_again_from_the_number_before_it():
+    r = numbered(1)
+    r.add_part(part(0, 5, 1, 20, one_phase=True))
+    r.add_part(part(0, 6, 3, 30, one_phase=True))  # part 2 never came
+    r.add_watermark(0, 5_000, parts=3, at=40)
+    assert [w.gxid for w in r.ready()] == [5]
+    assert r.resume_offsets()[0] == 20
 
 
 def test_a_gap_that_what_came_before_it_waits_behind_is_reported_all_the_same():

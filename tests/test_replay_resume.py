@@ -9,7 +9,8 @@ lost. A first run reads the partitions interleaved at random through the real Fr
 and Reassembler, taking a checkpoint with every batch handed out as the replayer does
 (``resume_point``); a second run resumes from one of those checkpoints, seeded as the
 replayer seeds it (``ingest.last_numbering``, its Kafka reads served from the same
-messages). Neither run may hand out the lost part's transaction, nor any transaction
+messages), in half the runs with everything before the resume point removed by
+retention. Neither run may hand out the lost part's transaction, nor any transaction
 that follows the lost part on its segment and writes one of its rows; both must report
 the loss.
 """
@@ -131,14 +132,16 @@ class _Message:
         return self._offset
 
 
-def _serve(monkeypatch: pytest.MonkeyPatch, partitions: dict[int, list[dict[str, Any]]]) -> None:
-    """``last_numbering``'s Kafka reads, served from the partitions' messages."""
+def _serve(monkeypatch: pytest.MonkeyPatch, partitions: dict[int, list[dict[str, Any]]],
+           low: dict[int, int] | None = None) -> None:
+    """``last_numbering``'s Kafka reads, served from the partitions' messages from
+    ``low`` on (where retention removed those before)."""
     encoded = {p: [orjson.dumps(m) for m in ms] for p, ms in partitions.items()}
 
     def read_to_end(kafka: Any, topic: str, *, start: dict[int, int] | None = None,
                     partitions: list[int], **_: Any) -> Iterator[_Message]:
         (p,) = partitions
-        for offset in range((start or {}).get(p, 0), len(encoded[p])):
+        for offset in range(max((start or {}).get(p, 0), (low or {}).get(p, 0)), len(encoded[p])):
             yield _Message(p, offset, encoded[p][offset])
 
     monkeypatch.setattr(_consumer, "read_to_end", read_to_end)
@@ -200,9 +203,16 @@ def test_a_lost_part_is_reported_and_nothing_it_must_precede_goes_out_before_or_
         if not checkpoints:
             return
         resume, read, lsns, applied = rng.choice(checkpoints)
+        if rng.random() < 0.5:
+            _serve(monkeypatch, partitions, low=resume)  # retention removed everything before the resume point
         try:
             handed, missing, _ = replay(rng, partitions, resume, read, lsns, applied)
         except ReassemblyError:
             return  # stopped another way: nothing more went out
+    if forbidden & set(handed):
+        import json
+        print("LOST", lost, "FORBIDDEN", forbidden, "LOGS", logs, "RESUME", resume, "READ", read, "APPLIED", applied)
+        for p_, ms in partitions.items():
+            print(p_, [(i, m.get("status") or m.get("type"), m.get("gxid"), m.get("number") or m.get("parts"), m.get("resolved_ts_ms", "-")) for i, m in enumerate(ms)])
     assert not forbidden & set(handed), f"resumed at {resume}: {sorted(forbidden & set(handed))} went out"
     assert missing, f"resumed at {resume}: the loss of {lost} is no longer reported"

@@ -162,10 +162,16 @@ class _Segment:
     last_number: int | None = None
     gap: tuple[int, int] | None = None  # numbers that never arrived, first and last
     gap_ts_ms: int = -1  # the commit time of the part after the gap, or the time of the watermark that showed it
-    # Where a watermark showed the gap (-1: a part did, or nowhere known): read again at
-    # every resume, so that the gap is seen again (a part after it is never handed out).
+    # Where the number before the gap was read (a part's, a watermark's count; else where
+    # a watermark showed the gap; -1: nowhere known): read again at every resume, so that
+    # the gap is seen again in what comes after, even where retention removed everything
+    # before that offset.
     gap_at: int = -1
     blocked_from: int | None = None  # offset of the first part after the gap
+    # Where the latest number was read (a part's, a watermark's count): a resume reads
+    # again from there, so that it meets the number to count on from even where
+    # retention removed everything before its resume point.
+    numbered_at: int = -1
     lost: str | None = None  # why the segment's capture stopped for good: nothing of it comes any more
     lost_at: int = -1  # offset of its latest lost mark
     repair: RepairMark | None = None  # captured again after a loss (the latest repair)
@@ -301,11 +307,13 @@ class Reassembler:
     def _count(self, segment: _Segment, part: Part) -> None:
         assert part.number is not None
         segment.numbered = True
+        before, segment.numbered_at = segment.numbered_at, max(segment.numbered_at, part.offset)
         if segment.last_number is not None and part.number <= segment.last_number:
             raise ReassemblyError(f"segment {part.segment}'s part at offset {part.offset} is numbered {part.number}, "
                                   f"after part {segment.last_number}: the partition's numbering goes back")
         if segment.last_number is not None and part.number > segment.last_number + 1 and segment.gap is None:
             segment.gap, segment.gap_ts_ms = (segment.last_number + 1, part.number - 1), part.commit_ts_ms
+            segment.gap_at = before
         if segment.gap is not None and segment.blocked_from is None:
             segment.blocked_from = part.offset
         segment.last_number = part.number
@@ -331,11 +339,12 @@ class Reassembler:
             seg.lost, seg.lost_at = lost, max(seg.lost_at, lost_at)
         if parts is not None:
             seg.numbered = True
+            before, seg.numbered_at = seg.numbered_at, max(seg.numbered_at, at)
             if seg.last_number is None:
                 seg.last_number = parts
             elif parts > seg.last_number and seg.gap is None:
                 # Lost before this watermark: what follows waits.
-                seg.gap, seg.gap_ts_ms, seg.gap_at = (seg.last_number + 1, parts), resolved_ts_ms, at
+                seg.gap, seg.gap_ts_ms, seg.gap_at = (seg.last_number + 1, parts), resolved_ts_ms, (before if before >= 0 else at)
         seg.watermark_ts_ms = max(seg.watermark_ts_ms, resolved_ts_ms)
         if prepared is not None and prepared_ts_ms is not None and prepared_ts_ms >= seg.prepared_ts_ms:
             seg.prepared, seg.prepared_ts_ms = frozenset(prepared), prepared_ts_ms
@@ -645,7 +654,8 @@ class Reassembler:
 
     def resume_offsets(self) -> dict[int, int]:
         """Per segment, and for the coordinator (key -1), the first offset of anything
-        arrived but not handed out; a source with nothing waiting is left out."""
+        arrived but not handed out, or of the latest number read on a numbered segment;
+        a source with neither is left out."""
         out: dict[int, int] = {}
         for content, segment in enumerate(self.segments):
             waiting = [p.offset for p in segment.log if p.gxid not in self.applied]
@@ -661,8 +671,9 @@ class Reassembler:
                 continue  # repaired, and its copy applied: nothing before the marks is needed again
             out[content] = min(out.get(content, offset), offset)
         for content, segment in enumerate(self.segments):
-            if segment.gap_at >= 0:
-                out[content] = min(out.get(content, segment.gap_at), segment.gap_at)
+            for offset in (segment.gap_at, segment.numbered_at):
+                if offset >= 0:
+                    out[content] = min(out.get(content, offset), offset)
             # A repaired mark too, until its copy is applied: a joined segment's has no
             # lost mark before it, and a resume past it would hand out its covered
             # transactions without the copy.

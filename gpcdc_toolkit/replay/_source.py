@@ -246,7 +246,7 @@ class Framer:
                 partition, value["number"], DistributedSnapshot(value["xmax"], frozenset(value["in_progress"])),
                 value["coordinator_lsn"], offset))
         if kind == "pipeline":  # a numbered stream's marker: its numbering starts here
-            return Watermark(partition, -1, parts=value["parts"]) if value.get("parts") is not None else None
+            return Watermark(partition, -1, parts=value["parts"], offset=offset) if value.get("parts") is not None else None
         if kind not in ("begin", "end"):
             return None
         if value["segment"] != partition:
