@@ -5,7 +5,8 @@ resumed partway through checks the number before its first part against it.
 Partitions are generated whole: a marker that counts parts or not, then rows, ENDs and
 watermarks with or without numbers, lost marks, malformed and foreign messages; then
 retention removes a generated head (the marker with it, or not), and the numbering is
-read before a generated offset. The answer must be the one a plain backward reading
+read before a generated offset. After a repaired mark, capture streams from a new slot:
+the number goes on, its LSN does not. The answer must be the one a plain backward reading
 of the same messages gives, across the reader's growing windows.
 """
 
@@ -25,7 +26,7 @@ from gpcdc_toolkit.protocol import lost_marker, pipeline_marker
 
 # What follows the marker, message by message.
 KINDS = ("row", "end", "end", "resolved", "end unnumbered", "resolved unnumbered", "end without lsn",
-         "resolved without lsn", "lost", "garbage", "foreign")
+         "resolved without lsn", "lost", "repaired", "garbage", "foreign")
 
 
 def _message(kind: str, lsn: int, number: int) -> bytes:
@@ -46,6 +47,9 @@ def _message(kind: str, lsn: int, number: int) -> bytes:
         return orjson.dumps({"type": "resolved", "segment": 0, "parts": number})
     if kind == "lost":
         return lost_marker(0, "gone").value
+    if kind == "repaired":  # the segment streams from a new slot after it: its LSNs are not the old one's
+        return orjson.dumps({"type": "repaired", "segment": 0, "number": 1, "xmax": 9, "in_progress": [],
+                             "coordinator_lsn": 7, "version": 2})
     if kind == "garbage":
         return b'{"status": "END", "number": '
     return b'"a JSON string"'
@@ -66,6 +70,7 @@ def _expected(values: list[bytes], low: int, before: int) -> tuple[int, int] | s
     marked = isinstance(head, dict) and head.get("type") == "pipeline"
     if marked and "parts" not in head:
         return UNNUMBERED
+    repaired = False
     for offset in range(min(before, len(values)) - 1, low - 1, -1):
         value = decoded(values[offset])
         if not isinstance(value, dict):
@@ -73,14 +78,16 @@ def _expected(values: list[bytes], low: int, before: int) -> tuple[int, int] | s
         kind = "end" if value.get("status") == "END" else value.get("type")
         if kind == "end" and "commit_lsn" in value:
             if "number" in value:
-                return value["commit_lsn"], value["number"]
+                return -1 if repaired else value["commit_lsn"], value["number"]
             if not marked:
                 return UNNUMBERED
         elif kind == "resolved" and "resolved" in value:
             if "parts" in value:
-                return value["resolved"], value["parts"]
+                return -1 if repaired else value["resolved"], value["parts"]
             if not marked:
                 return UNNUMBERED
+        elif kind == "repaired":
+            repaired = True
         elif kind == "pipeline" and "parts" in value:
             return -1, value["parts"]
     return None

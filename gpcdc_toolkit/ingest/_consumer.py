@@ -175,11 +175,13 @@ def last_numbering(kafka: Mapping[str, str], topic: str, partition: int,
     number). ``UNNUMBERED`` for a partition whose parts are not numbered (a pipeline
     bootstrapped before they were): its marker counts no parts, or, where retention
     removed the marker, the last END or watermark before ``before`` carries no number.
-    None when nothing before ``before`` says. Read backwards in growing windows, down
-    to the partition's first message."""
+    None when nothing before ``before`` says. After a repaired mark (``gpcdc bootstrap
+    repair``) the LSN is -1: the segment streams from a new slot, whose LSNs are not
+    the old one's. Read backwards in growing windows, down to the partition's first
+    message."""
     import orjson
 
-    from ..protocol import kind_of, numbering_of, shows_unnumbered
+    from ..protocol import kind_of, numbering_of, problem_of, shows_unnumbered
 
     def decoded(message: Message) -> Any:
         try:
@@ -196,9 +198,11 @@ def last_numbering(kafka: Mapping[str, str], topic: str, partition: int,
         return UNNUMBERED
     low = located(first)[1]
     stop, window = before, 256
+    repaired = False  # a repaired mark comes after the last number found so far
     while stop > low:
         begin = max(low, stop - window)
         found: tuple[int, int] | Literal["unnumbered"] | None = None
+        repaired_here = False
         for message in read_to_end(kafka, topic, start={partition: begin}, partitions=[partition]):
             if located(message)[1] >= stop:
                 break
@@ -206,9 +210,14 @@ def last_numbering(kafka: Mapping[str, str], topic: str, partition: int,
             if not isinstance(value, dict):
                 continue
             if (numbering := numbering_of(value)) is not None:
-                found = numbering
+                found, repaired_here = numbering, False
             elif not marked and shows_unnumbered(value):
-                found = UNNUMBERED  # the marker is gone: the partition's own messages say
+                found, repaired_here = UNNUMBERED, False  # the marker is gone: the partition's own messages say
+            elif kind_of(value) == "repaired" and problem_of(value) is None:
+                repaired_here = True
+        repaired = repaired or repaired_here
+        if isinstance(found, tuple) and repaired:
+            return -1, found[1]
         if found is not None:
             return found
         stop, window = begin, window * 4
