@@ -209,10 +209,5 @@ def test_a_lost_part_is_reported_and_nothing_it_must_precede_goes_out_before_or_
             handed, missing, _ = replay(rng, partitions, resume, read, lsns, applied)
         except ReassemblyError:
             return  # stopped another way: nothing more went out
-    if forbidden & set(handed):
-        import json
-        print("LOST", lost, "FORBIDDEN", forbidden, "LOGS", logs, "RESUME", resume, "READ", read, "APPLIED", applied)
-        for p_, ms in partitions.items():
-            print(p_, [(i, m.get("status") or m.get("type"), m.get("gxid"), m.get("number") or m.get("parts"), m.get("resolved_ts_ms", "-")) for i, m in enumerate(ms)])
     assert not forbidden & set(handed), f"resumed at {resume}: {sorted(forbidden & set(handed))} went out"
     assert missing, f"resumed at {resume}: the loss of {lost} is no longer reported"
