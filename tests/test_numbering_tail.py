@@ -13,6 +13,9 @@ of the same messages gives, across the reader's growing windows.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import orjson
 import pytest
@@ -110,10 +113,10 @@ def partitions(draw: st.DrawFn) -> tuple[list[bytes], int, int]:
     return values, low, before
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(partitions())
-def test_the_numbering_before_an_offset_is_what_a_backward_reading_finds(broker, partition):
-    values, low, before = partition
+@contextmanager
+def _partition(broker: Any, values: list[bytes], low: int) -> Iterator[tuple[dict[str, str], str]]:
+    """A topic of one partition holding ``values``, those before offset ``low`` removed
+    (as retention removes them); deleted afterwards."""
     kafka = {"bootstrap.servers": broker.bootstrap_servers}
     topic = f"numbering-{uuid.uuid4().hex[:8]}"
     admin = AdminClient(kafka)
@@ -128,10 +131,18 @@ def test_the_numbering_before_an_offset_is_what_a_backward_reading_finds(broker,
             for future in admin.delete_records([TopicPartition(topic, 0, low)]).values():
                 future.result(30)
         assert end_offsets(kafka, topic, [0]) == {0: len(values)}
-        assert last_numbering(kafka, topic, 0, before) == _expected(values, low, before)
+        yield kafka, topic
     finally:
         for future in admin.delete_topics([topic]).values():
             future.result(30)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(partitions())
+def test_the_numbering_before_an_offset_is_what_a_backward_reading_finds(broker, partition):
+    values, low, before = partition
+    with _partition(broker, values, low) as (kafka, topic):
+        assert last_numbering(kafka, topic, 0, before) == _expected(values, low, before)
 
 
 @pytest.mark.parametrize("numbered", [False, True])
@@ -139,20 +150,6 @@ def test_a_partition_whose_marker_retention_removed_says_its_numbering_by_its_la
     """The case of a pipeline bootstrapped before parts were numbered, whose marker is gone."""
     values = [pipeline_marker("p", 0, numbered=numbered).value, _message("row", 1, 0),
               _message("end" if numbered else "end unnumbered", 2, 1), _message("row", 3, 0)]
-    kafka = {"bootstrap.servers": broker.bootstrap_servers}
-    topic = f"numbering-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient(kafka)
-    for future in admin.create_topics([NewTopic(topic, 1, 1)]).values():
-        future.result(30)
-    try:
-        producer = Producer(kafka)
-        for value in values:
-            producer.produce(topic, value, partition=0)
-        assert producer.flush(30) == 0
-        for future in admin.delete_records([TopicPartition(topic, 0, 1)]).values():
-            future.result(30)
+    with _partition(broker, values, 1) as (kafka, topic):
         assert last_numbering(kafka, topic, 0, 4) == ((2, 1) if numbered else UNNUMBERED)
         assert last_numbering(kafka, topic, 0, 2) is None, "nothing before the END says"
-    finally:
-        for future in admin.delete_topics([topic]).values():
-            future.result(30)
