@@ -539,10 +539,12 @@ class Reassembler:
         written before the gap was seen, whose part there is proven absent (the gap shows
         it did not change nothing), once each such record's part is known to be absent or
         still prepared there; else unnamed (a one-phase part has no record)."""
-        out = []
-        stuck = self._stuck_at_a_gap()
-        for content, segment in enumerate(self.segments):
-            if segment.gap is None or (not stuck and any(not self._blocked(p) for p in segment.log)):
+        out: list[Missing] = []
+        gapped = [(content, segment) for content, segment in enumerate(self.segments) if segment.gap is not None]
+        stuck = bool(gapped) and self._stuck_at_a_gap()
+        for content, segment in gapped:
+            assert segment.gap is not None
+            if not stuck and any(not self._blocked(p) for p in segment.log):
                 continue
             # A lost two-phase part committed before the gap was seen, its record earlier.
             before = segment.gap_ts_ms + self.clock_skew_ms + _ROUNDING_MS
