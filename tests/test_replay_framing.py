@@ -71,6 +71,11 @@ def test_after_a_restart_a_resend_past_the_read_offset_is_dropped_but_the_window
     new = feed_all(framer, 0, [begin(0, 300), end(0, 300)], first_offset=9)
     assert [p.commit_lsn for p in window] == [200] and resent == [] and [p.commit_lsn for p in new] == [300]
     assert framer.last_lsn == {0: 300}
+    assert [p.new for p in window + new] == [False, True], "only the part whose END lies past the offset read is new"
+    # A part begun before that offset and ended past it was not read whole then: new too.
+    straddling = Framer("p", read={0: 6}, lsn={0: 200})
+    [part] = feed_all(straddling, 0, [begin(0, 300), row(0, 300, 1), end(0, 300, count=1)], first_offset=4)
+    assert part.new and part.offset == 4
 
 
 def test_legacy_and_key_dispatched_streams_are_refused_in_one_line():

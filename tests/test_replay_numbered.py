@@ -62,6 +62,17 @@ def test_a_listed_part_that_never_comes_is_missing_where_every_listed_part_is_de
     assert (missing.gxid, missing.segment) == (7, 1)
 
 
+def test_a_part_read_first_after_a_restart_whose_transaction_was_applied_is_refused_as_late():
+    """Nothing past where the run before the restart had read was applied with its
+    transaction: a part of an applied transaction there went out without it (a replay
+    run again after the first refused it would otherwise pass over it)."""
+    r = Reassembler(2, clock_skew_ms=SKEW, applied={7})
+    r.add_part(part(0, 7, None, 20))  # read before the restart: its transaction was applied with it
+    with pytest.raises(ReassemblyError, match="segment 1's part of gxid 7 at offset 40 arrives after the "
+                                              "transaction went out without it"):
+        r.add_part(replace(part(1, 7, None, 40), new=True))
+
+
 def test_a_part_arriving_long_after_its_transaction_went_out_without_it_is_refused_as_such():
     """However many transactions went out since: the positions of those handed out without
     a part are kept past the forgetting of the others."""

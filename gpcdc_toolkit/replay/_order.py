@@ -52,6 +52,9 @@ class Part:
     offset: int = -1  # where the part begins in its segment's partition
     damage: str | None = None  # why its rows are not whole (see Framer); None: whole
     number: int | None = None  # its place among the segment's parts (numbered streams)
+    # Its END lies at or past where the run before a restart had read to: nothing of it
+    # was read then, so if its transaction is applied, it went out without this part.
+    new: bool = False
 
 
 @dataclass(frozen=True)
@@ -250,6 +253,8 @@ class Reassembler:
         if part.gxid is None and part.one_phase and part.commit_lsn <= self.applied_lsn.get(part.segment, -1):
             return
         if part.gxid in self.applied:
+            if part.new and not part.one_phase:
+                raise self._late(part)  # applied by a run before, without it
             if not part.one_phase:
                 segment.log.append(part)  # passed over in its place, see _advance
             return
@@ -258,10 +263,7 @@ class Reassembler:
                 raise ReassemblyError(f"segment {part.segment}'s two-phase part at offset {part.offset} has no gxid")
             position = self._position.get(part.gxid)
             if position is not None and position < self._next:
-                raise ReassemblyError(
-                    f"segment {part.segment}'s part of gxid {part.gxid} at offset {part.offset} arrives after the "
-                    "transaction went out without it (its part there was proven to have changed nothing, or to be in "
-                    "a repair's copy): the target lacks what it changed; bootstrap the pipeline again")
+                raise self._late(part)
             known = self._parts.setdefault(part.gxid, {})
             if part.segment in known:
                 return
@@ -303,6 +305,13 @@ class Reassembler:
         self._position[record.gxid] = self._added
         self._added += 1
         self._records.append(record)
+
+    @staticmethod
+    def _late(part: Part) -> ReassemblyError:
+        return ReassemblyError(
+            f"segment {part.segment}'s part of gxid {part.gxid} at offset {part.offset} arrives after the "
+            "transaction went out without it (its part there was proven to have changed nothing, or to be in "
+            "a repair's copy): the target lacks what it changed; bootstrap the pipeline again")
 
     def _count(self, segment: _Segment, part: Part) -> None:
         assert part.number is not None

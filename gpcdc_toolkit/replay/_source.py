@@ -267,8 +267,9 @@ class Framer:
                 "distributed transactions cannot be rebuilt from this stream",
                 fix=_LEGACY_FIX)
         rows, numbers = opened.payload()
+        new = partition in self.read_before and offset >= self.read_before[partition]
         return Part(partition, value["gxid"], bool(value["one_phase"]), value["commit_lsn"], value["commit_ts_ms"], rows,
-                    opened.offset, opened.damage(numbers, value.get("event_count")), value.get("number"))
+                    opened.offset, opened.damage(numbers, value.get("event_count")), value.get("number"), new)
 
     def _check_unended(self, segment: int, commit_lsn: int, offset: int) -> None:
         """A segment's transactions come one after another, each ended before the next
