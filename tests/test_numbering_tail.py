@@ -153,3 +153,16 @@ def test_a_partition_whose_marker_retention_removed_says_its_numbering_by_its_la
     with _partition(broker, values, 1) as (kafka, topic):
         assert last_numbering(kafka, topic, 0, 4) == ((2, 1) if numbered else UNNUMBERED)
         assert last_numbering(kafka, topic, 0, 2) is None, "nothing before the END says"
+
+
+def test_after_a_repaired_mark_the_number_goes_on_and_the_old_slots_lsn_holds_nothing_back(broker):
+    """A repaired segment streams from a new slot, whose LSNs may lie below the old one's:
+    its capture, restarted, numbers on without dropping them as sent before."""
+    values = [pipeline_marker("p", 0, numbered=True).value, _message("end", 900, 1), _message("lost", 0, 0),
+              _message("repaired", 0, 0), _message("row", 5, 0)]
+    with _partition(broker, values, 0) as (kafka, topic):
+        assert last_numbering(kafka, topic, 0, len(values)) == (-1, 1)
+        assert last_numbering(kafka, topic, 0, 3) == (900, 1), "before the mark, the old slot's LSN holds"
+    values.append(_message("end", 40, 2))  # the new slot's first part
+    with _partition(broker, values, 0) as (kafka, topic):
+        assert last_numbering(kafka, topic, 0, len(values)) == (40, 2)
