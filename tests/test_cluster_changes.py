@@ -19,7 +19,9 @@ from gpcdc_toolkit.capture import CaptureGroup, capture_status, extend_pipeline,
 from gpcdc_toolkit.cluster import Session, segment_for
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.connect import kafka_client_settings
-from gpcdc_toolkit.errors import ClusterChangedError, ClusterError, SandboxError
+from gpcdc_toolkit.errors import ClusterChangedError, ClusterError, GpcdcError, SandboxError
+from gpcdc_toolkit.ingest import end_offsets, located, read_to_end, read_values
+from gpcdc_toolkit.protocol import Topics
 from gpcdc_toolkit.replay import MissingPartError, Replayer
 from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.validate import table_rows
@@ -579,4 +581,78 @@ def test_a_workload_settles_the_parts_left_prepared_on_a_mirror_that_took_over(w
         assert sandbox.cluster().prepared_transactions() == []
         assert table_rows(sandbox.cluster(), table) == []  # no commit record: rolled back
     finally:
+        sandbox.down(remove=True)
+
+
+def lose_tail(kafka, topic, partition, keep):
+    """Kafka losing a partition's tail that it had acknowledged (a broker back without
+    what it had not written to disk): the topic made again with every message it held,
+    at the same offsets, but those of ``partition`` from offset ``keep`` on."""
+    from confluent_kafka import KafkaError, KafkaException, Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    held = [m for m in read_to_end(kafka, topic) if located(m)[0] != partition or located(m)[1] < keep]
+    partitions = len(AdminClient(kafka).list_topics(topic, timeout=10).topics[topic].partitions)
+    admin = AdminClient(kafka)
+    admin.delete_topics([topic])[topic].result(30)
+    deadline = time.monotonic() + 60
+    while True:  # deletion finishes in the background: the name is free once a creation is taken
+        try:
+            admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+            break
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS or time.monotonic() > deadline:
+                raise
+            threading.Event().wait(0.2)
+    producer = Producer({**kafka, "enable.idempotence": True})
+    for message in held:
+        producer.produce(topic, message.value(), key=message.key(), partition=located(message)[0],
+                         timestamp=message.timestamp()[1])
+    assert producer.flush(30) == 0
+    assert end_offsets(kafka, topic, [partition]) == {partition: keep}
+
+
+def test_a_tail_kafka_lost_after_acknowledging_it_stops_its_segments_capture_and_a_repair_recovers_it(
+        broker, work_dir):
+    """Transactions on one segment alone (one-phase parts, which no commit record names),
+    acknowledged to the slot, then lost by Kafka: capture, started again, finds the slot
+    acknowledged past what the partition carries, marks the segment lost and stops it
+    for good; it does not number on from the tail that is left, which would hide the
+    loss. `gpcdc bootstrap repair` then captures the segment again, and the replay ends
+    equal to the source, the lost rows included."""
+    sandbox = Sandbox(f"kt-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
+    target = Sandbox(f"ktt-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
+    try:
+        with capturing(sandbox, broker, work_dir, **{"target.sandbox": target.name}) as (
+                cluster, config, pipeline, group, table):
+            kafka = kafka_client_settings(config)
+            topic = Topics(config.kafka.topic_prefix).changes
+            keep = end_offsets(kafka, topic, [1])[1]
+            lost = [i for i in range(100, 200) if segment_for([i], 2) == 1][:5]
+            for i in lost:
+                write(cluster, table, [i])
+            wait_until_acknowledged(cluster, pipeline.slot)
+            group.stop()
+            lose_tail(kafka, topic, 1, keep)
+
+            with pytest.raises(GpcdcError, match="Kafka lost events it had acknowledged"):
+                group.start()
+            state = failed_state(group, 1)
+            assert f"{topic} partition 1 carries" in state and "bootstrap repair --segment 1" in state
+            *_, (_, _, last) = read_values(kafka, topic, partitions=[1])
+            assert last["type"] == "lost" and "Kafka lost events it had acknowledged" in last["reason"]
+
+            repaired = subprocess.run([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(config.work_dir),
+                                       "--source-sandbox", sandbox.name, "--kafka-bootstrap-servers",
+                                       config.kafka.bootstrap_servers, "--kafka-topic-prefix",
+                                       config.kafka.topic_prefix, "bootstrap", "repair", "--segment", "1"],
+                                      env=ENV, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+            assert repaired.returncode == 0, repaired.stderr
+            write(cluster, table, range(200, 220))
+            group.start()
+            wait_until_acknowledged(cluster, pipeline.slot)
+            assert {i for (i, _v) in table_rows(cluster, table)} >= set(lost)
+            replayed_to_equality_with_copies(config, target, cluster, pipeline, table, [(1, 1)])
+    finally:
+        target.down(remove=True)
         sandbox.down(remove=True)

@@ -32,7 +32,18 @@ from ..bootstrap._bootstrap import _drop_when_released, _ensure_publications, _S
 from ..bootstrap._snapshot import distributed_tables, export_tables, write_manifest
 from ..cluster import COORDINATOR, START_LOCK, Cluster, Node
 from ..ingest import end_offsets, read_to_end
-from ..protocol import NodeStart, Outbound, Repair, Topics, kind_of, lost_marker, parse_lsn, pipeline_marker, repaired_marker
+from ..protocol import (
+    NodeStart,
+    Outbound,
+    Repair,
+    Topics,
+    kind_of,
+    lost_marker,
+    parse_lsn,
+    pipeline_marker,
+    problem_of,
+    repaired_marker,
+)
 from ._changes import node_change
 
 
@@ -55,7 +66,7 @@ def repair_segment(cluster: Cluster, pipeline: Pipeline, content: int, kafka: Ma
         raise BootstrapError(f"segment {content} was added to the source after the bootstrap: the pipeline never "
                              "captured it", fix="extend the pipeline to it (`gpcdc bootstrap extend`)")
     node = segments[content]
-    lost = _why_lost(cluster, node, start.node(content))
+    lost = _why_lost(cluster, node, start.node(content)) or _marked_lost(kafka, Topics(pipeline.prefix), content)
     if lost is None:
         raise BootstrapError(f"segment {content}'s capture is not lost: {node} is the server its slot "
                              f"{pipeline.slot} was made on, and the slot is there and usable",
@@ -221,6 +232,16 @@ def _mark(kafka: Mapping[str, str], topics: Topics, repair: Repair, lost: str) -
     """The lost mark (unless the partition ends with one: capture wrote it when it
     stopped), then the repaired mark."""
     content = repair.node.content
+    marks = [repaired_marker(repair)]
+    if _marked_lost(kafka, topics, content) is None:
+        marks.insert(0, lost_marker(content, lost))
+    _produce(kafka, topics, content, marks)
+
+
+def _marked_lost(kafka: Mapping[str, str], topics: Topics, content: int) -> str | None:
+    """The reason of the lost mark the segment's partition ends with, if it ends with
+    one: its capture stopped for good (say, Kafka lost what the slot had been
+    acknowledged to), although its server and slot are as they were."""
     end = end_offsets(kafka, topics.changes, [content])[content]
     last = None
     for message in read_to_end(kafka, topics.changes, start={content: max(0, end - 1)}, partitions=[content]):
@@ -228,10 +249,9 @@ def _mark(kafka: Mapping[str, str], topics: Topics, repair: Repair, lost: str) -
             last = orjson.loads(message.value() or b"")
         except orjson.JSONDecodeError:
             last = None
-    marks = [repaired_marker(repair)]
-    if not (isinstance(last, dict) and kind_of(last) == "lost"):
-        marks.insert(0, lost_marker(content, lost))
-    _produce(kafka, topics, content, marks)
+    if isinstance(last, dict) and kind_of(last) == "lost" and problem_of(last) is None:
+        return str(last["reason"])
+    return None
 
 
 def _produce(kafka: Mapping[str, str], topics: Topics, content: int, marks: list[Outbound]) -> None:

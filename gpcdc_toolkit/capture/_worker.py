@@ -45,7 +45,7 @@ from ..cluster import Cluster, Node
 from ..config import CaptureSettings
 from ..connect import METADATA_REFRESH, kafka_logger
 from ..errors import BrokerError, ClusterChangedError, ConfigError, GpcdcError, StreamError, UnreachableError
-from ..ingest import UNNUMBERED, end_offsets, first_message, last_numbering, located
+from ..ingest import UNNUMBERED, acknowledged_bound, end_offsets, first_message, last_numbering, located
 from ..protocol import (
     COORDINATOR,
     DECODING_SETTINGS,
@@ -265,6 +265,7 @@ class CaptureWorker:
                 self._mark_lost(producer, e.message)
                 raise
             numbered_after = self._numbered_after() if self._check_history(producer, acked) else None
+            self._check_tail(producer, acked)
             cur.start_replication(slot_name=self.slot, decode=False, options={
                 **self.cluster.decoding_options(), "publication_names": self.start.publication})
             self._loop(stop, cur, conn, producer, probe, acked, numbered_after)
@@ -358,6 +359,29 @@ class CaptureWorker:
                     "(`gpcdc bootstrap drop --delete-topics`) and bootstrap again")
         return self._numbered and isinstance(decoded, dict) and numbering_of(decoded) is not None
 
+    def _check_tail(self, producer: Producer, acked: int) -> None:
+        """Before streaming: the node's partition must carry everything its slot was
+        acknowledged to (see ``ingest.acknowledged_bound``). Were Kafka to lose a tail it
+        had acknowledged (a broker back without what it had not written to disk, an
+        unclean leader election), the slot would not send it again, and capture would
+        number what comes next on from the tail that is left: a lost part that no gap
+        shows. Then the partition ends with a lost mark, and capture stops for good."""
+        if self.dispatcher.kind != "segment":
+            return
+        content = self.node.content
+        topic, partition = (self.topics.dtx, 0) if content == COORDINATOR else (self.topics.changes, content)
+        stop = end_offsets(self.settings.kafka, topic, [partition])[partition]
+        bound = acknowledged_bound(self.settings.kafka, topic, partition, stop)
+        if bound is None or acked <= bound:
+            return
+        reason = (f"{topic} partition {partition} carries {self.node}'s commits up to {format_lsn(bound)}, but its "
+                  f"slot was acknowledged to {format_lsn(acked)}: Kafka lost events it had acknowledged")
+        self._mark_lost(producer, reason)
+        raise HistoryLost(reason, fix=(
+            "bootstrap the pipeline again (`gpcdc bootstrap drop --delete-topics`, then `gpcdc bootstrap create`) and "
+            "replay into a fresh target" if content == COORDINATOR else
+            f"capture the segment again (`gpcdc bootstrap repair --segment {content}`), then `gpcdc capture start`"))
+
     def _deliver(self, producer: Producer, topic: str, partition: int, value: bytes) -> bool:
         """Produce one reported event and wait until Kafka confirms it; False if Kafka
         did not within ``flush_timeout``."""
@@ -397,6 +421,7 @@ class CaptureWorker:
         assembler = self.cluster.translator(self.node, source_name=settings.prefix, database=self.database,
                                             start=self.start, max_buffered=settings.capture.max_buffered,
                                             numbered_after=numbered_after)
+        started_at = acked  # where the slot was acknowledged to when the session began
         produced_end = acked  # end LSN of the last transaction whose events were all produced
         resolved = acked
         # (flush LSN, server ms, ms before the prepared list was read, gxids prepared), oldest first
@@ -434,7 +459,7 @@ class CaptureWorker:
                 self._write_status()
             if now >= next_ack:
                 next_ack = now + settings.capture.ack_interval
-                confirmations.checkpoint(self._ack_target(assembler, produced_end, resolved), now)
+                confirmations.checkpoint(self._ack_target(assembler, started_at, produced_end, resolved), now)
                 producer.poll(0)  # serves delivery reports
                 acked = self._acknowledge(cur, acked, now)
                 stats.transactions = assembler.transactions
@@ -449,13 +474,15 @@ class CaptureWorker:
                     wait = min(wait, look)
                 select.select([conn], [], [], wait)
         # Stopping: what Kafka confirms within flush_timeout is not sent again.
-        confirmations.checkpoint(self._ack_target(assembler, produced_end, resolved), time.monotonic())
+        confirmations.checkpoint(self._ack_target(assembler, started_at, produced_end, resolved), time.monotonic())
         producer.flush(settings.capture.flush_timeout)
         self._acknowledge(cur, acked, time.monotonic())
 
     @staticmethod
-    def _ack_target(assembler: Any, produced_end: int, resolved: int) -> int:
-        target = max(produced_end, resolved)
+    def _ack_target(assembler: Any, acked: int, produced_end: int, resolved: int) -> int:
+        # No further than the messages handed out carry (``protocol.bounds_acks``): a
+        # transaction dropped since the last of them is acknowledged with the next watermark.
+        target = min(max(produced_end, resolved), max(acked, assembler.carried_lsn or acked))
         limit = assembler.ack_limit  # parts decoded but not handed out must be decoded again after a restart
         return target if limit is None else min(target, limit)
 
