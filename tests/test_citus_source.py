@@ -20,13 +20,16 @@ from gpcdc_toolkit.bootstrap import BootstrapError, InitialSnapshot, Pipeline, b
 from gpcdc_toolkit.capture import CaptureGroup, wait_until_acknowledged
 from gpcdc_toolkit.citus import gxid_of_gid
 from gpcdc_toolkit.config import load_config
+from gpcdc_toolkit.connect import kafka_client_settings
 from gpcdc_toolkit.errors import GpcdcError
-from gpcdc_toolkit.protocol import StartPoint
+from gpcdc_toolkit.ingest import end_offsets
+from gpcdc_toolkit.protocol import StartPoint, Topics
 from gpcdc_toolkit.replay import APPLIED, MissingPartError, Replayer, ReplaySettings
 from gpcdc_toolkit.report import read_runs, run_notebook
 from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.validate import read_captured, table_rows, validate
 
+from ._kafka import lose_tail
 from .test_replay_faults import ENV, applied_count, copy_dropping, gxid_of, replay_command, wait_for_first_commit
 
 pytestmark = pytest.mark.citus
@@ -532,3 +535,29 @@ def test_the_jobs_run_as_notebooks_into_reports_on_a_citus_source(pipeline_on, c
     assert sorted(listed) == sorted(runs) and {r["status"] for r in listed.values()} == {"ok"}
     for done in runs.values():
         assert done.report.is_file()
+
+
+def test_a_tail_kafka_lost_after_acknowledging_it_stops_the_workers_capture_for_good(pipeline_on, citus_source):
+    """Single-shard inserts (a worker's one-phase parts, which no decision names),
+    acknowledged to the worker's slot, then lost by Kafka: capture, started again, finds
+    the slot acknowledged past what the partition carries and stops the worker's capture
+    for good, rather than number on from what is left; a Citus source's worker cannot
+    be captured again on its own, so the fix is a new bootstrap."""
+    cluster, config, pipeline, group, table = pipeline_on
+    kafka = kafka_client_settings(config)
+    topic = Topics(config.kafka.topic_prefix).changes
+    bootstrap(cluster, pipeline, "snapshot")
+    group.start()
+    wait_until_acknowledged(cluster, pipeline.slot)
+    keep = end_offsets(kafka, topic, [0])[0]
+    with psycopg.connect(citus_source.dsn, autocommit=True) as conn:
+        for i in range(20):
+            conn.execute(f"INSERT INTO {table} (id, v) VALUES (%s, 1)", (i,))
+    wait_until_acknowledged(cluster, pipeline.slot)
+    assert end_offsets(kafka, topic, [0])[0] > keep + 20, "worker 0 took some of the inserts"
+    group.stop()
+    lose_tail(kafka, topic, 0, keep)
+    with pytest.raises(GpcdcError, match="Kafka lost events it had acknowledged"):
+        group.start()
+    state = (group.status(0) or {}).get("state", "")
+    assert f"{topic} partition 0 carries" in state and "bootstrap the pipeline again" in state, state

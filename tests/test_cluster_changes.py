@@ -20,12 +20,13 @@ from gpcdc_toolkit.cluster import Session, segment_for
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.connect import kafka_client_settings
 from gpcdc_toolkit.errors import ClusterChangedError, ClusterError, GpcdcError, SandboxError
-from gpcdc_toolkit.ingest import end_offsets, located, read_to_end, read_values
+from gpcdc_toolkit.ingest import end_offsets, read_values
 from gpcdc_toolkit.protocol import Topics
 from gpcdc_toolkit.replay import MissingPartError, Replayer
 from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.validate import table_rows
 
+from ._kafka import lose_tail
 from .test_replay_faults import ENV
 
 pytestmark = pytest.mark.changes
@@ -582,34 +583,6 @@ def test_a_workload_settles_the_parts_left_prepared_on_a_mirror_that_took_over(w
         assert table_rows(sandbox.cluster(), table) == []  # no commit record: rolled back
     finally:
         sandbox.down(remove=True)
-
-
-def lose_tail(kafka, topic, partition, keep):
-    """Kafka losing a partition's tail that it had acknowledged (a broker back without
-    what it had not written to disk): the topic made again with every message it held,
-    at the same offsets, but those of ``partition`` from offset ``keep`` on."""
-    from confluent_kafka import KafkaError, KafkaException, Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    held = [m for m in read_to_end(kafka, topic) if located(m)[0] != partition or located(m)[1] < keep]
-    partitions = len(AdminClient(kafka).list_topics(topic, timeout=10).topics[topic].partitions)
-    admin = AdminClient(kafka)
-    admin.delete_topics([topic])[topic].result(30)
-    deadline = time.monotonic() + 60
-    while True:  # deletion finishes in the background: the name is free once a creation is taken
-        try:
-            admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
-            break
-        except KafkaException as e:
-            if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS or time.monotonic() > deadline:
-                raise
-            threading.Event().wait(0.2)
-    producer = Producer({**kafka, "enable.idempotence": True})
-    for message in held:
-        producer.produce(topic, message.value(), key=message.key(), partition=located(message)[0],
-                         timestamp=message.timestamp()[1])
-    assert producer.flush(30) == 0
-    assert end_offsets(kafka, topic, [partition]) == {partition: keep}
 
 
 def test_a_tail_kafka_lost_after_acknowledging_it_stops_its_segments_capture_and_a_repair_recovers_it(

@@ -377,10 +377,11 @@ class CaptureWorker:
         reason = (f"{topic} partition {partition} carries {self.node}'s commits up to {format_lsn(bound)}, but its "
                   f"slot was acknowledged to {format_lsn(acked)}: Kafka lost events it had acknowledged")
         self._mark_lost(producer, reason)
-        raise HistoryLost(reason, fix=(
-            "bootstrap the pipeline again (`gpcdc bootstrap drop --delete-topics`, then `gpcdc bootstrap create`) and "
-            "replay into a fresh target" if content == COORDINATOR else
-            f"capture the segment again (`gpcdc bootstrap repair --segment {content}`), then `gpcdc capture start`"))
+        if content != COORDINATOR and self.cluster.toolkit_routing:  # what a repair can capture again
+            raise HistoryLost(reason, fix=f"capture the segment again (`gpcdc bootstrap repair --segment {content}`), "
+                                          "then `gpcdc capture start`")
+        raise HistoryLost(reason, fix="bootstrap the pipeline again (`gpcdc bootstrap drop --delete-topics`, then "
+                                      "`gpcdc bootstrap create`) and replay into a fresh target")
 
     def _deliver(self, producer: Producer, topic: str, partition: int, value: bytes) -> bool:
         """Produce one reported event and wait until Kafka confirms it; False if Kafka

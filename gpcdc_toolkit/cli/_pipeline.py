@@ -75,8 +75,8 @@ class BootstrapDrop(Command):
 
 
 class BootstrapRepair(Command):
-    name, help = "repair", ("capture a lost segment again from a new consistent point (after a failover, or its slot "
-                            "dropped or invalidated), without capturing the others again")
+    name, help = "repair", ("capture a lost segment again from a new consistent point (after a failover, its slot "
+                            "dropped or invalidated, or a tail Kafka lost), without capturing the others again")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--segment", type=int, required=True, help="the lost segment's content id")
