@@ -614,12 +614,16 @@ def test_a_tail_kafka_lost_after_acknowledging_it_stops_its_segments_capture_and
             assert f"{topic} partition 1 carries" in state and "bootstrap repair --segment 1" in state
             *_, (_, _, last) = read_values(kafka, topic, partitions=[1])
             assert last["type"] == "lost" and "Kafka lost events it had acknowledged" in last["reason"]
+            gpcdc = [sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(config.work_dir), "--source-sandbox",
+                     sandbox.name, "--kafka-bootstrap-servers", config.kafka.bootstrap_servers,
+                     "--kafka-topic-prefix", config.kafka.topic_prefix]
+            shown = subprocess.run([*gpcdc, "status"], env=ENV, capture_output=True, text=True,
+                                   stdin=subprocess.DEVNULL, timeout=120)
+            assert shown.returncode == 3, shown.stdout + shown.stderr
+            assert "node 1's capture stopped for good" in shown.stderr and "Kafka lost events" in shown.stderr
 
-            repaired = subprocess.run([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(config.work_dir),
-                                       "--source-sandbox", sandbox.name, "--kafka-bootstrap-servers",
-                                       config.kafka.bootstrap_servers, "--kafka-topic-prefix",
-                                       config.kafka.topic_prefix, "bootstrap", "repair", "--segment", "1"],
-                                      env=ENV, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+            repaired = subprocess.run([*gpcdc, "bootstrap", "repair", "--segment", "1"], env=ENV, capture_output=True,
+                                      text=True, stdin=subprocess.DEVNULL, timeout=120)
             assert repaired.returncode == 0, repaired.stderr
             write(cluster, table, range(200, 220))
             group.start()
