@@ -540,9 +540,9 @@ def test_the_jobs_run_as_notebooks_into_reports_on_a_citus_source(pipeline_on, c
 def test_a_tail_kafka_lost_after_acknowledging_it_stops_the_workers_capture_for_good(pipeline_on, citus_source):
     """Single-shard inserts (a worker's one-phase parts, which no decision names),
     acknowledged to the worker's slot, then lost by Kafka: capture, started again, finds
-    the slot acknowledged past what the partition carries and stops the worker's capture
-    for good, rather than number on from what is left; a Citus source's worker cannot
-    be captured again on its own, so the fix is a new bootstrap."""
+    the partition ending before the last event Kafka had confirmed to it and stops the
+    worker's capture for good, rather than number on from what is left; a Citus source's
+    worker cannot be captured again on its own, so the fix is a new bootstrap."""
     cluster, config, pipeline, group, table = pipeline_on
     kafka = kafka_client_settings(config)
     topic = Topics(config.kafka.topic_prefix).changes
@@ -560,4 +560,4 @@ def test_a_tail_kafka_lost_after_acknowledging_it_stops_the_workers_capture_for_
     with pytest.raises(GpcdcError, match="Kafka lost events it had acknowledged"):
         group.start()
     state = (group.status(0) or {}).get("state", "")
-    assert f"{topic} partition 0 carries" in state and "bootstrap the pipeline again" in state, state
+    assert f"{topic} partition 0 ends before offset" in state and "bootstrap the pipeline again" in state, state

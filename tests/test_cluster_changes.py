@@ -588,11 +588,12 @@ def test_a_workload_settles_the_parts_left_prepared_on_a_mirror_that_took_over(w
 def test_a_tail_kafka_lost_after_acknowledging_it_stops_its_segments_capture_and_a_repair_recovers_it(
         broker, work_dir):
     """Transactions on one segment alone (one-phase parts, which no commit record names),
-    acknowledged to the slot, then lost by Kafka: capture, started again, finds the slot
-    acknowledged past what the partition carries, marks the segment lost and stops it
-    for good; it does not number on from the tail that is left, which would hide the
-    loss. `gpcdc bootstrap repair` then captures the segment again, and the replay ends
-    equal to the source, the lost rows included."""
+    acknowledged to the slot, then lost by Kafka: capture, started again, finds the
+    partition ending before the last event Kafka had confirmed to it, marks the segment
+    lost and stops it for good, however often it is started; it does not number on from
+    the tail that is left, which would hide the loss. `gpcdc bootstrap repair` then
+    captures the segment again, and the replay ends equal to the source, the lost rows
+    included."""
     sandbox = Sandbox(f"kt-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
     target = Sandbox(f"ktt-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
     try:
@@ -611,9 +612,13 @@ def test_a_tail_kafka_lost_after_acknowledging_it_stops_its_segments_capture_and
             with pytest.raises(GpcdcError, match="Kafka lost events it had acknowledged"):
                 group.start()
             state = failed_state(group, 1)
-            assert f"{topic} partition 1 carries" in state and "bootstrap repair --segment 1" in state
+            assert f"{topic} partition 1 ends before offset" in state and "bootstrap repair --segment 1" in state
             *_, (_, _, last) = read_values(kafka, topic, partitions=[1])
             assert last["type"] == "lost" and "Kafka lost events it had acknowledged" in last["reason"]
+            group.stop()
+            with pytest.raises(GpcdcError, match="capture stopped for good: .*Kafka lost events"):
+                group.start()  # again: the lost mark stands
+            assert read_values(kafka, topic, partitions=[1])[-1][2] == last, "no second mark"
             gpcdc = [sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(config.work_dir), "--source-sandbox",
                      sandbox.name, "--kafka-bootstrap-servers", config.kafka.bootstrap_servers,
                      "--kafka-topic-prefix", config.kafka.topic_prefix]

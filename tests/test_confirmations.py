@@ -15,6 +15,7 @@ from gpcdc_toolkit.capture._confirmations import FIRST_LOOK, LONGEST_LOOK, Confi
 @dataclass(frozen=True)
 class _Message:
     number: int
+    at: int = 0  # its offset in the partition
     name: str = "changes"
 
     def topic(self) -> str:
@@ -22,6 +23,9 @@ class _Message:
 
     def partition(self) -> int:
         return self.number
+
+    def offset(self) -> int:
+        return self.at
 
 
 PARTITIONS = 3
@@ -44,7 +48,7 @@ def test_a_position_is_confirmed_once_every_event_produced_before_it_is_and_not_
             confirmations.sent("changes", value)
             produced[value] += 1
         elif action == "confirm" and delivered[value] < produced[value]:
-            confirmations.on_delivery(None, _Message(value))
+            confirmations.on_delivery(None, _Message(value, at=delivered[value]))
             delivered[value] += 1
         elif action == "checkpoint":
             position = max(0, position + value)
@@ -56,6 +60,8 @@ def test_a_position_is_confirmed_once_every_event_produced_before_it_is_and_not_
         proven = [p for p, by_then in checkpoints if all(d >= n for d, n in zip(delivered, by_then))]
         assert acknowledged == max(proven, default=-1)
         assert confirmations.unconfirmed() == sum(produced) - sum(delivered)
+        assert [confirmations.offsets.get(("changes", p), -1) for p in range(PARTITIONS)] == \
+            [d - 1 for d in delivered], "the offset of each partition's last confirmed event"
     assert confirmations.error is None
 
 
@@ -70,7 +76,7 @@ def test_what_waits_for_kafka_and_since_when():
     confirmations.checkpoint(20, now=4.0)
     assert confirmations.confirmed() is None and confirmations.waiting_since() == 2.0
     assert confirmations.unconfirmed() == 2
-    confirmations.on_delivery(None, _Message(0, "dtx"))  # another topic's: not the one waited for
+    confirmations.on_delivery(None, _Message(0, name="dtx"))  # another topic's: not the one waited for
     confirmations.on_delivery(None, _Message(1))  # another partition's: partition 0 still waits
     assert confirmations.confirmed() is None and confirmations.waiting_since() == 2.0
     confirmations.on_delivery(None, _Message(0))

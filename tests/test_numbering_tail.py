@@ -1,15 +1,13 @@
-"""What a segment partition's tail says, read from a real broker: its parts' numbering
-(``ingest.last_numbering``), which capture numbers on from after a restart and a replay
-resumed partway through checks the number before its first part against; and how far
-its node's slot can have been acknowledged (``ingest.acknowledged_bound``), past which
-capture takes the slot's position for a tail Kafka lost.
+"""What a segment partition's tail says of its parts' numbering, read from a real broker
+(``ingest.last_numbering``): capture numbers on from it after a restart, a replay
+resumed partway through checks the number before its first part against it.
 
 Partitions are generated whole: a marker that counts parts or not, then rows, ENDs and
 watermarks with or without numbers, lost marks, malformed and foreign messages; then
 retention removes a generated head (the marker with it, or not), and the numbering is
 read before a generated offset. After a repaired mark, capture streams from a new slot:
-the number goes on, its LSN does not. The answer must be the one a plain reading of the
-same messages gives, across the reader's growing windows.
+the number goes on, its LSN does not. The answer must be the one a plain backward reading
+of the same messages gives, across the reader's growing windows.
 """
 
 from __future__ import annotations
@@ -26,21 +24,18 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpcdc_toolkit.ingest import UNNUMBERED, acknowledged_bound, end_offsets, last_numbering
+from gpcdc_toolkit.ingest import UNNUMBERED, end_offsets, last_numbering
 from gpcdc_toolkit.protocol import lost_marker, pipeline_marker
 
 # What follows the marker, message by message.
 KINDS = ("row", "end", "end", "resolved", "end unnumbered", "resolved unnumbered", "end without lsn",
          "resolved without lsn", "lost", "repaired", "garbage", "foreign")
-# The same, with the watermarks of a capture that acknowledges no further than its partition carries.
-BOUND_KINDS = (*KINDS, "resolved bound", "resolved bound", "resolved bound without lsn")
 
 
 def _message(kind: str, lsn: int, number: int) -> bytes:
     if kind == "row":
         return orjson.dumps({"op": "c", "after": {"id": lsn}, "source": {"segment": 0, "commit_lsn": lsn, "seq": 1}})
-    end = {"status": "END", "segment": 0, "commit_lsn": lsn, "end_lsn": lsn + 1, "gxid": lsn, "one_phase": False,
-           "commit_ts_ms": lsn}
+    end = {"status": "END", "segment": 0, "commit_lsn": lsn, "gxid": lsn, "one_phase": False, "commit_ts_ms": lsn}
     if kind == "end":
         return orjson.dumps({**end, "number": number})
     if kind == "end unnumbered":
@@ -53,10 +48,6 @@ def _message(kind: str, lsn: int, number: int) -> bytes:
         return orjson.dumps({"type": "resolved", "segment": 0, "resolved": lsn})
     if kind == "resolved without lsn":  # says nothing: no position to number on from
         return orjson.dumps({"type": "resolved", "segment": 0, "parts": number})
-    if kind == "resolved bound":
-        return orjson.dumps({"type": "resolved", "segment": 0, "resolved": lsn, "parts": number, "ack_bound": True})
-    if kind == "resolved bound without lsn":  # bounds the acknowledgements, carries no LSN of its own
-        return orjson.dumps({"type": "resolved", "segment": 0, "parts": number, "ack_bound": True})
     if kind == "lost":
         return lost_marker(0, "gone").value
     if kind == "repaired":  # the segment streams from a new slot after it: its LSNs are not the old one's
@@ -175,53 +166,3 @@ def test_after_a_repaired_mark_the_number_goes_on_and_the_old_slots_lsn_holds_no
     values.append(_message("end", 40, 2))  # the new slot's first part
     with _partition(broker, values, 0) as (kafka, topic):
         assert last_numbering(kafka, topic, 0, len(values)) == (40, 2)
-
-
-def _expected_bound(kinds: list[tuple[str, int]], low: int, before: int) -> int | None:
-    """A plain reading by what each message was made as: since the last pipeline, lost
-    or repaired mark before ``before``, the furthest LSN an END (its end LSN) or a
-    watermark carries, if a watermark there bounds the acknowledgements."""
-    held = range(low, min(before, len(kinds)))
-    marks = [o for o in held if kinds[o][0] in ("pipeline", "lost", "repaired")]
-    since = [kinds[o] for o in held if o > (marks[-1] if marks else low - 1)]
-    if not any(kind.startswith("resolved bound") for kind, _ in since):
-        return None
-    carried = [lsn + 1 for kind, lsn in since if kind in ("end", "end unnumbered")]
-    carried += [lsn for kind, lsn in since if kind in ("resolved", "resolved unnumbered", "resolved bound")]
-    return max(carried, default=None)
-
-
-@st.composite
-def tails(draw: st.DrawFn) -> tuple[list[tuple[str, int]], list[bytes], int, int]:
-    body = draw(st.lists(st.sampled_from(BOUND_KINDS), max_size=40))
-    gaps = draw(st.lists(st.integers(0, 150), min_size=len(body), max_size=len(body)))
-    kinds: list[tuple[str, int]] = [("pipeline", 0)]
-    values = [pipeline_marker("p", 0, numbered=True).value]
-    for kind, gap in zip(body, gaps):
-        for _ in range(gap):
-            kinds.append(("row", len(values)))
-            values.append(_message("row", len(values), 0))
-        kinds.append((kind, len(values)))
-        values.append(_message(kind, len(values), 1))
-    return kinds, values, draw(st.integers(0, len(values))), draw(st.integers(0, len(values)))
-
-
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(tails())
-def test_how_far_a_slot_can_have_been_acknowledged_is_what_a_plain_reading_finds(broker, tail):
-    kinds, values, low, before = tail
-    with _partition(broker, values, low) as (kafka, topic):
-        assert acknowledged_bound(kafka, topic, 0, before) == _expected_bound(kinds, low, before)
-
-
-def test_a_partition_written_before_acknowledgements_were_bounded_says_nothing_of_them(broker):
-    """An END after an older capture's watermark: the slot may have been acknowledged past
-    it by a transaction that capture dropped, so no loss can be told from it."""
-    values = [pipeline_marker("p", 0, numbered=True).value, _message("resolved", 10, 0), _message("end", 20, 1)]
-    with _partition(broker, values, 0) as (kafka, topic):
-        assert acknowledged_bound(kafka, topic, 0, len(values)) is None
-    values.append(_message("resolved bound", 30, 1))
-    values.append(_message("end", 40, 2))
-    with _partition(broker, values, 0) as (kafka, topic):
-        assert acknowledged_bound(kafka, topic, 0, len(values)) == 41
-        assert acknowledged_bound(kafka, topic, 0, 4) == 30

@@ -403,35 +403,3 @@ def test_the_changes_that_stop_a_nodes_capture_are_said_with_the_fix():
     assert promoted.exit_code == 5
     assert added_nodes([-1, 0, 1], [NodeStart(c, "s", 1, 1, None) for c in (-1, 0, 1)]) is None
     assert "lists segments [2, 3]" in str(added_nodes([-1, 0, 1, 2, 3], [NodeStart(c, "s", 1, 1, None) for c in (-1, 0, 1)]))
-
-
-@given(st.lists(st.one_of(st.tuples(st.just("part"), st.integers(0, 3)), st.just(("empty", 0)),
-                          st.just(("watermark", 0))), max_size=30),
-       st.booleans(), st.integers(0, 10_000))
-def test_capture_acknowledges_no_further_than_the_messages_handed_out_carry(steps, numbered, started):
-    """Every watermark says that its capture acknowledges no further than the latest END
-    or watermark it handed out; and the acknowledgement capture asks for is so bounded,
-    whatever the transactions that changed nothing and were handed out as nothing."""
-    from gpcdc_toolkit.capture._worker import CaptureWorker
-    from gpcdc_toolkit.protocol import bounds_acks, carried_by
-
-    a = TransactionAssembler(1, source_name="gpcdc", database="db", numbered_after=(-1, 0) if numbered else None)
-    lsn, carried, produced_end = started + 100, started, started
-    events = feed(a, w.relation(1, "public", "t", COLUMNS))
-    for gxid, (step, rows) in enumerate(steps, start=1):
-        if step == "watermark":
-            out = [orjson.loads(a.resolved(lsn).value)]
-            assert bounds_acks(out[0]) and out[0]["ack_bound"] is True
-        else:
-            payloads = one_phase_txn(xid=gxid, gxid=gxid, lsn=lsn, rows=rows) if step == "part" else \
-                [w.begin(lsn, gxid), w.commit(lsn, lsn + 40)]  # nothing of the stream's: handed out as nothing
-            out = [e for _, _, e in feed(a, *payloads)]
-            produced_end = a.completed_end_lsn
-            lsn += 50
-        events += out
-        carried = max([carried, *(c for e in out if (c := carried_by(e)) is not None)])
-        assert a.carried_lsn is None or a.carried_lsn == carried
-        target = CaptureWorker._ack_target(a, started, produced_end, max(started, produced_end))
-        assert started <= target <= carried, "no acknowledgement past what Kafka is given"
-    ends = [e for e in events if e.get("status") == "END"]
-    assert all(carried_by(e) == e["end_lsn"] for e in ends)

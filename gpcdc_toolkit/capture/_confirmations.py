@@ -45,6 +45,7 @@ class Confirmations:
     def __init__(self) -> None:
         self._sent: dict[_Partition, int] = {}  # reported events produced to each partition
         self._confirmed: dict[_Partition, int] = {}  # of those, confirmed by Kafka (in order)
+        self.offsets: dict[_Partition, int] = {}  # the offset of the last of them in each partition
         # (position, when, reported events sent to each partition by then), oldest first
         self._checkpoints: deque[tuple[int, float, dict[_Partition, int]]] = deque()
         self._last: tuple[int, dict[_Partition, int]] | None = None  # the last checkpoint's position and counts
@@ -66,6 +67,7 @@ class Confirmations:
             return
         key = (msg.topic(), msg.partition())
         self._confirmed[key] = self._confirmed.get(key, 0) + 1
+        self.offsets[key] = max(self.offsets.get(key, -1), msg.offset())
 
     def checkpoint(self, position: int, now: float) -> None:
         """Everything produced so far is what acknowledging ``position`` rests on (never

@@ -73,6 +73,11 @@ class CaptureGroup:
     def status_file(self, content: int) -> Path:
         return self.pipeline.directory / f"node{content}.status.json"
 
+    def confirmed_file(self, content: int) -> Path:
+        """Where the node's worker records the last event of its partition Kafka confirmed
+        (kept across its restarts, unlike its status)."""
+        return self.pipeline.directory / f"node{content}.confirmed.json"
+
     def pid(self, content: int) -> int | None:
         return running_pid(self.pid_file(content), "capture run")
 
@@ -221,7 +226,7 @@ def run_worker(config: Config, content: int) -> None:
     database = conninfo.conninfo_to_dict(cluster.coordinator_dsn).get("dbname") or "postgres"
     worker = CaptureWorker(cluster, nodes[content], start, settings, database=str(database),
                            partitions=cluster.segment_count, status_file=group.status_file(content),
-                           source=lambda: open_cluster(config, "source"))
+                           confirmed_file=group.confirmed_file(content), source=lambda: open_cluster(config, "source"))
     if config.capture.metrics_port:
         from .._metrics import capture_metrics, capture_port, serve
 

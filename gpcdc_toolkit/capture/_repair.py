@@ -31,7 +31,7 @@ from ..bootstrap import BootstrapError, Pipeline
 from ..bootstrap._bootstrap import _drop_when_released, _ensure_publications, _Slot, replication_connection
 from ..bootstrap._snapshot import distributed_tables, export_tables, write_manifest
 from ..cluster import COORDINATOR, START_LOCK, Cluster, Node
-from ..ingest import end_offsets, read_to_end
+from ..ingest import end_offsets, last_message
 from ..protocol import (
     NodeStart,
     Outbound,
@@ -240,15 +240,13 @@ def _mark(kafka: Mapping[str, str], topics: Topics, repair: Repair, lost: str) -
 
 def _marked_lost(kafka: Mapping[str, str], topics: Topics, content: int) -> str | None:
     """The reason of the lost mark the segment's partition ends with, if it ends with
-    one: its capture stopped for good (say, Kafka lost what the slot had been
-    acknowledged to), although its server and slot are as they were."""
-    end = end_offsets(kafka, topics.changes, [content])[content]
-    last = None
-    for message in read_to_end(kafka, topics.changes, start={content: max(0, end - 1)}, partitions=[content]):
-        try:
-            last = orjson.loads(message.value() or b"")
-        except orjson.JSONDecodeError:
-            last = None
+    one: its capture stopped for good (say, Kafka lost what it had confirmed), although
+    its server and slot are as they were."""
+    message = last_message(kafka, topics.changes, content)
+    try:
+        last = orjson.loads(message.value() or b"") if message is not None else None
+    except orjson.JSONDecodeError:
+        last = None
     if isinstance(last, dict) and kind_of(last) == "lost" and problem_of(last) is None:
         return str(last["reason"])
     return None

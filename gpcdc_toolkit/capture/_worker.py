@@ -40,12 +40,12 @@ import psycopg2
 import psycopg2.extras
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from .._runtime import StateWriter
+from .._runtime import StateWriter, read_json
 from ..cluster import Cluster, Node
 from ..config import CaptureSettings
 from ..connect import METADATA_REFRESH, kafka_logger
 from ..errors import BrokerError, ClusterChangedError, ConfigError, GpcdcError, StreamError, UnreachableError
-from ..ingest import UNNUMBERED, acknowledged_bound, end_offsets, first_message, last_numbering, located
+from ..ingest import UNNUMBERED, end_offsets, first_message, last_message, last_numbering, located
 from ..protocol import (
     COORDINATOR,
     DECODING_SETTINGS,
@@ -57,10 +57,12 @@ from ..protocol import (
     encoder_built,
     format_lsn,
     is_pipeline_marker,
+    kind_of,
     lost_marker,
     numbering_of,
     parse_lsn,
     pipeline_marker,
+    problem_of,
 )
 from ._changes import REBOOTSTRAP, added_nodes, node_change
 from ._confirmations import Confirmations
@@ -171,7 +173,7 @@ class CaptureWorker:
 
     def __init__(self, cluster: Cluster, node: Node, start: StartPoint, settings: WorkerSettings,
                  *, database: str, partitions: int, status_file: Path | None = None,
-                 source: Callable[[], Cluster] | None = None) -> None:
+                 confirmed_file: Path | None = None, source: Callable[[], Cluster] | None = None) -> None:
         self.cluster = cluster
         self._source = source or (lambda: type(self.cluster).connect(self.cluster.coordinator_dsn))
         self.node = node
@@ -182,19 +184,26 @@ class CaptureWorker:
         self.dispatcher = Dispatcher(settings.capture.dispatcher, partitions)
         self.slot = start.node(node.content).slot
         self.status_file = status_file
+        # The offset of the last event of the node's own partition that Kafka confirmed:
+        # kept across sessions, so that a session can tell a tail Kafka lost (_check_tail).
+        self.confirmed_file = confirmed_file
         self.stats = WorkerStats(node=node.content, slot=self.slot)
         self._confirmations = Confirmations()
         self._last_keepalive = 0.0  # when the worker last told the server it is there, waiting for Kafka
         self._status: StateWriter | None = None  # the status file's writer, while ``run`` runs
+        self._confirmed: StateWriter | None = None  # the confirmed file's, likewise
+        self._offset_recorded = -1
 
     # -- the outer loop: reconnect with backoff -------------------------------------------
     def run(self, stop: threading.Event) -> None:
         self._status = StateWriter(self.status_file) if self.status_file is not None else None
+        self._confirmed = StateWriter(self.confirmed_file) if self.confirmed_file is not None else None
         try:
             self._run(stop)
         finally:
-            if self._status is not None:
-                self._status.close()
+            for writer in (self._status, self._confirmed):
+                if writer is not None:
+                    writer.close()
 
     def _run(self, stop: threading.Event) -> None:
         self.stats.pid = os.getpid()
@@ -265,7 +274,7 @@ class CaptureWorker:
                 self._mark_lost(producer, e.message)
                 raise
             numbered_after = self._numbered_after() if self._check_history(producer, acked) else None
-            self._check_tail(producer, acked)
+            self._check_tail(producer)
             cur.start_replication(slot_name=self.slot, decode=False, options={
                 **self.cluster.decoding_options(), "publication_names": self.start.publication})
             self._loop(stop, cur, conn, producer, probe, acked, numbered_after)
@@ -312,9 +321,8 @@ class CaptureWorker:
         cannot be told, and wait."""
         if self.dispatcher.kind != "segment":
             return
-        content = self.node.content
-        topic, partition = (self.topics.dtx, 0) if content == COORDINATOR else (self.topics.changes, content)
-        if not self._deliver(producer, topic, partition, lost_marker(content, reason).value):
+        topic, partition = self._own_partition()
+        if not self._deliver(producer, topic, partition, lost_marker(self.node.content, reason).value):
             raise DeliveryFailed(f"Kafka did not take {self.node}'s lost mark; {reason}")
 
     def _check_history(self, producer: Producer, acked: int) -> bool:
@@ -344,11 +352,7 @@ class CaptureWorker:
             return self._numbered
         if located(first)[1] > 0:
             return self._numbered  # retention removed the partition's head, marker included: nothing left to compare
-        value = first.value()
-        try:
-            decoded = orjson.loads(value) if value is not None else None
-        except orjson.JSONDecodeError:
-            decoded = None
+        decoded = _decoded(first)
         if not is_pipeline_marker(decoded, identity):
             owner = decoded["pipeline"] if isinstance(decoded, dict) and is_pipeline_marker(decoded) else None
             raise HistoryLost(
@@ -359,29 +363,63 @@ class CaptureWorker:
                     "(`gpcdc bootstrap drop --delete-topics`) and bootstrap again")
         return self._numbered and isinstance(decoded, dict) and numbering_of(decoded) is not None
 
-    def _check_tail(self, producer: Producer, acked: int) -> None:
-        """Before streaming: the node's partition must carry everything its slot was
-        acknowledged to (see ``ingest.acknowledged_bound``). Were Kafka to lose a tail it
-        had acknowledged (a broker back without what it had not written to disk, an
+    def _check_tail(self, producer: Producer) -> None:
+        """Before streaming: the node's own partition must not end with a lost mark (its
+        capture stopped for good), and must still hold the last event Kafka confirmed to
+        this node's workers, as ``confirmed_file`` recorded it. Were Kafka to lose a tail
+        it had confirmed (a broker back without what it had not written to disk, an
         unclean leader election), the slot would not send it again, and capture would
         number what comes next on from the tail that is left: a lost part that no gap
         shows. Then the partition ends with a lost mark, and capture stops for good."""
         if self.dispatcher.kind != "segment":
             return
-        content = self.node.content
-        topic, partition = (self.topics.dtx, 0) if content == COORDINATOR else (self.topics.changes, content)
-        stop = end_offsets(self.settings.kafka, topic, [partition])[partition]
-        bound = acknowledged_bound(self.settings.kafka, topic, partition, stop)
-        if bound is None or acked <= bound:
+        topic, partition = self._own_partition()
+        last = last_message(self.settings.kafka, topic, partition)
+        value = _decoded(last)
+        if isinstance(value, dict) and kind_of(value) == "lost" and problem_of(value) is None:
+            raise HistoryLost(f"{self.node}'s capture stopped for good: {value['reason']}", fix=self._fix_for_lost())
+        recorded = self._recorded_offset(topic, partition)
+        end = end_offsets(self.settings.kafka, topic, [partition])[partition]
+        if recorded is None or end > recorded:
             return
-        reason = (f"{topic} partition {partition} carries {self.node}'s commits up to {format_lsn(bound)}, but its "
-                  f"slot was acknowledged to {format_lsn(acked)}: Kafka lost events it had acknowledged")
+        reason = (f"{topic} partition {partition} ends before offset {recorded}, where Kafka had confirmed an event "
+                  f"of {self.node}'s capture: Kafka lost events it had acknowledged")
         self._mark_lost(producer, reason)
-        if content != COORDINATOR and self.cluster.toolkit_routing:  # what a repair can capture again
-            raise HistoryLost(reason, fix=f"capture the segment again (`gpcdc bootstrap repair --segment {content}`), "
-                                          "then `gpcdc capture start`")
-        raise HistoryLost(reason, fix="bootstrap the pipeline again (`gpcdc bootstrap drop --delete-topics`, then "
-                                      "`gpcdc bootstrap create`) and replay into a fresh target")
+        self._record_offset(topic, partition)  # the lost mark's: what follows it is judged by it
+        raise HistoryLost(reason, fix=self._fix_for_lost())
+
+    def _fix_for_lost(self) -> str:
+        if self.node.content != COORDINATOR and self.cluster.toolkit_routing:  # what a repair can capture again
+            return f"capture the segment again (`gpcdc bootstrap repair --segment {self.node.content}`)"
+        return ("bootstrap the pipeline again (`gpcdc bootstrap drop --delete-topics`, then `gpcdc bootstrap create`) "
+                "and replay into a fresh target")
+
+    def _own_partition(self) -> tuple[str, int]:
+        content = self.node.content
+        return (self.topics.dtx, 0) if content == COORDINATOR else (self.topics.changes, content)
+
+    def _recorded_offset(self, topic: str, partition: int) -> int | None:
+        """The offset of the last event of the node's partition that Kafka confirmed,
+        as recorded for this pipeline (None: none recorded, or another's)."""
+        if self.confirmed_file is None:
+            return None
+        try:
+            recorded = read_json(self.confirmed_file)
+        except (OSError, ValueError):
+            return None  # none yet, or unreadable: nothing to compare with
+        if (recorded.get("pipeline"), recorded.get("topic"), recorded.get("partition")) != (
+                self.start.identity, topic, partition) or not isinstance(recorded.get("offset"), int):
+            return None
+        return int(recorded["offset"])
+
+    def _record_offset(self, topic: str, partition: int) -> None:
+        """Record the offset of the last event of the node's partition Kafka confirmed,
+        in a thread of its own (the worker does not wait for the disk)."""
+        offset = self._confirmations.offsets.get((topic, partition))
+        if self._confirmed is not None and offset is not None and offset > self._offset_recorded:
+            self._confirmed.write({"pipeline": self.start.identity, "topic": topic, "partition": partition,
+                                   "offset": offset})
+            self._offset_recorded = offset
 
     def _deliver(self, producer: Producer, topic: str, partition: int, value: bytes) -> bool:
         """Produce one reported event and wait until Kafka confirms it; False if Kafka
@@ -422,7 +460,6 @@ class CaptureWorker:
         assembler = self.cluster.translator(self.node, source_name=settings.prefix, database=self.database,
                                             start=self.start, max_buffered=settings.capture.max_buffered,
                                             numbered_after=numbered_after)
-        started_at = acked  # where the slot was acknowledged to when the session began
         produced_end = acked  # end LSN of the last transaction whose events were all produced
         resolved = acked
         # (flush LSN, server ms, ms before the prepared list was read, gxids prepared), oldest first
@@ -460,7 +497,7 @@ class CaptureWorker:
                 self._write_status()
             if now >= next_ack:
                 next_ack = now + settings.capture.ack_interval
-                confirmations.checkpoint(self._ack_target(assembler, started_at, produced_end, resolved), now)
+                confirmations.checkpoint(self._ack_target(assembler, produced_end, resolved), now)
                 producer.poll(0)  # serves delivery reports
                 acked = self._acknowledge(cur, acked, now)
                 stats.transactions = assembler.transactions
@@ -475,15 +512,13 @@ class CaptureWorker:
                     wait = min(wait, look)
                 select.select([conn], [], [], wait)
         # Stopping: what Kafka confirms within flush_timeout is not sent again.
-        confirmations.checkpoint(self._ack_target(assembler, started_at, produced_end, resolved), time.monotonic())
+        confirmations.checkpoint(self._ack_target(assembler, produced_end, resolved), time.monotonic())
         producer.flush(settings.capture.flush_timeout)
         self._acknowledge(cur, acked, time.monotonic())
 
     @staticmethod
-    def _ack_target(assembler: Any, acked: int, produced_end: int, resolved: int) -> int:
-        # No further than the messages handed out carry (``protocol.bounds_acks``): a
-        # transaction dropped since the last of them is acknowledged with the next watermark.
-        target = min(max(produced_end, resolved), max(acked, assembler.carried_lsn or acked))
+    def _ack_target(assembler: Any, produced_end: int, resolved: int) -> int:
+        target = max(produced_end, resolved)
         limit = assembler.ack_limit  # parts decoded but not handed out must be decoded again after a restart
         return target if limit is None else min(target, limit)
 
@@ -554,6 +589,8 @@ class CaptureWorker:
         confirmations = self._confirmations
         position = confirmations.confirmed()
         if position is not None and position > acked:
+            if self.dispatcher.kind == "segment":
+                self._record_offset(*self._own_partition())
             cur.send_feedback(write_lsn=position, flush_lsn=position, apply_lsn=position, force=True)
             self.stats.acked_lsn = acked = position
         since = confirmations.waiting_since()
@@ -568,6 +605,15 @@ class CaptureWorker:
     def _raise_delivery_error(self) -> None:
         if (error := self._confirmations.error) is not None:
             raise DeliveryFailed(f"Kafka did not take an event: {error.str()}")
+
+
+def _decoded(message: Any) -> Any:
+    """A message's JSON value (None: no message, no value, or not JSON)."""
+    value = message.value() if message is not None else None
+    try:
+        return orjson.loads(value) if value is not None else None
+    except orjson.JSONDecodeError:
+        return None
 
 
 def tune_for_capture() -> None:

@@ -3,10 +3,10 @@
 from ._consumer import (
     UNNUMBERED,
     EndTracker,
-    acknowledged_bound,
     end_offsets,
     first_message,
     high_watermarks,
+    last_message,
     last_numbering,
     located,
     partitions_of,
@@ -16,7 +16,7 @@ from ._consumer import (
 from ._rows import COLUMNS, SCHEMA_DDL, to_row
 from ._server import SparkServer, SparkServerError, SparkServerStatus
 
-__all__ = ["UNNUMBERED", "EndTracker", "acknowledged_bound", "end_offsets", "first_message", "high_watermarks", "last_numbering", "located",
+__all__ = ["UNNUMBERED", "EndTracker", "end_offsets", "first_message", "high_watermarks", "last_message", "last_numbering", "located",
            "partitions_of", "read_to_end", "read_values", "COLUMNS", "SCHEMA_DDL", "to_row", "SparkServer",
            "SparkServerError", "SparkServerStatus"]
 

@@ -165,33 +165,17 @@ def first_message(kafka: Mapping[str, str], topic: str, partition: int, *, timeo
         messages.close()  # its consumer with it
 
 
+def last_message(kafka: Mapping[str, str], topic: str, partition: int, *, timeout: float = 30.0) -> Message | None:
+    """The last message a partition holds now, or None when it holds none."""
+    end = end_offsets(kafka, topic, [partition], timeout=timeout)[partition]
+    last = None
+    for message in read_to_end(kafka, topic, start={partition: max(0, end - 1)}, partitions=[partition],
+                               timeout=timeout):
+        last = message
+    return last
+
+
 UNNUMBERED: Final = "unnumbered"
-
-
-def _decoded(message: Message) -> Any:
-    import orjson
-
-    try:
-        return orjson.loads(message.value() or b"")
-    except orjson.JSONDecodeError:
-        return None  # not the protocol's: it says nothing
-
-
-def _windows_back(kafka: Mapping[str, str], topic: str, partition: int, low: int,
-                  before: int) -> Generator[list[Any], None, None]:
-    """The decoded messages of a partition from ``low`` to ``before``, a window at a time,
-    the latest window first, each in offset order: its tail is read first, and each
-    window is four times the one after it."""
-    stop, window = before, 256
-    while stop > low:
-        begin = max(low, stop - window)
-        values = []
-        for message in read_to_end(kafka, topic, start={partition: begin}, partitions=[partition]):
-            if located(message)[1] >= stop:
-                break
-            values.append(_decoded(message))
-        yield values
-        stop, window = begin, window * 4
 
 
 def last_numbering(kafka: Mapping[str, str], topic: str, partition: int,
@@ -205,20 +189,34 @@ def last_numbering(kafka: Mapping[str, str], topic: str, partition: int,
     repair``) the LSN is -1: the segment streams from a new slot, whose LSNs are not
     the old one's. Read backwards in growing windows, down to the partition's first
     message."""
+    import orjson
+
     from ..protocol import kind_of, numbering_of, problem_of, shows_unnumbered
+
+    def decoded(message: Message) -> Any:
+        try:
+            return orjson.loads(message.value() or b"")
+        except orjson.JSONDecodeError:
+            return None  # not the protocol's: it says nothing
 
     first = first_message(kafka, topic, partition)
     if first is None:
         return None
-    head = _decoded(first)
+    head = decoded(first)
     marked = isinstance(head, dict) and kind_of(head) == "pipeline"
     if marked and shows_unnumbered(head):
         return UNNUMBERED
+    low = located(first)[1]
+    stop, window = before, 256
     repaired = False  # a repaired mark comes after the last number found so far
-    for values in _windows_back(kafka, topic, partition, located(first)[1], before):
+    while stop > low:
+        begin = max(low, stop - window)
         found: tuple[int, int] | Literal["unnumbered"] | None = None
         repaired_here = False
-        for value in values:
+        for message in read_to_end(kafka, topic, start={partition: begin}, partitions=[partition]):
+            if located(message)[1] >= stop:
+                break
+            value = decoded(message)
             if not isinstance(value, dict):
                 continue
             if (numbering := numbering_of(value)) is not None:
@@ -232,40 +230,7 @@ def last_numbering(kafka: Mapping[str, str], topic: str, partition: int,
             return -1, found[1]
         if found is not None:
             return found
-    return None
-
-
-def acknowledged_bound(kafka: Mapping[str, str], topic: str, partition: int, before: int) -> int | None:
-    """How far a node's slot can have been acknowledged, as its own partition's messages
-    before offset ``before`` say: the furthest LSN its ENDs and watermarks carry
-    (``protocol.carried_by``) since its last pipeline, lost or repaired mark, provided a
-    watermark since then says its capture acknowledges no further
-    (``protocol.bounds_acks``). A slot acknowledged past it means Kafka lost messages
-    it had acknowledged. None when the partition cannot say (written by a capture
-    before that rule, or nothing carried since a new slot's mark)."""
-    from ..protocol import bounds_acks, carried_by, kind_of, problem_of
-
-    first = first_message(kafka, topic, partition)
-    if first is None:
-        return None
-    carried: int | None = None  # the furthest LSN carried after the windows read so far
-    for values in _windows_back(kafka, topic, partition, located(first)[1], before):
-        here: int | None = None
-        bounded = reset = False
-        for value in values:
-            if not isinstance(value, dict):
-                continue
-            if kind_of(value) in ("pipeline", "lost", "repaired") and problem_of(value) is None:
-                here, bounded, reset = None, False, True  # what came before is another slot's, or none
-            elif (lsn := carried_by(value)) is not None:
-                here = lsn if here is None else max(here, lsn)
-            bounded = bounded or bounds_acks(value)
-        if here is not None:
-            carried = here if carried is None else max(carried, here)
-        if bounded:
-            return carried
-        if reset:
-            return None
+        stop, window = begin, window * 4
     return None
 
 

@@ -7,8 +7,6 @@ from ._assembler import (
     ProtocolError,
     TransactionAssembler,
     UnknownNodesError,
-    bounds_acks,
-    carried_by,
     encoder_built,
     lost_marker,
     numbering_of,
@@ -40,7 +38,7 @@ from ._topics import Dispatcher, Topics
 
 __all__ = [
     "COORDINATOR", "PROTOCOL_VERSION", "UNCHANGED", "Outbound", "ProtocolError", "TransactionAssembler", "UnknownNodesError",
-    "bounds_acks", "carried_by", "encoder_built", "pipeline_marker", "lost_marker", "numbering_of", "repaired_marker", "shows_unnumbered",
+    "encoder_built", "pipeline_marker", "lost_marker", "numbering_of", "repaired_marker", "shows_unnumbered",
     "KINDS", "CoordinatorRecord", "Kind", "PipelineMarker", "RowEvent", "Source",
     "TransactionEvent", "Watermark", "is_pipeline_marker", "kind_of", "problem_of",
     "CreateTable", "DdlError", "parse_create_table",

@@ -111,32 +111,6 @@ def numbering_of(value: Mapping[str, Any]) -> tuple[int, int] | None:
     return None
 
 
-# A watermark's field saying that its capture acknowledges the node's slot no further
-# than the LSN of the latest END or watermark it has handed out (``carried_by``).
-ACK_BOUND = "ack_bound"
-
-
-def carried_by(value: Mapping[str, Any]) -> int | None:
-    """The LSN up to which a message of a node's own partition says the node's commits
-    are in the partition: an END's end LSN, a watermark's LSN. None: it says nothing of
-    that (a malformed message says nothing)."""
-    if problem_of(value) is not None:
-        return None
-    kind = kind_of(value)
-    if kind == "end":
-        return value.get("end_lsn")
-    if kind == "resolved":
-        return value.get("resolved")
-    return None
-
-
-def bounds_acks(value: Mapping[str, Any]) -> bool:
-    """Whether a message is a watermark of a capture that acknowledges no further than
-    what its partition carries (``ACK_BOUND``): from such a capture on, a slot
-    acknowledged past a partition's tail means Kafka lost what it had acknowledged."""
-    return kind_of(value) == "resolved" and value.get(ACK_BOUND) is True and problem_of(value) is None
-
-
 # The field of each kind of message that carries its partition's numbering.
 _NUMBER_FIELD = {"pipeline": "parts", "end": "number", "resolved": "parts"}
 
@@ -267,10 +241,6 @@ class TransactionAssembler:
         self._ignored: set[int] = set()  # relations whose changes are not the stream's (see table_of)
         self._txn: _Txn | None = None
         self.completed_end_lsn: int | None = None  # end LSN of the last commit fully handled
-        # The furthest LSN the messages handed out carry (an END's end LSN, a watermark's
-        # LSN): capture acknowledges the slot no further, so that a partition's tail
-        # says how far its slot may have been acknowledged (``ACK_BOUND``).
-        self.carried_lsn: int | None = None
         self.last_commit_ts_ms: int | None = None  # commit time of the last transaction handed out
         self.transactions = 0
         self.dropped_transactions = 0
@@ -593,11 +563,7 @@ class TransactionAssembler:
                "gxid": txn.gxid, "one_phase": one_phase, "end_lsn": end_lsn, **self._position(txn),
                **self._number(txn)}
         out.append(Outbound("end", None, orjson.dumps(end)))
-        self._carry(end_lsn)
         return out
-
-    def _carry(self, lsn: int) -> None:
-        self.carried_lsn = lsn if self.carried_lsn is None else max(self.carried_lsn, lsn)
 
     def resolved(self, lsn: int, resolved_ts_ms: int | None = None, *, prepared: list[int] | None = None,
                  prepared_ts_ms: int | None = None) -> Outbound:
@@ -622,8 +588,6 @@ class TransactionAssembler:
             # watermark's LSN is the tail's until it reads past it. Were it lower, a session
             # restarted after this watermark would hand out those parts again, numbered anew.
             body["resolved"] = max(lsn, self.resent_up_to)
-        body[ACK_BOUND] = True
-        self._carry(body["resolved"])
         if self.content == COORDINATOR:
             body["type"] = "resolved"
         return Outbound("resolved", None, orjson.dumps(body))

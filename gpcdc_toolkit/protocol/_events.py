@@ -72,7 +72,6 @@ class Watermark(TypedDict, total=False):
     segment: int
     ts_ms: int
     parts: int  # a numbered partition's: the number of the last part before it
-    ack_bound: bool  # its capture acknowledges the slot no further than the partition carries
     type: Literal["resolved"]  # on the coordinator's topic only
 
 
@@ -139,7 +138,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "event_count": _OPT_INT, "end_lsn": _OPT_INT, "resolved": _OPT_INT, "resolved_ts_ms": _OPT_INT,
     "prepared": _OPT_LIST, "prepared_ts_ms": _OPT_INT, "segments": _OPT_LIST, "ddl_count": _OPT_INT,
     "syncpoint": (dict, type(None)), "all_parts_decoded": _OPT_BOOL, "statement": _STR, "pipeline": _STR,
-    "number": _OPT_INT, "parts": _OPT_INT, "ack_bound": _OPT_BOOL,
+    "number": _OPT_INT, "parts": _OPT_INT,
     "reason": _STR, "xmax": _INT, "in_progress": (list,), "coordinator_lsn": _INT,
 }
 _SOURCE_TYPES: dict[str, tuple[type, ...]] = {
