@@ -62,7 +62,7 @@ def test_a_position_is_confirmed_once_every_event_produced_before_it_is_and_not_
         assert confirmations.unconfirmed() == sum(produced) - sum(delivered)
         assert [confirmations.offsets.get(("changes", p), -1) for p in range(PARTITIONS)] == \
             [d - 1 for d in delivered], "the offset of each partition's last confirmed event"
-    assert confirmations.error is None
+    assert confirmations.error is None and confirmations.went_back is None
 
 
 def test_what_waits_for_kafka_and_since_when():
@@ -91,6 +91,19 @@ def test_a_failed_event_is_kept_and_never_counted_as_confirmed():
     confirmations.on_delivery("a later error", _Message(0))
     assert confirmations.error == "broker: record too large"
     assert confirmations.confirmed() is None and confirmations.unconfirmed() == 1
+
+
+@given(st.lists(st.integers(0, 50), min_size=2, max_size=20))
+def test_a_confirmation_at_or_before_an_earlier_one_of_its_partition_is_kept_as_a_loss(offsets):
+    """Kafka confirms a partition's events at growing offsets; one confirmed at or before
+    an offset confirmed earlier means the partition lost what came between (a leader
+    elected without it). The first such is kept, and the offsets recorded never go back."""
+    confirmations = Confirmations()
+    for offset in offsets:
+        confirmations.on_delivery(None, _Message(0, at=offset))
+    first_back = next(((max(offsets[:i]), o) for i, o in enumerate(offsets) if i and o <= max(offsets[:i])), None)
+    assert confirmations.went_back == (None if first_back is None else (("changes", 0), *first_back))
+    assert confirmations.offsets == {("changes", 0): max(offsets)}
 
 
 @given(st.floats(0, 1e6), st.lists(st.floats(0, 1e4), min_size=1, max_size=20))

@@ -46,6 +46,9 @@ class Confirmations:
         self._sent: dict[_Partition, int] = {}  # reported events produced to each partition
         self._confirmed: dict[_Partition, int] = {}  # of those, confirmed by Kafka (in order)
         self.offsets: dict[_Partition, int] = {}  # the offset of the last of them in each partition
+        # (partition, offset before, offset now) of a confirmation at or before one
+        # confirmed earlier: the partition lost what Kafka had confirmed
+        self.went_back: tuple[_Partition, int, int] | None = None
         # (position, when, reported events sent to each partition by then), oldest first
         self._checkpoints: deque[tuple[int, float, dict[_Partition, int]]] = deque()
         self._last: tuple[int, dict[_Partition, int]] | None = None  # the last checkpoint's position and counts
@@ -67,7 +70,10 @@ class Confirmations:
             return
         key = (msg.topic(), msg.partition())
         self._confirmed[key] = self._confirmed.get(key, 0) + 1
-        self.offsets[key] = max(self.offsets.get(key, -1), msg.offset())
+        before, offset = self.offsets.get(key, -1), msg.offset()
+        if offset <= before and self.went_back is None:
+            self.went_back = (key, before, offset)
+        self.offsets[key] = max(before, offset)
 
     def checkpoint(self, position: int, now: float) -> None:
         """Everything produced so far is what acknowledging ``position`` rests on (never

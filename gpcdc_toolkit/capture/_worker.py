@@ -97,6 +97,12 @@ class HistoryLost(StreamError):
     bootstrap's events: writing on would make the stream silently incomplete."""
 
 
+class TailLost(StreamError):
+    """Kafka confirmed an event of a partition at or before an offset it had confirmed
+    before: it lost what came between (a leader elected without it), and capture
+    would write on as if nothing had been lost."""
+
+
 @dataclass(frozen=True)
 class WorkerSettings:
     prefix: str
@@ -184,15 +190,18 @@ class CaptureWorker:
         self.dispatcher = Dispatcher(settings.capture.dispatcher, partitions)
         self.slot = start.node(node.content).slot
         self.status_file = status_file
-        # The offset of the last event of the node's own partition that Kafka confirmed:
-        # kept across sessions, so that a session can tell a tail Kafka lost (_check_tail).
+        # The offset of the last event of the node's own partition that Kafka confirmed,
+        # kept across the worker's restarts, so that a session can tell a tail Kafka lost
+        # (_check_tail).
         self.confirmed_file = confirmed_file
         self.stats = WorkerStats(node=node.content, slot=self.slot)
         self._confirmations = Confirmations()
         self._last_keepalive = 0.0  # when the worker last told the server it is there, waiting for Kafka
         self._status: StateWriter | None = None  # the status file's writer, while ``run`` runs
         self._confirmed: StateWriter | None = None  # the confirmed file's, likewise
-        self._offset_recorded = -1
+        self._offset_recorded = -1  # the highest this process recorded (its write may not be done)
+        repair = start.repair(node.content)
+        self._repair = repair.number if repair is not None else 0  # a record counts for the slot it was made with
 
     # -- the outer loop: reconnect with backoff -------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -277,7 +286,11 @@ class CaptureWorker:
             self._check_tail(producer)
             cur.start_replication(slot_name=self.slot, decode=False, options={
                 **self.cluster.decoding_options(), "publication_names": self.start.publication})
-            self._loop(stop, cur, conn, producer, probe, acked, numbered_after)
+            try:
+                self._loop(stop, cur, conn, producer, probe, acked, numbered_after)
+            except TailLost as e:
+                self._mark_lost(producer, e.message)
+                raise HistoryLost(e.message, fix=self._fix_for_lost()) from None
         finally:
             try:
                 producer.purge()  # unacknowledged events come again from the slot
@@ -322,6 +335,8 @@ class CaptureWorker:
         if self.dispatcher.kind != "segment":
             return
         topic, partition = self._own_partition()
+        if _is_lost_mark(_decoded(last_message(self.settings.kafka, topic, partition))):
+            return  # marked by a session before: one mark ends the partition
         if not self._deliver(producer, topic, partition, lost_marker(self.node.content, reason).value):
             raise DeliveryFailed(f"Kafka did not take {self.node}'s lost mark; {reason}")
 
@@ -335,7 +350,7 @@ class CaptureWorker:
         if self.dispatcher.kind != "segment":
             return False  # partitions are shared by every node's worker: none of them owns one
         content = self.node.content
-        topic, partition = (self.topics.dtx, 0) if content == COORDINATOR else (self.topics.changes, content)
+        topic, partition = self._own_partition()
         identity = self.start.identity
         first = first_message(self.settings.kafka, topic, partition)
         if first is None:
@@ -374,18 +389,16 @@ class CaptureWorker:
         if self.dispatcher.kind != "segment":
             return
         topic, partition = self._own_partition()
-        last = last_message(self.settings.kafka, topic, partition)
-        value = _decoded(last)
-        if isinstance(value, dict) and kind_of(value) == "lost" and problem_of(value) is None:
-            raise HistoryLost(f"{self.node}'s capture stopped for good: {value['reason']}", fix=self._fix_for_lost())
-        recorded = self._recorded_offset(topic, partition)
         end = end_offsets(self.settings.kafka, topic, [partition])[partition]
+        last = _decoded(last_message(self.settings.kafka, topic, partition, end=end))
+        if _is_lost_mark(last):
+            raise HistoryLost(f"{self.node}'s capture stopped for good: {last['reason']}", fix=self._fix_for_lost())
+        recorded = self._recorded_offset(topic, partition)
         if recorded is None or end > recorded:
             return
         reason = (f"{topic} partition {partition} ends before offset {recorded}, where Kafka had confirmed an event "
                   f"of {self.node}'s capture: Kafka lost events it had acknowledged")
         self._mark_lost(producer, reason)
-        self._record_offset(topic, partition)  # the lost mark's: what follows it is judged by it
         raise HistoryLost(reason, fix=self._fix_for_lost())
 
     def _fix_for_lost(self) -> str:
@@ -399,26 +412,27 @@ class CaptureWorker:
         return (self.topics.dtx, 0) if content == COORDINATOR else (self.topics.changes, content)
 
     def _recorded_offset(self, topic: str, partition: int) -> int | None:
-        """The offset of the last event of the node's partition that Kafka confirmed,
-        as recorded for this pipeline (None: none recorded, or another's)."""
-        if self.confirmed_file is None:
-            return None
+        """The offset of the last event of the node's partition that Kafka confirmed, as
+        recorded for this pipeline and the node's slot (a repair's marks come after a
+        lost mark, which a lost tail leaves before the offset recorded then), or by this
+        process (None: none recorded)."""
+        found = [self._offset_recorded] if self._offset_recorded >= 0 else []
         try:
-            recorded = read_json(self.confirmed_file)
+            recorded = read_json(self.confirmed_file) if self.confirmed_file is not None else {}
         except (OSError, ValueError):
-            return None  # none yet, or unreadable: nothing to compare with
-        if (recorded.get("pipeline"), recorded.get("topic"), recorded.get("partition")) != (
-                self.start.identity, topic, partition) or not isinstance(recorded.get("offset"), int):
-            return None
-        return int(recorded["offset"])
+            recorded = {}  # none yet, or unreadable: nothing to compare with
+        if (recorded.get("pipeline"), recorded.get("repair"), recorded.get("topic"), recorded.get("partition")) == (
+                self.start.identity, self._repair, topic, partition) and isinstance(recorded.get("offset"), int):
+            found.append(int(recorded["offset"]))
+        return max(found, default=None)
 
     def _record_offset(self, topic: str, partition: int) -> None:
         """Record the offset of the last event of the node's partition Kafka confirmed,
         in a thread of its own (the worker does not wait for the disk)."""
         offset = self._confirmations.offsets.get((topic, partition))
         if self._confirmed is not None and offset is not None and offset > self._offset_recorded:
-            self._confirmed.write({"pipeline": self.start.identity, "topic": topic, "partition": partition,
-                                   "offset": offset})
+            self._confirmed.write({"pipeline": self.start.identity, "repair": self._repair, "topic": topic,
+                                   "partition": partition, "offset": offset})
             self._offset_recorded = offset
 
     def _deliver(self, producer: Producer, topic: str, partition: int, value: bytes) -> bool:
@@ -605,6 +619,14 @@ class CaptureWorker:
     def _raise_delivery_error(self) -> None:
         if (error := self._confirmations.error) is not None:
             raise DeliveryFailed(f"Kafka did not take an event: {error.str()}")
+        if (went_back := self._confirmations.went_back) is not None:
+            (topic, partition), before, offset = went_back
+            raise TailLost(f"{topic} partition {partition} confirmed an event of {self.node}'s capture at offset "
+                           f"{offset}, after one at offset {before}: Kafka lost events it had acknowledged")
+
+
+def _is_lost_mark(value: Any) -> bool:
+    return isinstance(value, dict) and kind_of(value) == "lost" and problem_of(value) is None
 
 
 def _decoded(message: Any) -> Any:

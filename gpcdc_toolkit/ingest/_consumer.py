@@ -165,9 +165,11 @@ def first_message(kafka: Mapping[str, str], topic: str, partition: int, *, timeo
         messages.close()  # its consumer with it
 
 
-def last_message(kafka: Mapping[str, str], topic: str, partition: int, *, timeout: float = 30.0) -> Message | None:
-    """The last message a partition holds now, or None when it holds none."""
-    end = end_offsets(kafka, topic, [partition], timeout=timeout)[partition]
+def last_message(kafka: Mapping[str, str], topic: str, partition: int, *, end: int | None = None,
+                 timeout: float = 30.0) -> Message | None:
+    """The last message a partition holds before offset ``end`` (default: now), or None
+    when it holds none."""
+    end = end_offsets(kafka, topic, [partition], timeout=timeout)[partition] if end is None else end
     last = None
     for message in read_to_end(kafka, topic, start={partition: max(0, end - 1)}, partitions=[partition],
                                timeout=timeout):
