@@ -22,7 +22,6 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import orjson
 from confluent_kafka import Producer
 from psycopg import sql
 
@@ -31,17 +30,16 @@ from ..bootstrap import BootstrapError, Pipeline
 from ..bootstrap._bootstrap import _drop_when_released, _ensure_publications, _Slot, replication_connection
 from ..bootstrap._snapshot import distributed_tables, export_tables, write_manifest
 from ..cluster import COORDINATOR, START_LOCK, Cluster, Node
-from ..ingest import end_offsets, last_message
+from ..ingest import end_offsets, json_value, last_message
 from ..protocol import (
     NodeStart,
     Outbound,
     Repair,
     Topics,
-    kind_of,
     lost_marker,
+    lost_reason,
     parse_lsn,
     pipeline_marker,
-    problem_of,
     repaired_marker,
 )
 from ._changes import node_change
@@ -242,14 +240,7 @@ def _marked_lost(kafka: Mapping[str, str], topics: Topics, content: int) -> str 
     """The reason of the lost mark the segment's partition ends with, if it ends with
     one: its capture stopped for good (say, Kafka lost what it had confirmed), although
     its server and slot are as they were."""
-    message = last_message(kafka, topics.changes, content)
-    try:
-        last = orjson.loads(message.value() or b"") if message is not None else None
-    except orjson.JSONDecodeError:
-        last = None
-    if isinstance(last, dict) and kind_of(last) == "lost" and problem_of(last) is None:
-        return str(last["reason"])
-    return None
+    return lost_reason(json_value(last_message(kafka, topics.changes, content)))
 
 
 def _produce(kafka: Mapping[str, str], topics: Topics, content: int, marks: list[Outbound]) -> None:

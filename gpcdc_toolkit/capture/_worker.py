@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psycopg
 import psycopg2
 import psycopg2.extras
@@ -45,7 +44,7 @@ from ..cluster import Cluster, Node
 from ..config import CaptureSettings
 from ..connect import METADATA_REFRESH, kafka_logger
 from ..errors import BrokerError, ClusterChangedError, ConfigError, GpcdcError, StreamError, UnreachableError
-from ..ingest import UNNUMBERED, end_offsets, first_message, last_message, last_numbering, located
+from ..ingest import UNNUMBERED, end_offsets, first_message, json_value, last_message, last_numbering, located
 from ..protocol import (
     COORDINATOR,
     DECODING_SETTINGS,
@@ -57,12 +56,11 @@ from ..protocol import (
     encoder_built,
     format_lsn,
     is_pipeline_marker,
-    kind_of,
     lost_marker,
+    lost_reason,
     numbering_of,
     parse_lsn,
     pipeline_marker,
-    problem_of,
 )
 from ._changes import REBOOTSTRAP, added_nodes, node_change
 from ._confirmations import Confirmations
@@ -335,7 +333,7 @@ class CaptureWorker:
         if self.dispatcher.kind != "segment":
             return
         topic, partition = self._own_partition()
-        if _is_lost_mark(_decoded(last_message(self.settings.kafka, topic, partition))):
+        if lost_reason(json_value(last_message(self.settings.kafka, topic, partition))) is not None:
             return  # marked by a session before: one mark ends the partition
         if not self._deliver(producer, topic, partition, lost_marker(self.node.content, reason).value):
             raise DeliveryFailed(f"Kafka did not take {self.node}'s lost mark; {reason}")
@@ -367,7 +365,7 @@ class CaptureWorker:
             return self._numbered
         if located(first)[1] > 0:
             return self._numbered  # retention removed the partition's head, marker included: nothing left to compare
-        decoded = _decoded(first)
+        decoded = json_value(first)
         if not is_pipeline_marker(decoded, identity):
             owner = decoded["pipeline"] if isinstance(decoded, dict) and is_pipeline_marker(decoded) else None
             raise HistoryLost(
@@ -390,9 +388,9 @@ class CaptureWorker:
             return
         topic, partition = self._own_partition()
         end = end_offsets(self.settings.kafka, topic, [partition])[partition]
-        last = _decoded(last_message(self.settings.kafka, topic, partition, end=end))
-        if _is_lost_mark(last):
-            raise HistoryLost(f"{self.node}'s capture stopped for good: {last['reason']}", fix=self._fix_for_lost())
+        stopped = lost_reason(json_value(last_message(self.settings.kafka, topic, partition, end=end)))
+        if stopped is not None:
+            raise HistoryLost(f"{self.node}'s capture stopped for good: {stopped}", fix=self._fix_for_lost())
         recorded = self._recorded_offset(topic, partition)
         if recorded is None or end > recorded:
             return
@@ -623,19 +621,6 @@ class CaptureWorker:
             (topic, partition), before, offset = went_back
             raise TailLost(f"{topic} partition {partition} confirmed an event of {self.node}'s capture at offset "
                            f"{offset}, after one at offset {before}: Kafka lost events it had acknowledged")
-
-
-def _is_lost_mark(value: Any) -> bool:
-    return isinstance(value, dict) and kind_of(value) == "lost" and problem_of(value) is None
-
-
-def _decoded(message: Any) -> Any:
-    """A message's JSON value (None: no message, no value, or not JSON)."""
-    value = message.value() if message is not None else None
-    try:
-        return orjson.loads(value) if value is not None else None
-    except orjson.JSONDecodeError:
-        return None
 
 
 def tune_for_capture() -> None:

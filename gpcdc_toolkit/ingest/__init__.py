@@ -6,6 +6,7 @@ from ._consumer import (
     end_offsets,
     first_message,
     high_watermarks,
+    json_value,
     last_message,
     last_numbering,
     located,
@@ -16,8 +17,8 @@ from ._consumer import (
 from ._rows import COLUMNS, SCHEMA_DDL, to_row
 from ._server import SparkServer, SparkServerError, SparkServerStatus
 
-__all__ = ["UNNUMBERED", "EndTracker", "end_offsets", "first_message", "high_watermarks", "last_message", "last_numbering", "located",
-           "partitions_of", "read_to_end", "read_values", "COLUMNS", "SCHEMA_DDL", "to_row", "SparkServer",
+__all__ = ["UNNUMBERED", "EndTracker", "end_offsets", "first_message", "high_watermarks", "json_value", "last_message",
+           "last_numbering", "located", "partitions_of", "read_to_end", "read_values", "COLUMNS", "SCHEMA_DDL", "to_row", "SparkServer",
            "SparkServerError", "SparkServerStatus"]
 
 # The Spark parts (gpcdc_toolkit.ingest.spark) import pyspark; they are kept apart so

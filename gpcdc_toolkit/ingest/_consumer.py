@@ -165,6 +165,17 @@ def first_message(kafka: Mapping[str, str], topic: str, partition: int, *, timeo
         messages.close()  # its consumer with it
 
 
+def json_value(message: Message | None) -> Any:
+    """A message's value decoded as JSON (None: no message, no value, or not JSON)."""
+    import orjson
+
+    value = message.value() if message is not None else None
+    try:
+        return orjson.loads(value) if value is not None else None
+    except orjson.JSONDecodeError:
+        return None
+
+
 def last_message(kafka: Mapping[str, str], topic: str, partition: int, *, end: int | None = None,
                  timeout: float = 30.0) -> Message | None:
     """The last message a partition holds before offset ``end`` (default: now), or None

@@ -29,6 +29,7 @@ from ._events import (
     Watermark,
     is_pipeline_marker,
     kind_of,
+    lost_reason,
     problem_of,
 )
 from ._markers import CommitRecord, DdlRecord, GxidMarker, MarkerError, OnePhaseMarker
@@ -40,7 +41,7 @@ __all__ = [
     "COORDINATOR", "PROTOCOL_VERSION", "UNCHANGED", "Outbound", "ProtocolError", "TransactionAssembler", "UnknownNodesError",
     "encoder_built", "pipeline_marker", "lost_marker", "numbering_of", "repaired_marker", "shows_unnumbered",
     "KINDS", "CoordinatorRecord", "Kind", "PipelineMarker", "RowEvent", "Source",
-    "TransactionEvent", "Watermark", "is_pipeline_marker", "kind_of", "problem_of",
+    "TransactionEvent", "Watermark", "is_pipeline_marker", "kind_of", "lost_reason", "problem_of",
     "CreateTable", "DdlError", "parse_create_table",
     "CommitRecord", "DdlRecord", "GxidMarker", "MarkerError", "OnePhaseMarker",
     "DECODING_SETTINGS", "UNCHANGED_TOAST", "PgoutputError", "convert", "parse",

@@ -189,6 +189,14 @@ def _field_problem(holder: Mapping[str, Any], fields: Mapping[str, tuple[frozens
     return None
 
 
+def lost_reason(value: Any) -> str | None:
+    """Why a node's capture stopped for good, when ``value`` is a well-formed lost mark
+    (None otherwise)."""
+    if isinstance(value, dict) and kind_of(value) == "lost" and problem_of(value) is None:
+        return str(value["reason"])
+    return None
+
+
 def problem_of(value: Any) -> str | None:
     """What makes a decoded message unreadable as the protocol's, or None when it is one
     of its kinds, with the fields readers cannot do without, every known field of its type."""
