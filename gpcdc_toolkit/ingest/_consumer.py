@@ -202,20 +202,12 @@ def last_numbering(kafka: Mapping[str, str], topic: str, partition: int,
     repair``) the LSN is -1: the segment streams from a new slot, whose LSNs are not
     the old one's. Read backwards in growing windows, down to the partition's first
     message."""
-    import orjson
-
     from ..protocol import kind_of, numbering_of, problem_of, shows_unnumbered
-
-    def decoded(message: Message) -> Any:
-        try:
-            return orjson.loads(message.value() or b"")
-        except orjson.JSONDecodeError:
-            return None  # not the protocol's: it says nothing
 
     first = first_message(kafka, topic, partition)
     if first is None:
         return None
-    head = decoded(first)
+    head = json_value(first)
     marked = isinstance(head, dict) and kind_of(head) == "pipeline"
     if marked and shows_unnumbered(head):
         return UNNUMBERED
@@ -229,7 +221,7 @@ def last_numbering(kafka: Mapping[str, str], topic: str, partition: int,
         for message in read_to_end(kafka, topic, start={partition: begin}, partitions=[partition]):
             if located(message)[1] >= stop:
                 break
-            value = decoded(message)
+            value = json_value(message)  # not JSON: it says nothing
             if not isinstance(value, dict):
                 continue
             if (numbering := numbering_of(value)) is not None:
