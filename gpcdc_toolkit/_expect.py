@@ -18,6 +18,7 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from importlib import import_module
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,8 @@ class Expectations:
         self._on_begin: dict[str, Callable[[Any], None]] = {}  # per SQL data source
         self._query_assets: dict[str, dict[str, str]] = {}  # per SQL data source: its assets by query
         self._queries: set[str] = set()  # of the query assets, as :meth:`_columns_only` meets them
+        self._opened: list[Any] = []  # the SQL data sources' connections, for :meth:`stop`
+        self._stopped = False
 
     def suite(self, name: str, body: dict[str, Any]) -> Any:
         """The suite ``body`` as great-expectations loads it. Raises ConfigError when it
@@ -192,7 +195,7 @@ class Expectations:
             # from a DSN, as everywhere in the toolkit (a password file, a service, TLS).
             warnings.filterwarnings("ignore", message="You are using a generic SQLDatasource")
             source = self._context.data_sources.add_sql(  # type: ignore[call-arg]  # the stub lacks kwargs
-                name=name, connection_string="postgresql+psycopg://", kwargs={"creator": connect},
+                name=name, connection_string="postgresql+psycopg://", kwargs={"creator": partial(self._open, connect)},
                 assets=[{"type": "query", "name": asset, "query": query,
                          "batch_definitions": [{"name": "all", "partitioner": None}]} for query, asset in assets.items()])
         def begin(connection: Any) -> None:
@@ -208,6 +211,19 @@ class Expectations:
         self._queries.update(assets)
         return source
 
+    def _open(self, connect: Callable[[], Any]) -> Any:
+        self._opened.append(connection := connect())
+        return connection
+
+    def stop(self) -> None:
+        """Stop what the SQL data sources run, from another thread: the statement each
+        runs is cancelled, and every statement after it refused (for good: this
+        object's validations are over)."""
+        self._stopped = True
+        for connection in list(self._opened):
+            if not connection.closed:
+                connection.cancel_safe()
+
     def _columns_only(self, connection: Any, cursor: Any, statement: str, parameters: Any, context: Any,
                       executemany: bool) -> tuple[str, Any]:
         """``statement``, or, when it is one of the query assets' queries run as it is,
@@ -215,6 +231,8 @@ class Expectations:
         asset's column names by running the query itself and reading the result's
         description (every metric reads the query as a subquery): psycopg would first
         read every row of the table into this process."""
+        if self._stopped:
+            raise RuntimeError("stopped: the caller no longer waits for this validation")
         if statement.strip() in self._queries:
             return f"SELECT * FROM ({statement}) AS columns_only LIMIT 0", parameters
         return statement, parameters

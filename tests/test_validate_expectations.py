@@ -5,10 +5,13 @@ computed by great-expectations, row by row, where a store keeps none."""
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 
 import pytest
 from psycopg import sql
 
+from gpcdc_toolkit._expect import Suite
 from gpcdc_toolkit.cluster import Session, Table, segment_for
 from gpcdc_toolkit.errors import ConfigError
 from gpcdc_toolkit.validate._expectations import TargetSuites, derived_outcomes
@@ -101,3 +104,33 @@ def test_the_key_is_refused_on_the_targets_catalog_where_its_distribution_is_els
     elsewhere = dataclasses.replace(keyed, distribution_key=("v",))
     with Snapshots(source) as side, pytest.raises(ConfigError, match=r"do not include .* distribution key \(v\)"):
         TargetSuites(source, [keyed], [], placement_checked=True).check(side, [(elsewhere, 200, 200)])
+
+
+def test_suites_still_running_when_the_comparison_fails_are_stopped_not_waited_for(source, keyed):
+    """The suites run while the tables are compared: a comparison that fails leaves
+    them, and their statement blocked on a store is cancelled rather than waited for."""
+    home = source.segments[0]
+    with Snapshots(source) as side, source.connect_node(home) as locker, source.connect_node(home) as watcher:
+        side.pin()
+        with locker.transaction():  # from here every read of the table on one store waits for the locker
+            locker.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(*KEYED)))
+            (locker_pid,) = locker.execute("SELECT pg_backend_pid()").fetchone()
+            values = Suite("values", "target", False, {"name": "values", "expectations": [
+                {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "v"}}]}, keyed.name)
+            suites = TargetSuites(source, [keyed], [values], placement_checked=True)
+            with pytest.raises(RuntimeError, match="the comparison failed"), suites.start(side, [keyed]):
+                assert waiting_for(watcher, locker_pid, seconds=60), "great-expectations never read the locked table"
+                raise RuntimeError("the comparison failed")
+            assert not [t.name for t in threading.enumerate() if t.name.startswith("target suites")]
+            assert not waiting_for(watcher, locker_pid, seconds=0)
+
+
+def waiting_for(watcher, locker_pid: int, *, seconds: float) -> bool:
+    """Whether a backend waits for a lock ``locker_pid`` holds, asked until ``seconds`` pass."""
+    until = time.monotonic() + seconds
+    while True:
+        (waiting,) = watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                                     (locker_pid,)).fetchone()
+        if waiting or time.monotonic() >= until:
+            return bool(waiting)
+        time.sleep(0.05)  # a condition polled, bounded by ``seconds``

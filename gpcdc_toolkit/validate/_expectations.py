@@ -17,8 +17,10 @@ enforced. great-expectations counts duplicates and nulls only of a key kept othe
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -103,37 +105,36 @@ class TargetSuites:
         """Every table's derived suite and its suites from ``expectations/``, given (the
         target's table, the rows the comparison counted on the source and on the target),
         on ``target``'s pinned snapshots."""
-        outcomes: list[list[Outcome]] = []  # per table, in the order of ``tables``
+        with self.start(target, [info for info, _, _ in tables]) as running:
+            return running.outcomes([(source_rows, target_rows) for _, source_rows, target_rows in tables])
+
+    def start(self, target: Snapshots, tables: Sequence[Table]) -> Running:
+        """Start computing the suites of the target's ``tables`` on ``target``'s pinned
+        snapshots, in a thread of their own: great-expectations' Python then runs while
+        the comparison waits on the servers. :meth:`Running.outcomes` gives them; leaving
+        the ``with`` block stops what is still running."""
+        derived: list[Callable[[int, int], list[Outcome]]] = []  # per table, its outcomes known from the counts
         computed: list[tuple[int, _TableSuites]] = []  # what the stores compute, with its table's place
-        for info, source_rows, target_rows in tables:
+        for info in tables:
             self._kinds(info, *_derived(info, 0))  # refused on the target's catalog too: its key
             # An index keeps a key unique in its own relation; across a store's or the
             # stores' relations only where every row is where its key routes it.
             proofs = [target.cluster.key_index(node, conn, info) if self._placement_checked else None
                       for node, conn in target.segments()]
-            derived, left = derived_outcomes(info, source_rows, target_rows, proofs)
-            outcomes.append(derived)
+            derived.append(partial(_known, info, proofs))
+            left = derived_outcomes(info, 0, 0, proofs)[1]  # which expectations are left does not depend on counts
             suites = [(f"target {info.name}", {"name": f"target {info.name}", "expectations": left})] if left else []
             suites += self._suites.get(info.name, [])
             if suites:
-                computed.append((len(outcomes) - 1, self._table_suites(info, suites)))
-        if computed:
-            with ExitStack() as stack:
-                stores: list[tuple[Any, Callable[[Table], str]]] = []
-                for node, conn in target.segments():
-                    query = _text_rows(target, node, conn)
-                    snapshot = sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(target.names[node.content]))
-                    source = self._expectations.store(
-                        f"target store {node.content}", _connector(target.cluster.dsn(node)),
-                        [query(m.info) for _, m in computed],
-                        on_begin=["SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY", snapshot.as_string(conn)])
-                    stack.callback(self._expectations.release, source)
-                    stores.append((source, query))
-                for place, m in computed:
-                    per_store = [self._expectations.measure_query(f"target {m.info.name}", m.together, source, query(m.info))
-                                 for source, query in stores]
-                    outcomes[place] += [m.outcome(identity, results) for identity, results in aligned(per_store)]
-        return [outcome for table in outcomes for outcome in table]
+                computed.append((len(derived) - 1, self._table_suites(info, suites)))
+        stores: list[_Store] = []
+        for node, conn in target.segments() if computed else ():
+            query = _text_rows(target, node, conn)
+            snapshot = sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(target.names[node.content]))
+            stores.append((node.content, target.cluster.dsn(node),
+                           ["SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY", snapshot.as_string(conn)],
+                           [query(m.info) for _, m in computed]))
+        return Running(self._expectations, derived, computed, stores)
 
     def _table_suites(self, info: Table, suites: list[tuple[str, dict[str, Any]]]) -> _TableSuites:
         """The table's suites as one, on its columns as c0, c1, ...: one validation per
@@ -166,6 +167,56 @@ class TargetSuites:
         return kinds
 
 
+class Running:
+    """Target suites being computed in a thread of their own (:meth:`TargetSuites.start`)."""
+
+    def __init__(self, expectations: Expectations, derived: Sequence[Callable[[int, int], list[Outcome]]],
+                 computed: Sequence[tuple[int, _TableSuites]], stores: Sequence[_Store]) -> None:
+        self._expectations = expectations
+        self._derived = derived
+        self._computed = computed
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="target suites")
+        self._future = self._pool.submit(self._compute, stores) if computed else None
+
+    def _compute(self, stores: Sequence[_Store]) -> list[list[Outcome]]:
+        """Per table computed, its suites' outcomes on every store together."""
+        with ExitStack() as stack:
+            sources = []
+            for content, dsn, on_begin, queries in stores:
+                source = self._expectations.store(f"target store {content}", _connector(dsn), queries,
+                                                  on_begin=on_begin)
+                stack.callback(self._expectations.release, source)
+                sources.append((source, queries))
+            found = []
+            for i, (_, m) in enumerate(self._computed):
+                per_store = [self._expectations.measure_query(f"target {m.info.name}", m.together, source, queries[i])
+                             for source, queries in sources]
+                found.append([m.outcome(identity, results) for identity, results in aligned(per_store)])
+            return found
+
+    def outcomes(self, counts: Sequence[tuple[int, int]]) -> list[Outcome]:
+        """Every table's outcomes, given the rows the comparison counted on the source
+        and on the target, table by table; waits for the stores' computation."""
+        if len(counts) != len(self._derived):
+            raise ValueError(f"{len(counts)} counts for {len(self._derived)} tables")
+        outcomes = [known(source_rows, target_rows) for known, (source_rows, target_rows) in zip(self._derived, counts)]
+        for (place, _), found in zip(self._computed, self._future.result() if self._future else []):
+            outcomes[place] += found
+        return [outcome for table in outcomes for outcome in table]
+
+    def __enter__(self) -> Running:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # Left before its outcomes were asked for (the comparison failed): what still
+        # runs on the stores is stopped rather than waited for.
+        while self._future is not None and not self._future.done():
+            self._expectations.stop()  # again while it runs: a statement may be sent as the last was cancelled
+            wait([self._future], timeout=0.5)
+        self._pool.shutdown()
+
+
+_Store = tuple[int, str, list[str], list[str]]  # a store's content id, DSN, set-up statements, each table's query
 _COLUMN_ARGUMENTS = ("column", "column_A", "column_B")
 
 
@@ -188,6 +239,10 @@ def _renamed(body: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
 
 def _derived(info: Table, source_rows: int) -> tuple[str, dict[str, Any]]:
     return f"target {info.name}", derived_suite(info, source_rows)
+
+
+def _known(info: Table, proofs: Sequence[str | None], source_rows: int, target_rows: int) -> list[Outcome]:
+    return derived_outcomes(info, source_rows, target_rows, proofs)[0]
 
 
 def _connector(dsn: str) -> Any:

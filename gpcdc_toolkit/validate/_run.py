@@ -165,6 +165,9 @@ def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpo
             sides = (point.source, point.wait_for_replay(0))
         else:
             sides = (stack.enter_context(Snapshots(source)), stack.enter_context(Snapshots(target)))
+        running = None
+        if suites is not None:  # run while the tables are compared, in the same snapshots
+            running = stack.enter_context(suites.start(sides[1], [target_table(target, i.parts) for i in infos]))
         if settings.mode == "spark":
             from ._spark import compare_spark
 
@@ -174,9 +177,8 @@ def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpo
             results = tuple(compare_checksums(sides[0], sides[1], info.parts, fetch_rows=settings.fetch_rows,
                                               placement=settings.check_placement) for info in infos)
         outcomes: list[Outcome] = []
-        if suites is not None:
-            outcomes = suites.check(sides[1], [(target_table(target, info.parts), result.diff.expected, result.diff.actual)
-                                               for info, result in zip(infos, results)])
+        if running is not None:
+            outcomes = running.outcomes([(result.diff.expected, result.diff.actual) for result in results])
         summary = point.summary() if point is not None else None
     run = Validation(results, summary, settings.mode, time.monotonic() - started, _run_dir(config), tuple(outcomes),
                      settings.fail_on, _causes(config, target, results), _not_run(suites, source, infos, tables is None))
