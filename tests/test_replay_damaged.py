@@ -15,6 +15,7 @@ from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.connect import kafka_client_settings
 from gpcdc_toolkit.ingest._consumer import located, read_to_end
 from gpcdc_toolkit.protocol import Topics
+from gpcdc_toolkit.replay import ReassemblyError, Replayer
 from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.validate import table_rows
 from gpcdc_toolkit.workload import ACCOUNTS, EVENTS, WorkloadSpec, reset_tables, run_workload
@@ -65,9 +66,21 @@ def _replayed(captured, work_dir, damage, drop_record=None):
     """The topics copied under a new prefix with ``damage`` done to the last account
     update's message, then ``gpcdc replay --once`` into a fresh target: (its result, the
     target's rows per table)."""
+    prefix = _copied(captured, damage, drop_record)
+    target = Sandbox(f"dmg-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
+    try:
+        return _replay(captured, work_dir, prefix, target)
+    finally:
+        target.down(remove=True)
+
+
+def _copied(captured, damage, drop_record=None):
+    """The captured topics and the pipeline's record copied under a new prefix, with
+    ``damage`` done to the last account update's message and the commit record of gxid
+    ``drop_record`` left out; the new prefix."""
     import shutil
 
-    config, rows, changes, dtx = captured
+    config, _rows, changes, dtx = captured
     last = max((p, o) for p, o, _k, v in changes
                if (d := orjson.loads(v)).get("op") == "u" and d["source"]["table"] == ACCOUNTS)
     prefix = f"{config.kafka.topic_prefix}x{uuid.uuid4().hex[:4]}"
@@ -85,16 +98,19 @@ def _replayed(captured, work_dir, damage, drop_record=None):
     assert producer.flush(30) == 0
     shutil.copytree(Pipeline(config.work_dir, config.kafka.topic_prefix).directory,
                     Pipeline(config.work_dir, prefix).directory, ignore=shutil.ignore_patterns("*.tmp"))
-    target = Sandbox(f"dmg-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
-    try:
-        done = gpcdc(work_dir, "--source-sandbox", "source", "--target-sandbox", target.name,
-                     "--kafka-bootstrap-servers", config.kafka.bootstrap_servers, "--kafka-topic-prefix", prefix,
-                     "replay", "--once")
-        cluster = target.cluster()
-        names = cluster.table_names()  # none of the source's where the replay stopped before its initial load
-        return done, {table: table_rows(cluster, table) if table in names else [] for table in rows}
-    finally:
-        target.down(remove=True)
+    return prefix
+
+
+def _replay(captured, work_dir, prefix, target):
+    """``gpcdc replay --once`` of the topics of ``prefix`` into the sandbox ``target``:
+    (its result, the target's rows per table)."""
+    config, rows, _changes, _dtx = captured
+    done = gpcdc(work_dir, "--source-sandbox", "source", "--target-sandbox", target.name,
+                 "--kafka-bootstrap-servers", config.kafka.bootstrap_servers, "--kafka-topic-prefix", prefix,
+                 "replay", "--once")
+    cluster = target.cluster()
+    names = cluster.table_names()  # none of the source's where the replay stopped before its initial load
+    return done, {table: table_rows(cluster, table) if table in names else [] for table in rows}
 
 
 def _changed(event, **after):
@@ -155,3 +171,70 @@ def test_a_commit_record_lost_is_named_once_the_coordinators_watermark_passes_it
     assert done.returncode != 0
     assert (f"gxid {lost} cannot be replayed whole: the coordinator's watermark passed its commit, and gxid {lost}'s "
             "commit record never came") in done.stderr, done.stderr
+
+
+def test_a_part_of_a_transaction_applied_by_a_run_before_read_after_the_restart_is_refused_as_late(captured,
+                                                                                                     work_dir):
+    """A two-phase part that comes, while a replay follows the stream, after a run
+    before applied its transaction (one of its parts sent again with a new commit LSN
+    and the next number, as a broken or hostile writer would). Its record was read
+    before the restart, and the window the run read again at its start does not hold
+    the transaction: the replay asks the target, and refuses the part as one its
+    transaction went out without, rather than calling the record lost. Nothing more is
+    applied."""
+    config, rows, changes, dtx = captured
+    records = [v for _p, _o, _k, value in dtx if (v := orjson.loads(value)).get("type") == "commit"
+               and len(v["segments"]) > 1 and not v.get("syncpoint")]
+    gxid, segment = records[len(records) // 2]["gxid"], records[len(records) // 2]["segments"][-1]
+    events = [orjson.loads(value) for p, _o, _k, value in changes if p == segment]
+    begin = next(i for i, e in enumerate(events) if e.get("status") == "BEGIN" and e.get("gxid") == gxid)
+    end = next(i for i, e in enumerate(events) if e.get("status") == "END" and e.get("gxid") == gxid)
+    lsn = max(e.get(f) or 0 for e in events for f in ("commit_lsn", "end_lsn", "resolved")) + 1_000
+    number = max(e.get("number") or e.get("parts") or 0 for e in events) + 1
+    prefix = _copied(captured, lambda p, e: [(p, e)])
+    target = Sandbox(f"dmg-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
+    try:
+        first, replayed = _replay(captured, work_dir, prefix, target)
+        assert first.returncode == 0 and replayed == rows, first.stderr
+
+        sent: list[float] = []
+
+        def send_once_caught_up(progress):  # the run's first window read: what comes now is read past it
+            if progress.caught_up and not sent:
+                producer = Producer({**kafka_client_settings(config), "enable.idempotence": True})
+                for event in events[begin:end + 1]:
+                    producer.produce(Topics(prefix).changes, orjson.dumps(_relocated(event, lsn, number)),
+                                     partition=segment)
+                # The coordinator's watermark again, later: it proves every record before it read.
+                watermark = [v for *_, value in dtx if (v := orjson.loads(value)).get("type") == "resolved"][-1]
+                producer.produce(Topics(prefix).dtx, orjson.dumps({
+                    **watermark, "resolved": watermark["resolved"] + 1, "resolved_ts_ms": watermark["resolved_ts_ms"] + 1}),
+                    partition=0)
+                assert producer.flush(30) == 0
+                sent.append(time.monotonic())
+
+        following = config.with_settings({"kafka.topic_prefix": prefix, "target.sandbox": target.name})
+        with Replayer(following) as replayer, pytest.raises(ReassemblyError) as refused:
+            replayer.run(follow=True, progress=send_once_caught_up, progress_interval=0.1,
+                         should_stop=lambda: bool(sent) and time.monotonic() - sent[0] > 60)
+        replayed = {table: table_rows(target.cluster(), table) for table in rows}
+    finally:
+        target.down(remove=True)
+    offset = sum(1 for p, *_ in changes if p == segment)  # where the part sent again begins
+    assert (f"segment {segment}'s part of gxid {gxid} at offset {offset} arrives after the transaction went out "
+            "without it") in str(refused.value), refused.value
+    assert replayed == rows
+
+
+def _relocated(event, lsn, number):
+    """A part's message as if committed again at ``lsn`` and numbered ``number``."""
+    event = {**event}
+    if "commit_lsn" in event:
+        event["commit_lsn"] = lsn
+    if "end_lsn" in event:
+        event["end_lsn"] = lsn + 100
+    if "number" in event:
+        event["number"] = number
+    if isinstance(event.get("source"), dict):
+        event["source"] = {**event["source"], "commit_lsn": lsn}
+    return event

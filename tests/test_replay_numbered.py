@@ -73,6 +73,35 @@ def test_a_part_read_first_after_a_restart_whose_transaction_was_applied_is_refu
         r.add_part(replace(part(1, 7, None, 40), new=True))
 
 
+def test_a_part_waiting_for_a_record_read_before_a_restart_is_passed_over_once_the_target_says_it_was_applied():
+    """Read again past the window a run begins with, a part of a transaction applied in
+    a run before waits for a record that will not come again; the coordinator's
+    watermark names that record lost until the replay learns from the target that the
+    transaction was applied. Then the part is passed over in its place, and the
+    one-phase part after it goes out."""
+    r = numbered(2)
+    r.add_part(part(0, 7, 1, 20))  # its record was read, and gxid 7 applied, before the restart
+    r.add_part(part(0, 8, 2, 30, one_phase=True))
+    r.add_watermark(-1, 10_000)
+    assert r.ready() == []
+    [missing] = r.missing()
+    assert missing.record_never_came and (missing.gxid, missing.present) == (7, (0,)), missing
+    r.applied_before(7)
+    assert [w.gxid for w in r.ready()] == [8]
+    assert r.missing() == [] and r.pending == 0
+
+
+def test_a_part_read_first_after_a_restart_is_refused_as_late_once_the_target_says_its_transaction_was_applied():
+    r = numbered(2)
+    r.add_part(part(0, 7, 1, 20))
+    r.add_part(replace(part(1, 7, 1, 40), new=True))  # past where the run before the restart had read
+    r.add_watermark(-1, 10_000)
+    assert r.missing()[0].record_never_came
+    with pytest.raises(ReassemblyError, match="segment 1's part of gxid 7 at offset 40 arrives after the "
+                                              "transaction went out without it"):
+        r.applied_before(7)
+
+
 def test_a_part_arriving_long_after_its_transaction_went_out_without_it_is_refused_as_such():
     """However many transactions went out since: the positions of those handed out without
     a part are kept past the forgetting of the others."""

@@ -31,12 +31,12 @@ waited for: their parts no longer need a record, and nothing waits on their anch
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Container, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import ClusterChangedError, StreamError
-from ..protocol import DistributedSnapshot
+from ..protocol import COORDINATOR, DistributedSnapshot
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,11 @@ class Missing:
     damage: str | None = None  # the part arrived, but not whole
     lost: str | None = None  # the part cannot come: its node is lost to the pipeline (why)
     gap: tuple[int, int] | None = None  # numbers of the segment's parts that never arrived (first, last)
+
+    @property
+    def record_never_came(self) -> bool:
+        """Whether what is missing is the transaction's commit record (its parts arrived)."""
+        return self.lost is not None and self.gxid is not None and all(s != COORDINATOR for s, _ in self.offsets)
 
 
 class ReassemblyError(StreamError, ValueError):
@@ -206,7 +211,7 @@ class Reassembler:
     the record's commit time.
     """
 
-    def __init__(self, segments: int, *, clock_skew_ms: int = 1000, applied: Container[int] = frozenset(),
+    def __init__(self, segments: int, *, clock_skew_ms: int = 1000, applied: Iterable[int] = (),
                  applied_lsn: Mapping[int, int] | None = None, copies_applied: Mapping[int, int] | None = None) -> None:
         self.segments = [_Segment() for _ in range(segments)]
         # Per segment, the number of the latest repair whose copy is applied.
@@ -215,7 +220,7 @@ class Reassembler:
         self._coordinator_resolved_ts = -1  # the same by its clock: every record of a commit before it has arrived
         self._parts_added = 0  # two-phase parts added so far
         self._passed: tuple[tuple[int, int, int], list[Missing]] | None = None  # _record_passed's, and what it saw
-        self.applied = applied
+        self.applied = set(applied)
         # Per segment, the commit LSN up to which its one-phase parts without a gxid are
         # applied: they go out in their segment's order, so that order names them.
         self.applied_lsn = dict(applied_lsn or {})
@@ -278,6 +283,19 @@ class Reassembler:
                 raise ReassemblyError(f"gxid {part.gxid} has a part on segment {part.segment}, "
                                       f"but its commit record lists segments {list(record.segments)}")
         segment.log.append(part)
+
+    def applied_before(self, gxid: int) -> None:
+        """The target applied ``gxid`` in a run before this one, which the window read
+        again at the start did not show (its parts there were read past it). Its parts
+        waiting here are passed over, as :meth:`add_part` passes over those of a
+        transaction known applied: they wait for no record, which was read before the
+        restart. A part of it read first after the restart went out without it."""
+        self.applied.add(gxid)
+        self._passed = None  # what _record_passed found may have been waiting for it
+        for part in self._parts.pop(gxid, {}).values():
+            if part.new:
+                raise self._late(part)
+            del self.segments[part.segment].arrival[gxid]  # out of the unrecorded, see _follows_unrecorded
 
     def add_record(self, record: Record) -> None:
         if record.commit_lsn >= 0:

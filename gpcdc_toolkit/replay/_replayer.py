@@ -369,12 +369,26 @@ class _Run:
             if self.reassembler is None and not self.window_end:
                 self._open_reassembler()
             if self.reassembler is not None:
-                self.in_hand.extend(self.reassembler.ready())
-                self._apply_ready()
-                missing = self.reassembler.missing()
-                if missing:
-                    raise MissingPartError(missing[0], self.topics, self.next[missing[0].segment])
+                self._hand_out()
             yield
+
+    def _hand_out(self) -> None:
+        """Apply what the order allows, and stop on a part proven missing. A record named
+        lost may be of a transaction this target applied in a run before, whose parts were
+        read again past the window the run began with: the target is asked before the
+        record is called lost (:meth:`Reassembler.applied_before`)."""
+        assert self.reassembler is not None
+        while True:
+            self.in_hand.extend(self.reassembler.ready())
+            self._apply_ready()
+            missing = self.reassembler.missing()
+            if not missing:
+                return
+            first = missing[0]
+            if not (isinstance(self.reassembler, Reassembler) and first.record_never_came and first.gxid is not None
+                    and self.applier.applied_among({first.gxid})):
+                raise MissingPartError(first, self.topics, self.next[first.segment])
+            self.reassembler.applied_before(first.gxid)
 
     def _receive(self, message: Delivery) -> None:
         partition, offset = message.partition, message.offset
