@@ -11,6 +11,7 @@ validation, named by ``meta.gpcdc.table`` as PostgreSQL prints it
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -219,10 +220,15 @@ class Expectations:
         """Stop what the SQL data sources run, from another thread: the statement each
         runs is cancelled, and every statement after it refused (for good: this
         object's validations are over)."""
+        import psycopg
+
         self._stopped = True
         for connection in list(self._opened):
             if not connection.closed:
-                connection.cancel_safe()
+                # Its server may be what failed: the statement then fails on its own, and
+                # the caller's error is the one to say, not this one.
+                with contextlib.suppress(psycopg.Error):
+                    connection.cancel_safe(timeout=5)
 
     def _columns_only(self, connection: Any, cursor: Any, statement: str, parameters: Any, context: Any,
                       executemany: bool) -> tuple[str, Any]:

@@ -73,33 +73,42 @@ def test_a_part_read_first_after_a_restart_whose_transaction_was_applied_is_refu
         r.add_part(replace(part(1, 7, None, 40), new=True))
 
 
-def test_a_part_waiting_for_a_record_read_before_a_restart_is_passed_over_once_the_target_says_it_was_applied():
-    """Read again past the window a run begins with, a part of a transaction applied in
-    a run before waits for a record that will not come again; the coordinator's
-    watermark names that record lost until the replay learns from the target that the
-    transaction was applied. Then the part is passed over in its place, and the
-    one-phase part after it goes out."""
+def test_a_part_read_first_after_a_restart_waits_for_a_record_read_before_it_and_is_refused_once_the_target_says():
+    """Past the window a run begins with, a part of a transaction applied in a run before
+    waits for a record read before the restart; the coordinator's watermark names that
+    record lost, and the target, asked, says the transaction went out without the part."""
     r = numbered(2)
-    r.add_part(part(0, 7, 1, 20))  # its record was read, and gxid 7 applied, before the restart
-    r.add_part(part(0, 8, 2, 30, one_phase=True))
-    r.add_watermark(-1, 10_000)
-    assert r.ready() == []
-    [missing] = r.missing()
-    assert missing.record_never_came and (missing.gxid, missing.present) == (7, (0,)), missing
-    r.applied_before(7)
-    assert [w.gxid for w in r.ready()] == [8]
-    assert r.missing() == [] and r.pending == 0
-
-
-def test_a_part_read_first_after_a_restart_is_refused_as_late_once_the_target_says_its_transaction_was_applied():
-    r = numbered(2)
-    r.add_part(part(0, 7, 1, 20))
     r.add_part(replace(part(1, 7, 1, 40), new=True))  # past where the run before the restart had read
+    r.add_part(part(1, 8, 2, 50, one_phase=True))
     r.add_watermark(-1, 10_000)
-    assert r.missing()[0].record_never_came
-    with pytest.raises(ReassemblyError, match="segment 1's part of gxid 7 at offset 40 arrives after the "
-                                              "transaction went out without it"):
-        r.applied_before(7)
+    assert r.ready() == []  # nothing after it goes out: its order is not proven
+    [missing] = r.missing()
+    assert missing.record_never_came and (missing.gxid, missing.present) == (7, (1,)), missing
+    assert str(r.went_out_without(7)).startswith("segment 1's part of gxid 7 at offset 40 arrives after the "
+                                                 "transaction went out without it")
+
+
+def test_a_part_arriving_once_its_handed_out_place_is_forgotten_is_named_by_its_record_until_the_target_is_asked():
+    """Past the positions kept of transactions handed out without a part, the late part
+    waits for a record, as if unrecorded: only the target can say it went out without
+    it (the replay asks it before calling the record lost)."""
+    r = numbered(2)
+    r.add_record(record(7, [0, 1], 10))
+    r.add_part(part(0, 7, 1, 20))
+    proving_watermark(r, 1, parts=0)
+    assert [w.gxid for w in r.ready()] == [7]
+    for i in range(12_000):  # each handed out without its part on segment 1, which changed nothing
+        r.add_record(record(100 + i, [0, 1], 100 + i))
+        r.add_part(part(0, 100 + i, 2 + i, 20_000 + i))
+        proving_watermark(r, 1, parts=0, at=20_000 + i)
+        r.ready()
+    assert r.pending == 0
+    r.add_part(part(1, 7, 1, 40_000))
+    r.add_watermark(-1, 100_000)
+    [missing] = r.missing()
+    assert missing.record_never_came and missing.gxid == 7, missing
+    assert "segment 1's part of gxid 7 at offset 40000 arrives after the transaction went out without it" in str(
+        r.went_out_without(7))
 
 
 def test_a_part_arriving_long_after_its_transaction_went_out_without_it_is_refused_as_such():

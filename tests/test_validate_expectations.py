@@ -5,8 +5,12 @@ computed by great-expectations, row by row, where a store keeps none."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import threading
 import time
+import uuid
+from contextlib import closing
 
 import pytest
 from psycopg import sql
@@ -14,6 +18,7 @@ from psycopg import sql
 from gpcdc_toolkit._expect import Suite
 from gpcdc_toolkit.cluster import Session, Table, segment_for
 from gpcdc_toolkit.errors import ConfigError
+from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.validate._expectations import TargetSuites, derived_outcomes
 from gpcdc_toolkit.validate._snapshots import Snapshots
 
@@ -134,3 +139,35 @@ def waiting_for(watcher, locker_pid: int, *, seconds: float) -> bool:
         if waiting or time.monotonic() >= until:
             return bool(waiting)
         time.sleep(0.05)  # a condition polled, bounded by ``seconds``
+
+
+def test_suites_on_a_store_whose_server_is_gone_leave_the_comparisons_error_to_say_what_failed(work_dir):
+    """The comparison failed because a store's server went away: its statement cannot be
+    cancelled (nothing answers there), and the comparison's error is the one raised,
+    with the suites' thread ended."""
+    sandbox = Sandbox(f"gone-{uuid.uuid4().hex[:4]}", work_dir).up(segments=1)
+    try:
+        cluster = sandbox.cluster()
+        with Session(cluster) as session:
+            session.ddl(sql.SQL("CREATE TABLE {} ").format(sql.Identifier(*KEYED)).as_string(None) + COLUMNS)
+        info = cluster.table(KEYED)
+        home = cluster.segments[0]
+        values = Suite("values", "target", False, {"name": "values", "expectations": [
+            {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "v"}}]}, info.name)
+        # Connections closed, never committed: their server is gone by then.
+        with Snapshots(cluster) as side, closing(cluster.connect_node(home)) as locker, \
+                closing(cluster.connect_node(home)) as watcher:
+            side.pin()
+            watcher.autocommit = locker.autocommit = True
+            locker.execute("BEGIN")
+            locker.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(*KEYED)))
+            (locker_pid,) = locker.execute("SELECT pg_backend_pid()").fetchone()
+            suites = TargetSuites(cluster, [info], [values], placement_checked=True)
+            with pytest.raises(RuntimeError, match="the comparison failed") as failed, suites.start(side, [info]):
+                assert waiting_for(watcher, locker_pid, seconds=60), "great-expectations never read the table"
+                os.kill(next(n for n in sandbox.nodes if n.content == 0).pid(), signal.SIGKILL)
+                raise RuntimeError("the comparison failed: segment 0 went away")
+            assert failed.value.__context__ is None  # nothing raised on the way out in its place
+            assert not [t.name for t in threading.enumerate() if t.name.startswith("target suites")]
+    finally:
+        sandbox.down(remove=True)

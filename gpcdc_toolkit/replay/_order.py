@@ -31,7 +31,7 @@ waited for: their parts no longer need a record, and nothing waits on their anch
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -211,7 +211,7 @@ class Reassembler:
     the record's commit time.
     """
 
-    def __init__(self, segments: int, *, clock_skew_ms: int = 1000, applied: Iterable[int] = (),
+    def __init__(self, segments: int, *, clock_skew_ms: int = 1000, applied: Container[int] = frozenset(),
                  applied_lsn: Mapping[int, int] | None = None, copies_applied: Mapping[int, int] | None = None) -> None:
         self.segments = [_Segment() for _ in range(segments)]
         # Per segment, the number of the latest repair whose copy is applied.
@@ -220,7 +220,7 @@ class Reassembler:
         self._coordinator_resolved_ts = -1  # the same by its clock: every record of a commit before it has arrived
         self._parts_added = 0  # two-phase parts added so far
         self._passed: tuple[tuple[int, int, int], list[Missing]] | None = None  # _record_passed's, and what it saw
-        self.applied = set(applied)
+        self.applied = applied
         # Per segment, the commit LSN up to which its one-phase parts without a gxid are
         # applied: they go out in their segment's order, so that order names them.
         self.applied_lsn = dict(applied_lsn or {})
@@ -284,18 +284,12 @@ class Reassembler:
                                       f"but its commit record lists segments {list(record.segments)}")
         segment.log.append(part)
 
-    def applied_before(self, gxid: int) -> None:
-        """The target applied ``gxid`` in a run before this one, which the window read
-        again at the start did not show (its parts there were read past it). Its parts
-        waiting here are passed over, as :meth:`add_part` passes over those of a
-        transaction known applied: they wait for no record, which was read before the
-        restart. A part of it read first after the restart went out without it."""
-        self.applied.add(gxid)
-        self._passed = None  # what _record_passed found may have been waiting for it
-        for part in self._parts.pop(gxid, {}).values():
-            if part.new:
-                raise self._late(part)
-            del self.segments[part.segment].arrival[gxid]  # out of the unrecorded, see _follows_unrecorded
+    def went_out_without(self, gxid: int) -> ReassemblyError:
+        """The error for the parts of ``gxid`` waiting here for a record, once the target
+        says it applied that transaction: it went out without them, in this run (its
+        place since forgotten) or in a run before (its record read before the restart).
+        A part read again is never among them: the window a run begins with holds it."""
+        return self._late(min(self._parts[gxid].values(), key=lambda part: part.offset))
 
     def add_record(self, record: Record) -> None:
         if record.commit_lsn >= 0:

@@ -374,21 +374,20 @@ class _Run:
 
     def _hand_out(self) -> None:
         """Apply what the order allows, and stop on a part proven missing. A record named
-        lost may be of a transaction this target applied in a run before, whose parts were
-        read again past the window the run began with: the target is asked before the
-        record is called lost (:meth:`Reassembler.applied_before`)."""
+        lost may be of a transaction the target applied without the part waiting for it
+        (its record read before a restart, or its place forgotten): the target is asked,
+        and the part refused as late (:meth:`Reassembler.went_out_without`)."""
         assert self.reassembler is not None
-        while True:
-            self.in_hand.extend(self.reassembler.ready())
-            self._apply_ready()
-            missing = self.reassembler.missing()
-            if not missing:
-                return
-            first = missing[0]
-            if not (isinstance(self.reassembler, Reassembler) and first.record_never_came and first.gxid is not None
-                    and self.applier.applied_among({first.gxid})):
-                raise MissingPartError(first, self.topics, self.next[first.segment])
-            self.reassembler.applied_before(first.gxid)
+        self.in_hand.extend(self.reassembler.ready())
+        self._apply_ready()
+        missing = self.reassembler.missing()
+        if not missing:
+            return
+        first = missing[0]
+        if (isinstance(self.reassembler, Reassembler) and first.record_never_came and first.gxid is not None
+                and self.applier.applied_among({first.gxid})):
+            raise self.reassembler.went_out_without(first.gxid)
+        raise MissingPartError(first, self.topics, self.next[first.segment])
 
     def _receive(self, message: Delivery) -> None:
         partition, offset = message.partition, message.offset

@@ -210,9 +210,13 @@ class Running:
     def __exit__(self, *exc: object) -> None:
         # Left before its outcomes were asked for (the comparison failed): what still
         # runs on the stores is stopped rather than waited for.
-        while self._future is not None and not self._future.done():
-            self._expectations.stop()  # again while it runs: a statement may be sent as the last was cancelled
-            wait([self._future], timeout=0.5)
+        try:
+            while self._future is not None and not self._future.done():
+                self._expectations.stop()  # again while it runs: a statement may be sent as the last was cancelled
+                wait([self._future], timeout=0.5)
+        except BaseException:  # interrupted while it stops: its statements are refused, it ends on its own
+            self._pool.shutdown(wait=False)
+            raise
         self._pool.shutdown()
 
 
