@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from gpcdc_toolkit.bootstrap import BootstrapError, Pipeline, bootstrap, drop_slots
+from gpcdc_toolkit.broker import EmbeddedBroker
 from gpcdc_toolkit.capture import CaptureGroup, capture_status, extend_pipeline, repair_segment, wait_until_acknowledged
 from gpcdc_toolkit.cluster import Session, segment_for
 from gpcdc_toolkit.config import load_config
@@ -26,7 +27,7 @@ from gpcdc_toolkit.replay import MissingPartError, Replayer
 from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.validate import table_rows
 
-from ._kafka import lose_tail
+from ._kafka import lose_tail, lose_unwritten_tail
 from .test_replay_faults import ENV
 
 pytestmark = pytest.mark.changes
@@ -638,3 +639,31 @@ def test_a_tail_kafka_lost_after_acknowledging_it_stops_its_segments_capture_and
     finally:
         target.down(remove=True)
         sandbox.down(remove=True)
+
+
+def test_a_tail_a_crashed_broker_lost_is_found_by_a_worker_on_another_host_from_kafkas_own_record(
+        work_dir, tmp_path_factory):
+    """Transactions on one segment, acknowledged to the slot; the worker stops, and the
+    broker crashes before writing them to disk. The worker starts again on a host that
+    has no record of its own (the work directory's file gone): the offset its node's
+    group committed in Kafka shows the partition ending before what Kafka had confirmed,
+    and capture stops for good rather than number on from what is left."""
+    broker = EmbeddedBroker(tmp_path_factory.mktemp("crashing")).up()
+    sandbox = Sandbox(f"kc-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
+    try:
+        with capturing(sandbox, broker, work_dir) as (cluster, config, pipeline, group, table):
+            kafka = kafka_client_settings(config)
+            topic = Topics(config.kafka.topic_prefix).changes
+            keep = end_offsets(kafka, topic, [1])[1]
+            for i in [i for i in range(100, 200) if segment_for([i], 2) == 1][:5]:
+                write(cluster, table, [i])
+            wait_until_acknowledged(cluster, pipeline.slot)
+            group.stop()
+            group.confirmed_file(1).unlink()  # another host: no file of its own
+            assert lose_unwritten_tail(broker, kafka, topic, 1, keep) == keep
+            with pytest.raises(GpcdcError, match="Kafka lost events it had acknowledged"):
+                group.start()
+            assert f"{topic} partition 1 ends before offset" in failed_state(group, 1)
+    finally:
+        sandbox.down(remove=True)
+        broker.remove()
