@@ -167,8 +167,9 @@ class ConfirmedRecord:
         failed = error or next((p.error for p in partitions if p.error is not None), None)
         if failed is None:
             return
-        self._committed = -1  # committed again: by the next record, or when the worker stops
-        if not failed.retriable():
+        if failed.retriable():
+            self._committed = -1  # committed again: by the next record, or when the worker stops
+        else:  # the file still holds it; the next record's commit may be taken
             log.warning("%s: Kafka did not take a commit of the confirmed offset: %s", self.group, failed)
 
 
