@@ -13,10 +13,13 @@ import uuid
 
 import psycopg
 import pytest
+from confluent_kafka import Producer
 
 from gpcdc_toolkit.bootstrap import BootstrapError, Pipeline, bootstrap, drop_slots
 from gpcdc_toolkit.broker import EmbeddedBroker
-from gpcdc_toolkit.capture import CaptureGroup, capture_status, extend_pipeline, repair_segment, wait_until_acknowledged
+from gpcdc_toolkit.capture import CaptureGroup, _worker, capture_status, extend_pipeline, repair_segment, wait_until_acknowledged
+from gpcdc_toolkit.capture._record import ConfirmedRecord, group_of
+from gpcdc_toolkit.capture._worker import CaptureWorker, WorkerSettings, producer_config
 from gpcdc_toolkit.cluster import Session, segment_for
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.connect import kafka_client_settings
@@ -667,3 +670,43 @@ def test_a_tail_a_crashed_broker_lost_is_found_by_a_worker_on_another_host_from_
     finally:
         sandbox.down(remove=True)
         broker.remove()
+
+
+def test_a_worker_waiting_on_another_host_takes_what_the_streaming_one_records_meanwhile_for_no_loss(
+        broker, work_dir, monkeypatch):
+    """A worker of a node whose slot another host's worker holds checks the node's
+    partition at each try: what the streaming worker confirms and records in Kafka right
+    after the waiting one read the partition's end is no loss, and no lost mark is
+    written into the live partition."""
+    sandbox = Sandbox(f"kw-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
+    try:
+        with capturing(sandbox, broker, work_dir) as (cluster, config, pipeline, _group, table):
+            kafka = kafka_client_settings(config)
+            topic = Topics(config.kafka.topic_prefix).changes
+            start = pipeline.start_point()
+            settings = WorkerSettings(prefix=config.kafka.topic_prefix, kafka=kafka, capture=config.capture)
+            waiting = CaptureWorker(cluster, cluster.segments[1], start, settings, database="postgres", partitions=2)
+            streaming = ConfirmedRecord(None, kafka, group_of(config.kafka.topic_prefix, 1), identity=start.identity,
+                                        repair=0)
+            ids = iter(i for i in range(1000, 2000) if segment_for([i], 2) == 1)
+            read_end = _worker.end_offsets
+
+            def end_then_more(kafka, topic, partitions):
+                ends = read_end(kafka, topic, partitions)
+                write(cluster, table, [next(ids)])  # the streaming worker goes on, and records it in Kafka
+                deadline = time.monotonic() + 60
+                while (streaming.highest(topic, 1) or -1) < ends[1]:
+                    assert time.monotonic() < deadline, "the streaming worker recorded nothing past the end read"
+                    threading.Event().wait(0.2)  # it commits at most once a second
+                return ends
+
+            monkeypatch.setattr(_worker, "end_offsets", end_then_more)
+            producer = Producer(producer_config(settings))
+            try:
+                waiting._check_tail(producer)
+            finally:
+                producer.flush(10)
+                streaming.close()
+            assert read_values(kafka, topic, partitions=[1])[-1][2].get("type") != "lost"
+    finally:
+        sandbox.down(remove=True)

@@ -6,6 +6,7 @@ it was made for."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 import pytest
@@ -79,3 +80,16 @@ def test_a_broker_that_does_not_answer_is_said_in_one_line(monkeypatch):
             pytest.raises(BrokerError, match=r"^Kafka did not say what gpcdc\.t\.capture\.node1 committed: .+: "
                                              "check the broker and kafka.bootstrap_servers$"):
         record.highest(TOPIC, 1)
+
+
+def test_a_worker_stopping_with_its_broker_gone_waits_for_its_last_commit_no_longer_than_it_says(monkeypatch):
+    """Its stop is waited for, then killed: the last commit is given a few seconds, and
+    nothing waits for a broker that is gone beyond them."""
+    monkeypatch.setattr(_record, "_LAST_COMMIT_WAIT", 1.0)
+    record = ConfirmedRecord(None, {"bootstrap.servers": "127.0.0.1:9"}, "gpcdc.t.capture.node1", identity="p1",
+                             repair=0)
+    record.open()
+    record.record(TOPIC, 1, 7)
+    began = time.monotonic()
+    record.close()
+    assert time.monotonic() - began < 1.0 + 5.0  # the wait, and no more than a moment beyond it

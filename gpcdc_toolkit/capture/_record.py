@@ -14,20 +14,26 @@ In two places, each surviving what the other may not:
   once more when it stops, so after a crash it may lag by that much.
 
 A session trusts the highest offset either holds for the same pipeline and repair
-number (a repaired slot starts afresh), or this process recorded. Neither raises a false
-alarm: each holds an offset Kafka confirmed, or an earlier one.
+number (a repaired slot starts afresh), or this process recorded. Each holds an offset
+Kafka confirmed, or an earlier one; the session reads them before the partition's end,
+so that a worker of the node still streaming on another host is not taken for a loss.
+Kafka is asked through an admin client, whose requests end within their timeout: a
+consumer would wait out its session at close for a commit to a broker that is gone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
 from collections.abc import Mapping
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from .._runtime import StateWriter, read_json
 from ..errors import BrokerError
@@ -35,7 +41,7 @@ from ..errors import BrokerError
 log = logging.getLogger(__name__)
 
 COMMIT_INTERVAL = 1.0  # seconds between two commits of the record to Kafka while streaming
-_LAST_COMMIT_WAIT = 5.0  # seconds a stopping worker waits for Kafka to take its last commit
+_LAST_COMMIT_WAIT = 5.0  # seconds a stopping worker waits for Kafka to take its last commits
 _COORDINATOR_WAIT = 30.0  # seconds a session waits for Kafka's groups' coordinator
 _ANSWER_WAIT = 10.0  # seconds a session waits for Kafka to say what a group committed
 
@@ -62,12 +68,12 @@ class ConfirmedRecord:
         self._kafka = dict(kafka)
         self._owner = {"pipeline": identity, "repair": repair}
         self._highest = -1  # recorded by this process (a write or a commit may not be done)
-        self._committed = -1  # the last offset committed to Kafka, or asked to be
-        self._last_commit = 0.0
         self._position: tuple[str, int] | None = None  # the partition recorded
+        self._asked = -1  # the highest offset whose commit Kafka was asked for
+        self._last_commit = 0.0
+        self._answers: list[tuple[int, Future[Any]]] = []  # commits not answered yet: (offset, answer)
         self._writer: StateWriter | None = None
-        self._committer: Any = None  # a Consumer that only commits
-        self._unanswered = 0  # commits Kafka has not answered yet
+        self._admin: Any = None  # an AdminClient: its requests end within their timeout, whatever the broker does
 
     def open(self) -> None:
         self._writer = StateWriter(self.file) if self.file is not None else None
@@ -80,19 +86,17 @@ class ConfirmedRecord:
         self.close()
 
     def close(self) -> None:
-        """Write and commit what is left: the last commit waits a few seconds at most."""
+        """Write what is left, and commit it to Kafka, waiting a few seconds at most."""
         try:
+            if self._position is not None and self._highest > self._asked:
+                self._commit(*self._position, self._highest)
             deadline = time.monotonic() + _LAST_COMMIT_WAIT
-            while self._position is not None and time.monotonic() < deadline:
-                if self._highest > self._committed and not self._unanswered:
-                    self._commit(*self._position, self._highest)  # again where Kafka refused it for now
-                elif not self._unanswered:
-                    break
-                self._consumer().poll(0.1)  # serves the commits' answers
+            for _offset, answer in self._answers:
+                with contextlib.suppress(KafkaException, TimeoutError):
+                    answer.result(max(0.0, deadline - time.monotonic()))
+            self._answered()
         finally:
-            if self._committer is not None:
-                self._committer.close()
-                self._committer = None
+            self._admin = None
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
@@ -106,12 +110,11 @@ class ConfirmedRecord:
         self._highest, self._position = offset, (topic, partition)
         if self._writer is not None:
             self._writer.write({**self._owner, "topic": topic, "partition": partition, "offset": offset})
+        self._answered()
         now = time.monotonic()
-        if now - self._last_commit >= COMMIT_INTERVAL:
+        if now - self._last_commit >= COMMIT_INTERVAL and not self._answers:
             self._last_commit = now
             self._commit(topic, partition, offset)
-        if self._committer is not None:
-            self._committer.poll(0)  # serves earlier commits' answers, without waiting
 
     def highest(self, topic: str, partition: int) -> int | None:
         """The highest offset recorded for the partition, by the file, by Kafka or by this
@@ -135,7 +138,12 @@ class ConfirmedRecord:
         deadline = time.monotonic() + _COORDINATOR_WAIT
         while True:
             try:
-                [committed] = self._consumer().committed([TopicPartition(topic, partition)], timeout=_ANSWER_WAIT)
+                [answer] = self._client().list_consumer_group_offsets(
+                    [ConsumerGroupTopicPartitions(self.group, [TopicPartition(topic, partition)])],
+                    request_timeout=_ANSWER_WAIT).values()
+                [committed] = answer.result().topic_partitions
+                if committed.error is not None:
+                    raise KafkaException(committed.error)
                 return committed
             except KafkaException as e:
                 if not e.args[0].retriable() or time.monotonic() > deadline:
@@ -147,30 +155,32 @@ class ConfirmedRecord:
         return kept.get("pipeline") == self._owner["pipeline"] and kept.get("repair") == self._owner["repair"]
 
     def _commit(self, topic: str, partition: int, offset: int) -> None:
-        try:
-            self._consumer().commit(offsets=[TopicPartition(topic, partition, offset + 1,
-                                                            metadata=json.dumps(self._owner))], asynchronous=True)
-            self._committed = offset
-            self._unanswered += 1
-        except KafkaException as e:  # the file still records it; the next commit tries again
-            log.warning("%s: committing offset %d of %s partition %d failed: %s", self.group, offset, topic,
-                        partition, e.args[0].str())
+        [answer] = self._client().alter_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(self.group, [TopicPartition(topic, partition, offset + 1,
+                                                                      metadata=json.dumps(self._owner))])],
+            request_timeout=_ANSWER_WAIT).values()
+        self._asked = offset
+        self._answers.append((offset, answer))
 
-    def _consumer(self) -> Any:
-        if self._committer is None:
-            self._committer = Consumer({**self._kafka, "group.id": self.group, "enable.auto.commit": False,
-                                        "on_commit": self._on_commit})
-        return self._committer
+    def _answered(self) -> None:
+        """Take the answers Kafka gave: a commit refused for now is asked for again (by the
+        next record, or when the worker stops); the file still holds what it records."""
+        waiting = []
+        for offset, answer in self._answers:
+            if not answer.done():
+                waiting.append((offset, answer))
+            elif (error := answer.exception()) is not None:
+                failure = error.args[0] if isinstance(error, KafkaException) else None
+                if failure is not None and failure.retriable():
+                    self._asked = min(self._asked, offset - 1)
+                else:
+                    log.warning("%s: Kafka did not take a commit of the confirmed offset: %s", self.group, error)
+        self._answers = waiting
 
-    def _on_commit(self, error: Any, partitions: list[Any]) -> None:
-        self._unanswered -= 1
-        failed = error or next((p.error for p in partitions if p.error is not None), None)
-        if failed is None:
-            return
-        if failed.retriable():
-            self._committed = -1  # committed again: by the next record, or when the worker stops
-        else:  # the file still holds it; the next record's commit may be taken
-            log.warning("%s: Kafka did not take a commit of the confirmed offset: %s", self.group, failed)
+    def _client(self) -> Any:
+        if self._admin is None:
+            self._admin = AdminClient(self._kafka)
+        return self._admin
 
 
 def _metadata(text: str | None) -> dict[str, Any]:

@@ -207,9 +207,11 @@ class CaptureWorker:
         try:
             self._run(stop)
         finally:
-            self.confirmed.close()
-            if self._status is not None:
-                self._status.close()
+            try:
+                self.confirmed.close()
+            finally:
+                if self._status is not None:
+                    self._status.close()
 
     def _run(self, stop: threading.Event) -> None:
         self.stats.pid = os.getpid()
@@ -386,11 +388,14 @@ class CaptureWorker:
         if self.dispatcher.kind != "segment":
             return
         topic, partition = self._own_partition()
+        # The record first, then the end: another host's worker may still be streaming this
+        # node (it holds the slot this one waits for), and what it records after this
+        # reads the end would be taken for a loss.
+        recorded = self.confirmed.highest(topic, partition)
         end = end_offsets(self.settings.kafka, topic, [partition])[partition]
         stopped = lost_reason(json_value(last_message(self.settings.kafka, topic, partition, end=end)))
         if stopped is not None:
             raise HistoryLost(f"{self.node}'s capture stopped for good: {stopped}", fix=self._fix_for_lost())
-        recorded = self.confirmed.highest(topic, partition)
         if recorded is None or end > recorded:
             return
         reason = (f"{topic} partition {partition} ends before offset {recorded}, where Kafka had confirmed an event "
