@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import struct
 import threading
 import time
 
@@ -35,26 +34,3 @@ def lose_tail(kafka, topic, partition, keep):
                          timestamp=message.timestamp()[1])
     assert producer.flush(30) == 0
     assert end_offsets(kafka, topic, [partition]) == {partition: keep}
-
-
-def lose_unwritten_tail(broker, kafka, topic, partition, keep):
-    """A broker crashing before it wrote a partition's tail to disk, which it had
-    acknowledged: killed, the partition's log cut at the first batch at or past offset
-    ``keep``, and started again (Kafka recovers the log as it finds it). The offsets its
-    groups committed are kept. Returns where the partition ends now."""
-    broker.kill()
-    directory = broker.data / f"{topic}-{partition}"
-    log = max(directory.glob("*.log"))
-    data = log.read_bytes()
-    position = 0
-    while position + 12 <= len(data):  # each batch: its base offset (8 bytes), its length after them (4)
-        base, length = struct.unpack(">qi", data[position:position + 12])
-        if base >= keep:
-            break
-        position += 12 + length
-    with log.open("r+b") as file:
-        file.truncate(min(position, len(data)))  # a torn last batch is left to what Kafka recovers
-    for index in [*directory.glob("*.index"), *directory.glob("*.timeindex")]:
-        index.unlink()  # rebuilt from the log
-    broker.up()
-    return end_offsets(kafka, topic, [partition])[partition]

@@ -13,13 +13,9 @@ import uuid
 
 import psycopg
 import pytest
-from confluent_kafka import Producer
 
 from gpcdc_toolkit.bootstrap import BootstrapError, Pipeline, bootstrap, drop_slots
-from gpcdc_toolkit.broker import EmbeddedBroker
-from gpcdc_toolkit.capture import CaptureGroup, _worker, capture_status, extend_pipeline, repair_segment, wait_until_acknowledged
-from gpcdc_toolkit.capture._record import ConfirmedRecord, group_of
-from gpcdc_toolkit.capture._worker import CaptureWorker, WorkerSettings, producer_config
+from gpcdc_toolkit.capture import CaptureGroup, capture_status, extend_pipeline, repair_segment, wait_until_acknowledged
 from gpcdc_toolkit.cluster import Session, segment_for
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.connect import kafka_client_settings
@@ -30,7 +26,7 @@ from gpcdc_toolkit.replay import MissingPartError, Replayer
 from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.validate import table_rows
 
-from ._kafka import lose_tail, lose_unwritten_tail
+from ._kafka import lose_tail
 from .test_replay_faults import ENV
 
 pytestmark = pytest.mark.changes
@@ -641,72 +637,4 @@ def test_a_tail_kafka_lost_after_acknowledging_it_stops_its_segments_capture_and
             replayed_to_equality_with_copies(config, target, cluster, pipeline, table, [(1, 1)])
     finally:
         target.down(remove=True)
-        sandbox.down(remove=True)
-
-
-def test_a_tail_a_crashed_broker_lost_is_found_by_a_worker_on_another_host_from_kafkas_own_record(
-        work_dir, tmp_path_factory):
-    """Transactions on one segment, acknowledged to the slot; the worker stops, and the
-    broker crashes before writing them to disk. The worker starts again on a host that
-    has no record of its own (the work directory's file gone): the offset its node's
-    group committed in Kafka shows the partition ending before what Kafka had confirmed,
-    and capture stops for good rather than number on from what is left."""
-    broker = EmbeddedBroker(tmp_path_factory.mktemp("crashing")).up()
-    sandbox = Sandbox(f"kc-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
-    try:
-        with capturing(sandbox, broker, work_dir) as (cluster, config, pipeline, group, table):
-            kafka = kafka_client_settings(config)
-            topic = Topics(config.kafka.topic_prefix).changes
-            keep = end_offsets(kafka, topic, [1])[1]
-            for i in [i for i in range(100, 200) if segment_for([i], 2) == 1][:5]:
-                write(cluster, table, [i])
-            wait_until_acknowledged(cluster, pipeline.slot)
-            group.stop()
-            group.confirmed_file(1).unlink()  # another host: no file of its own
-            assert lose_unwritten_tail(broker, kafka, topic, 1, keep) == keep
-            with pytest.raises(GpcdcError, match="Kafka lost events it had acknowledged"):
-                group.start()
-            assert f"{topic} partition 1 ends before offset" in failed_state(group, 1)
-    finally:
-        sandbox.down(remove=True)
-        broker.remove()
-
-
-def test_a_worker_waiting_on_another_host_takes_what_the_streaming_one_records_meanwhile_for_no_loss(
-        broker, work_dir, monkeypatch):
-    """A worker of a node whose slot another host's worker holds checks the node's
-    partition at each try: what the streaming worker confirms and records in Kafka right
-    after the waiting one read the partition's end is no loss, and no lost mark is
-    written into the live partition."""
-    sandbox = Sandbox(f"kw-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
-    try:
-        with capturing(sandbox, broker, work_dir) as (cluster, config, pipeline, _group, table):
-            kafka = kafka_client_settings(config)
-            topic = Topics(config.kafka.topic_prefix).changes
-            start = pipeline.start_point()
-            settings = WorkerSettings(prefix=config.kafka.topic_prefix, kafka=kafka, capture=config.capture)
-            waiting = CaptureWorker(cluster, cluster.segments[1], start, settings, database="postgres", partitions=2)
-            streaming = ConfirmedRecord(None, kafka, group_of(config.kafka.topic_prefix, 1), identity=start.identity,
-                                        repair=0)
-            ids = iter(i for i in range(1000, 2000) if segment_for([i], 2) == 1)
-            read_end = _worker.end_offsets
-
-            def end_then_more(kafka, topic, partitions):
-                ends = read_end(kafka, topic, partitions)
-                write(cluster, table, [next(ids)])  # the streaming worker goes on, and records it in Kafka
-                deadline = time.monotonic() + 60
-                while (streaming.highest(topic, 1) or -1) < ends[1]:
-                    assert time.monotonic() < deadline, "the streaming worker recorded nothing past the end read"
-                    threading.Event().wait(0.2)  # it commits at most once a second
-                return ends
-
-            monkeypatch.setattr(_worker, "end_offsets", end_then_more)
-            producer = Producer(producer_config(settings))
-            try:
-                waiting._check_tail(producer)
-            finally:
-                producer.flush(10)
-                streaming.close()
-            assert read_values(kafka, topic, partitions=[1])[-1][2].get("type") != "lost"
-    finally:
         sandbox.down(remove=True)

@@ -77,9 +77,6 @@ def _server_properties(port: int, controller_port: int, data: Path, quorum: Quor
         "default.replication.factor": replicas,
         "min.insync.replicas": min_isr,
         "offsets.topic.replication.factor": replicas,
-        # Its groups are few (capture keeps each node's record as a group's offset): the
-        # default 50 partitions would take a fresh broker seconds to create at first use.
-        "offsets.topic.num.partitions": 4,
         "transaction.state.log.replication.factor": replicas,
         "transaction.state.log.min.isr": min_isr,
         "share.coordinator.state.topic.replication.factor": replicas,

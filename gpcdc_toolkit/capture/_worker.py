@@ -39,7 +39,7 @@ import psycopg2
 import psycopg2.extras
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from .._runtime import StateWriter
+from .._runtime import StateWriter, read_json
 from ..cluster import Cluster, Node
 from ..config import CaptureSettings
 from ..connect import METADATA_REFRESH, kafka_logger
@@ -65,7 +65,6 @@ from ..protocol import (
 from ._changes import REBOOTSTRAP, added_nodes, node_change
 from ._confirmations import Confirmations
 from ._hosts import worker_application
-from ._record import ConfirmedRecord, group_of, groups_of
 
 log = logging.getLogger(__name__)
 
@@ -189,29 +188,29 @@ class CaptureWorker:
         self.dispatcher = Dispatcher(settings.capture.dispatcher, partitions)
         self.slot = start.node(node.content).slot
         self.status_file = status_file
+        # The offset of the last event of the node's own partition that Kafka confirmed,
+        # kept across the worker's restarts, so that a session can tell a tail Kafka lost
+        # (_check_tail).
+        self.confirmed_file = confirmed_file
         self.stats = WorkerStats(node=node.content, slot=self.slot)
         self._confirmations = Confirmations()
         self._last_keepalive = 0.0  # when the worker last told the server it is there, waiting for Kafka
         self._status: StateWriter | None = None  # the status file's writer, while ``run`` runs
+        self._confirmed: StateWriter | None = None  # the confirmed file's, likewise
+        self._offset_recorded = -1  # the highest this process recorded (its write may not be done)
         repair = start.repair(node.content)
-        # The offset of the last event of the node's own partition that Kafka confirmed,
-        # kept across the worker's restarts, so that a session can tell a tail Kafka lost
-        # (_check_tail); it counts for the slot it was made with.
-        self.confirmed = ConfirmedRecord(confirmed_file, settings.kafka, group_of(settings.prefix, node.content),
-                                         identity=start.identity, repair=repair.number if repair is not None else 0)
+        self._repair = repair.number if repair is not None else 0  # a record counts for the slot it was made with
 
     # -- the outer loop: reconnect with backoff -------------------------------------------
     def run(self, stop: threading.Event) -> None:
         self._status = StateWriter(self.status_file) if self.status_file is not None else None
-        self.confirmed.open()
+        self._confirmed = StateWriter(self.confirmed_file) if self.confirmed_file is not None else None
         try:
             self._run(stop)
         finally:
-            try:
-                self.confirmed.close()
-            finally:
-                if self._status is not None:
-                    self._status.close()
+            for writer in (self._status, self._confirmed):
+                if writer is not None:
+                    writer.close()
 
     def _run(self, stop: threading.Event) -> None:
         self.stats.pid = os.getpid()
@@ -380,7 +379,7 @@ class CaptureWorker:
     def _check_tail(self, producer: Producer) -> None:
         """Before streaming: the node's own partition must not end with a lost mark (its
         capture stopped for good), and must still hold the last event Kafka confirmed to
-        this node's workers, as ``confirmed`` recorded it. Were Kafka to lose a tail
+        this node's workers, as ``confirmed_file`` recorded it. Were Kafka to lose a tail
         it had confirmed (a broker back without what it had not written to disk, an
         unclean leader election), the slot would not send it again, and capture would
         number what comes next on from the tail that is left: a lost part that no gap
@@ -388,14 +387,11 @@ class CaptureWorker:
         if self.dispatcher.kind != "segment":
             return
         topic, partition = self._own_partition()
-        # The record first, then the end: another host's worker may still be streaming this
-        # node (it holds the slot this one waits for), and what it records after this
-        # reads the end would be taken for a loss.
-        recorded = self.confirmed.highest(topic, partition)
         end = end_offsets(self.settings.kafka, topic, [partition])[partition]
         stopped = lost_reason(json_value(last_message(self.settings.kafka, topic, partition, end=end)))
         if stopped is not None:
             raise HistoryLost(f"{self.node}'s capture stopped for good: {stopped}", fix=self._fix_for_lost())
+        recorded = self._recorded_offset(topic, partition)
         if recorded is None or end > recorded:
             return
         reason = (f"{topic} partition {partition} ends before offset {recorded}, where Kafka had confirmed an event "
@@ -412,6 +408,30 @@ class CaptureWorker:
     def _own_partition(self) -> tuple[str, int]:
         content = self.node.content
         return (self.topics.dtx, 0) if content == COORDINATOR else (self.topics.changes, content)
+
+    def _recorded_offset(self, topic: str, partition: int) -> int | None:
+        """The offset of the last event of the node's partition that Kafka confirmed, as
+        recorded for this pipeline and the node's slot (a repair's marks come after a
+        lost mark, which a lost tail leaves before the offset recorded then), or by this
+        process (None: none recorded)."""
+        found = [self._offset_recorded] if self._offset_recorded >= 0 else []
+        try:
+            recorded = read_json(self.confirmed_file) if self.confirmed_file is not None else {}
+        except (OSError, ValueError):
+            recorded = {}  # none yet, or unreadable: nothing to compare with
+        if (recorded.get("pipeline"), recorded.get("repair"), recorded.get("topic"), recorded.get("partition")) == (
+                self.start.identity, self._repair, topic, partition) and isinstance(recorded.get("offset"), int):
+            found.append(int(recorded["offset"]))
+        return max(found, default=None)
+
+    def _record_offset(self, topic: str, partition: int) -> None:
+        """Record the offset of the last event of the node's partition Kafka confirmed,
+        in a thread of its own (the worker does not wait for the disk)."""
+        offset = self._confirmations.offsets.get((topic, partition))
+        if self._confirmed is not None and offset is not None and offset > self._offset_recorded:
+            self._confirmed.write({"pipeline": self.start.identity, "repair": self._repair, "topic": topic,
+                                   "partition": partition, "offset": offset})
+            self._offset_recorded = offset
 
     def _deliver(self, producer: Producer, topic: str, partition: int, value: bytes) -> bool:
         """Produce one reported event and wait until Kafka confirms it; False if Kafka
@@ -582,9 +602,7 @@ class CaptureWorker:
         position = confirmations.confirmed()
         if position is not None and position > acked:
             if self.dispatcher.kind == "segment":
-                topic, partition = self._own_partition()
-                if (offset := confirmations.offsets.get((topic, partition))) is not None:
-                    self.confirmed.record(topic, partition, offset)
+                self._record_offset(*self._own_partition())
             cur.send_feedback(write_lsn=position, flush_lsn=position, apply_lsn=position, force=True)
             self.stats.acked_lsn = acked = position
         since = confirmations.waiting_since()
@@ -682,8 +700,7 @@ _REFUSED_TOPICS = {
 
 
 def delete_topics(kafka: Mapping[str, Any], topics: Topics) -> list[str]:
-    """Delete the pipeline's topics where they exist, and the groups that keep its
-    nodes' records (``_record``); returns the topics deleted."""
+    """Delete the pipeline's topics where they exist; returns those deleted."""
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient(dict(kafka))
@@ -691,14 +708,6 @@ def delete_topics(kafka: Mapping[str, Any], topics: Topics) -> list[str]:
     names = [t for t in (topics.changes, topics.dtx) if t in existing]
     for future in (admin.delete_topics(names).values() if names else ()):
         future.result(15)
-    groups = [g.group_id for g in admin.list_consumer_groups().result(15).valid
-              if g.group_id.startswith(groups_of(topics.prefix))]
-    for future in (admin.delete_consumer_groups(groups).values() if groups else ()):
-        try:
-            future.result(15)
-        except KafkaException as e:
-            if e.args[0].code() != KafkaError.GROUP_ID_NOT_FOUND:  # else gone already
-                raise
     return names
 
 
