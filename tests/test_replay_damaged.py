@@ -87,7 +87,9 @@ def _copied(captured, damage, drop_record=None):
     kafka = kafka_client_settings(config)
     ensure_topics(kafka, Topics(prefix), max(p for p, *_ in changes) + 1)
     producer = Producer({**kafka, "enable.idempotence": True})
-    for partition, offset, key, value in changes:
+    # Offset by offset across the partitions: every partition's marker goes first, and a
+    # copy sent to another partition lands in its midst, whatever order they were read in.
+    for partition, offset, key, value in sorted(changes, key=lambda m: (m[1], m[0])):
         for to_partition, sent in damage(partition, orjson.loads(value)) if (partition, offset) == last else [
                 (partition, value)]:
             producer.produce(Topics(prefix).changes, sent if isinstance(sent, bytes) else orjson.dumps(sent), key=key,
