@@ -482,3 +482,24 @@ def test_key_dispatcher_spreads_rows_by_key_and_frames_every_partition(source, c
     assert len(ends_per_partition) == 3 and len({frozenset(s) for s in ends_per_partition.values()}) == 1
     rows_by_segment_partition = {(v["source"]["segment"], p) for p, _, v in messages if "op" in v}
     assert len(rows_by_segment_partition) > 3, "rows of one segment should spread over partitions"
+
+
+def test_a_workers_log_says_why_it_ended_a_stop_or_a_crash(source, config):
+    bootstrap(source, pipeline_of(config), "snapshot")
+    group = CaptureGroup(config)
+    log_file = group.log_file(0)
+    group.start(nodes=[0])
+    pid = group.pid(0)
+    group.stop(nodes=[0])
+    lines = log_file.read_text().splitlines()
+    assert any(line.endswith(f"capture worker {pid} started") for line in lines), lines
+    assert lines[-1].endswith(f"capture worker {pid} stopped on SIGTERM"), lines[-3:]
+
+    group.start(nodes=[0])
+    pid = group.pid(0)
+    os.kill(pid, signal.SIGSEGV)  # as a crash in a client library's C code would end it
+    deadline = time.monotonic() + 30
+    while "Fatal Python error: Segmentation fault" not in (text := log_file.read_text()):
+        assert time.monotonic() < deadline, f"the crash left no stack in the log: {text[-600:]!r}"
+        threading.Event().wait(0.05)  # polling the log the dying worker writes
+    assert "capture/_worker.py" in text.split("Fatal Python error")[-1]

@@ -7,6 +7,8 @@ pipeline directory. Background workers are stopped by the pid they recorded
 
 from __future__ import annotations
 
+import faulthandler
+import logging
 import os
 import signal
 import socket
@@ -28,6 +30,8 @@ from ..connect import kafka_client_settings, open_cluster
 from ..errors import GpcdcError, UnreachableError
 from ._hosts import check_nodes, holder, worker_application
 from ._worker import CaptureWorker, WorkerSettings, tune_for_capture
+
+log = logging.getLogger(__name__)
 
 
 def config_environment(config: Config) -> dict[str, str]:
@@ -233,12 +237,24 @@ def run_worker(config: Config, content: int) -> None:
         serve(capture_port(config.capture.metrics_port, content), "capture.metrics_port",
               lambda: capture_metrics(worker.stats, config.kafka.topic_prefix))
     stop = threading.Event()
+    stopped_by: list[str] = []
+
+    def request_stop(signum: int, _frame: object) -> None:
+        stopped_by.append(signal.Signals(signum).name)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, request_stop)
     write_atomic(group.pid_file(content), str(os.getpid()))
     tune_for_capture()
+    # The worker's log says that it began and why it ended, so that a worker found gone
+    # is told apart from one stopped; a native crash leaves its stack there.
+    faulthandler.enable()
+    log.setLevel(logging.INFO)
+    log.info("%s: capture worker %d started", worker.node, os.getpid())
     try:
         worker.run(stop)
     finally:
         if group.pid(content) in (None, os.getpid()):
             group.pid_file(content).unlink(missing_ok=True)
+    log.info("%s: capture worker %d stopped on %s", worker.node, os.getpid(), " then ".join(stopped_by) or "request")
