@@ -165,14 +165,18 @@ def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpo
             sides = (point.source, point.wait_for_replay(0))
         else:
             sides = (stack.enter_context(Snapshots(source)), stack.enter_context(Snapshots(target)))
+        # The target's catalog entries, read once for whichever of the suites and Spark needs them.
+        target_infos = [target_table(target, info.parts) for info in infos] \
+            if suites is not None or settings.mode == "spark" else []
         running = None
         if suites is not None:  # run while the tables are compared, in the same snapshots
-            running = stack.enter_context(suites.start(sides[1], [target_table(target, i.parts) for i in infos]))
+            running = stack.enter_context(suites.start(sides[1], target_infos))
         if settings.mode == "spark":
             from ._spark import compare_spark
 
-            results = tuple(compare_spark(spark, sides[0], sides[1], info, target_table(target, info.parts),
-                                          placement=settings.check_placement) for info in infos)
+            results = tuple(compare_spark(spark, sides[0], sides[1], info, target_info,
+                                          placement=settings.check_placement)
+                            for info, target_info in zip(infos, target_infos, strict=True))
         else:
             results = tuple(compare_checksums(sides[0], sides[1], info.parts, fetch_rows=settings.fetch_rows,
                                               placement=settings.check_placement) for info in infos)
