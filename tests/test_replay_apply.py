@@ -1,6 +1,8 @@
 """Replay from captured topics into a target sandbox with another segment count."""
 
 import re
+import subprocess
+import time
 import uuid
 
 import psycopg
@@ -720,3 +722,67 @@ def test_a_table_whose_default_calls_a_function_the_target_lacks_stops_the_load_
         with Session(source) as session:
             session.ddl(f"DROP TABLE {table}")
             session.ddl(f"DROP FUNCTION {function}()")
+
+
+@pytest.fixture(scope="session")
+def german_locale(work_dir):
+    """A directory holding the de_DE.UTF-8 locale, compiled from the system's sources, for
+    servers started with it on their LOCPATH (a machine may have no locale but C's)."""
+    path = work_dir / "locales"
+    path.mkdir(exist_ok=True)
+    done = subprocess.run(["localedef", "-i", "de_DE", "-f", "UTF-8", str(path / "de_DE.UTF-8")],
+                          capture_output=True, text=True)
+    if not (path / "de_DE.UTF-8").is_dir():
+        pytest.fail(f"localedef could not compile de_DE.UTF-8 ({done.stderr.strip()}); install Debian's locales package")
+    return path
+
+
+@pytest.fixture
+def money_printed_in_german(german_locale, monkeypatch):
+    """Servers started within the test can print money as a German server does."""
+    monkeypatch.setenv("LOCPATH", str(german_locale))
+
+
+@pytest.mark.parametrize("replay_target", TARGETS, indirect=True)
+def test_money_reaches_a_target_that_prints_it_otherwise_as_the_same_amounts(money_printed_in_german, source,
+                                                                               replay_target):
+    """Capture writes money as the C locale prints it ($1,234.56); a target whose money is
+    1.234,56 € reads it as the same amount, in the initial load and in the stream, and
+    validation finds the tables equal."""
+    from gpcdc_toolkit.validate import validate
+
+    target, config, pipeline, group = replay_target
+    target_cluster = target.cluster()
+    for node in target_cluster.nodes:
+        with target_cluster.connect_node(node) as conn:
+            conn.execute("ALTER SYSTEM SET lc_monetary = 'de_DE.UTF-8'")
+            conn.execute("SELECT pg_reload_conf()")
+        deadline = time.monotonic() + 30
+        while True:  # until the server's new sessions start with it (the reload is the postmaster's to make)
+            with target_cluster.connect_node(node) as conn:
+                if conn.execute("SHOW lc_monetary").fetchone()[0] == "de_DE.UTF-8":
+                    break
+            assert time.monotonic() < deadline, f"{node} did not take lc_monetary within 30 s"
+    table = f'"Money {uuid.uuid4().hex[:6]}"'
+    amounts = ["1234567.89", "-0.01", "0", "92233720368547758.07", "-92233720368547758.08", "1000", "0.5"]
+    with Session(source) as session:
+        session.ddl(f"CREATE TABLE {table} (id int PRIMARY KEY, m money) DISTRIBUTED BY (id)")
+        with session.transaction() as tx:
+            tx.insert(table, [{"id": i, "m": amount} for i, amount in enumerate(amounts)])
+    try:
+        bootstrap(source, pipeline, "snapshot")
+        group.start()
+        with Session(source) as session, session.transaction() as tx:
+            tx.insert(table, [{"id": 100 + i, "m": amount} for i, amount in enumerate(amounts)])
+            tx.update(table, {"id": 0}, {"m": "-7654321.98"})
+        wait_until_acknowledged(source, pipeline.slot)
+        with Replayer(config) as replayer:
+            replayer.run()
+        amounts_of = f"SELECT id, m::numeric FROM {table}"
+        assert sorted(target_cluster.fetch_all(amounts_of)) == sorted(source.fetch_all(amounts_of))
+        assert target_cluster.fetch_all(f"SELECT m::text FROM {table} WHERE id = 0") == [("-7.654.321,98 €",)]
+        run = validate(config.with_settings({"validate.expectations": False}), tables=[table], syncpoint=False)
+        assert run.verified, run.lines()
+    finally:
+        with Session(source) as session:
+            session.ddl(f"DROP TABLE {table}")

@@ -19,7 +19,7 @@ from psycopg import conninfo, sql
 
 from .._sql import Name
 from ..errors import ClusterError, UnreachableError
-from ..protocol import COORDINATOR, DistributedSnapshot, TransactionAssembler
+from ..protocol import COORDINATOR, READING_SETTINGS, DistributedSnapshot, TransactionAssembler
 from ._routing import output_text, segment_for
 
 if TYPE_CHECKING:
@@ -83,6 +83,14 @@ def unique_key_index(conn: psycopg.Connection[Any], relation: str, key: Sequence
         return None
     row = conn.execute(_KEY_INDEX, {"table": relation, "key": list(key)}).fetchone()
     return None if row is None else str(row[0])
+
+
+def reading_settings(*, local: bool) -> str:
+    """The statement by which a session (``local``: its transaction) writing the stream's
+    values reads their text as capture wrote it (:data:`READING_SETTINGS`): a target
+    whose money is printed as ``1.234,56 €`` reads ``$1,234.56`` too."""
+    scope = "SET LOCAL" if local else "SET"
+    return "; ".join(f"{scope} {name} = '{value}'" for name, value in READING_SETTINGS.items())
 
 
 def connect_dsn(dsn: str, what: str, **kwargs: Any) -> psycopg.Connection[Any]:

@@ -30,7 +30,7 @@ from ..citus import COORDINATOR_GROUP, DECISIONS, CitusGidError, CitusStream, gx
 from ..errors import ClusterError, DistributedTransactionError, GpcdcError, SyncPointError
 from ..protocol import COORDINATOR, DdlError, DistributedSnapshot, TransactionAssembler, parse_create_table, parse_lsn
 from ..protocol import _markers as markers
-from ._cluster import Cluster, Node, Table, TableRef, _where, connect_dsn, unique_key_index
+from ._cluster import Cluster, Node, Table, TableRef, _where, connect_dsn, reading_settings, unique_key_index
 from ._writes import Writes
 
 
@@ -520,7 +520,8 @@ class LocalTransaction(Writes):
     def __init__(self, session: FrontDoorSession) -> None:
         self.session = session
         self._conn = session.connection()
-        self._conn.execute("BEGIN")
+        # One round trip: the values' text read as capture wrote it, on Citus's workers too.
+        self._conn.execute("; ".join(["BEGIN", *session.cluster.settings_reach_workers, reading_settings(local=True)]))
         self.state = "active"  # active, committed, aborted, or in_doubt (the COMMIT's answer was lost)
 
     def _segment(self, segment: int) -> psycopg.Connection[Any]:

@@ -33,7 +33,7 @@ from ._events import (
     problem_of,
 )
 from ._markers import CommitRecord, DdlRecord, GxidMarker, MarkerError, OnePhaseMarker
-from ._pgoutput import DECODING_SETTINGS, UNCHANGED_TOAST, PgoutputError, convert, parse
+from ._pgoutput import DECODING_SETTINGS, READING_SETTINGS, UNCHANGED_TOAST, PgoutputError, convert, parse
 from ._startpoint import DistributedSnapshot, LocalSnapshot, NodeStart, Repair, StartPoint, format_lsn, parse_lsn
 from ._topics import Dispatcher, Topics
 
@@ -44,7 +44,7 @@ __all__ = [
     "TransactionEvent", "Watermark", "is_pipeline_marker", "kind_of", "lost_reason", "problem_of",
     "CreateTable", "DdlError", "parse_create_table",
     "CommitRecord", "DdlRecord", "GxidMarker", "MarkerError", "OnePhaseMarker",
-    "DECODING_SETTINGS", "UNCHANGED_TOAST", "PgoutputError", "convert", "parse",
+    "DECODING_SETTINGS", "READING_SETTINGS", "UNCHANGED_TOAST", "PgoutputError", "convert", "parse",
     "DistributedSnapshot", "LocalSnapshot", "NodeStart", "Repair", "StartPoint", "format_lsn", "parse_lsn",
     "Dispatcher", "Topics",
 ]

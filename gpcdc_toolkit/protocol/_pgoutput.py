@@ -280,11 +280,17 @@ def _float(text: str) -> float | str:
 # The text of values in the stream and in the initial snapshot, whatever the server, the
 # database, the role or the capture host (PGTZ, PGDATESTYLE, PGOPTIONS) would set: ISO
 # dates that any target reads as the same day, times with their offset from UTC, floats
-# written exactly, bytes in hex. The same WAL then always decodes to the same text, so
-# that a row sent again after a restart is the same row, and a snapshot's row reads as
-# the stream's would. Set in each session that writes such text: it overrides them all.
+# written exactly, bytes in hex, money in the C locale's notation. The same WAL then
+# always decodes to the same text, so that a row sent again after a restart is the same
+# row, and a snapshot's row reads as the stream's would. Set in each session that writes
+# such text: it overrides them all.
 DECODING_SETTINGS = {"TimeZone": "UTC", "DateStyle": "ISO, MDY", "IntervalStyle": "postgres",
-                     "extra_float_digits": "1", "bytea_output": "hex"}
+                     "extra_float_digits": "1", "bytea_output": "hex", "lc_monetary": "C"}
+
+# Those of them by which a server reads such text back, set in each session that writes
+# it to a target. Only money's notation depends on a setting: the ISO dates, the times
+# with their offset and the intervals with every sign written read the same under any.
+READING_SETTINGS = {"lc_monetary": DECODING_SETTINGS["lc_monetary"]}
 
 
 # The JSON form of a type's values (the others stay PostgreSQL's text): "b" a boolean,
