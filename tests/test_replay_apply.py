@@ -289,6 +289,37 @@ def test_a_front_door_table_of_another_shape_is_refused_in_one_line_before_anyth
 
 
 @pytest.mark.parametrize("replay_target", ["postgres"], indirect=True)
+def test_a_row_the_target_refuses_in_the_initial_load_is_one_line_naming_its_table_and_nothing_is_written(
+        source, replay_target, work_dir):
+    from gpcdc_toolkit.replay import STATE
+
+    target, config, pipeline, group = replay_target
+    table = f'"Checked {uuid.uuid4().hex[:6]}"'
+    with Session(source) as session:
+        session.ddl(f'CREATE TABLE {table} (id int PRIMARY KEY, "V" text) DISTRIBUTED BY (id)')
+        with session.transaction() as tx:
+            tx.insert(table, [{"id": i, "V": "refused" if i == 7 else "fine"} for i in range(10)])
+    try:
+        bootstrap(source, pipeline, "snapshot")
+        group.start()  # the topics
+        with target.cluster().coordinator_connection() as conn:
+            conn.execute(f"""CREATE TABLE {table} (id int PRIMARY KEY, "V" text CHECK ("V" <> 'refused'))""")
+            conn.commit()
+        line = one_line_error(gpcdc(work_dir, "--source-sandbox", "source", "--target-sandbox", target.name,
+                                    "--target-kind", "postgres", "--kafka-bootstrap-servers",
+                                    config.kafka.bootstrap_servers, "--kafka-topic-prefix", config.kafka.topic_prefix,
+                                    "replay", "--once"))
+        assert f"the target refused a row of public.{table} in the initial load, and nothing of the load was " \
+               "written: new row for relation" in line and line.endswith("then replay again"), line
+        with target.cluster().coordinator_connection() as conn:
+            assert conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0
+            assert conn.execute(f"SELECT count(*) FROM {STATE}").fetchone()[0] == 0
+    finally:
+        with Session(source) as session:
+            session.ddl(f"DROP TABLE {table}")
+
+
+@pytest.mark.parametrize("replay_target", ["postgres"], indirect=True)
 def test_a_target_role_without_the_privileges_it_needs_is_told_so_and_nothing_is_written(source, replay_target,
                                                                                           work_dir):
     target, config, pipeline, group = replay_target

@@ -17,7 +17,7 @@ from psycopg import sql
 from .._sql import Name, Quoted
 from ..bootstrap import InitialSnapshot
 from ..cluster import Writes, WriteSession
-from ._apply import REPLAYERS_TABLES, ApplyError, _first_line
+from ._apply import REPLAYERS_TABLES, ApplyError, _connection_lost, _first_line
 from ._ddl_policy import DdlRefused, check_ddl
 
 _LOAD_BATCH = 5000  # rows per INSERT round
@@ -107,18 +107,35 @@ def _sequences(snapshot: InitialSnapshot, table: str) -> list[str]:
 
 
 def load_rows(tx: Writes, snapshot: InitialSnapshot) -> int:
-    """Insert every row of the snapshot in ``tx``; returns how many."""
+    """Insert every row of the snapshot in ``tx``; returns how many. A row the target
+    refuses ends the load naming its table (``tx`` then writes nothing)."""
     count = 0
     for table in snapshot.tables:
-        columns = snapshot.columns(table)
-        batch: list[dict[str, object]] = []
-        for row in snapshot.rows(table):
-            batch.append(dict(zip(columns, row)))
-            if len(batch) >= _LOAD_BATCH:
-                count += tx.insert(table, batch)
-                batch = []
-        if batch:
+        try:
+            count += _load_table(tx, snapshot, table)
+        except psycopg.Error as e:
+            if _connection_lost(e):
+                raise ApplyError(f"the target's connection was lost during the initial load of {table}: "
+                                 f"{_first_line(e)}", fix="make sure the target is up and reachable, then replay "
+                                                          "again: the load is written whole or not at all") from None
+            raise ApplyError(f"the target refused a row of {table} in the initial load, and nothing of the load was "
+                             f"written: {_first_line(e)}",
+                             fix="make the target's table take the source's rows (its constraints, its types), then "
+                                 "replay again") from None
+    return count
+
+
+def _load_table(tx: Writes, snapshot: InitialSnapshot, table: str) -> int:
+    columns = snapshot.columns(table)
+    count = 0
+    batch: list[dict[str, object]] = []
+    for row in snapshot.rows(table):
+        batch.append(dict(zip(columns, row)))
+        if len(batch) >= _LOAD_BATCH:
             count += tx.insert(table, batch)
+            batch = []
+    if batch:
+        count += tx.insert(table, batch)
     return count
 
 
