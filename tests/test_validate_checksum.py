@@ -3,8 +3,9 @@ are equal, every injected divergence is found exactly, and the fix statements ma
 next comparison equal."""
 
 import random
+import threading
 import uuid
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -25,9 +26,17 @@ ITEM_VALUES = "%s, %s, %s::numeric, %s::float8, %s::int[], %s::jsonb, %s"  # and
 
 
 @pytest.fixture(scope="module")
-def clusters(source, work_dir):
+def target_box(work_dir):
+    box = Sandbox(f"vt-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
+    try:
+        yield box
+    finally:
+        box.down(remove=True)
+
+
+@pytest.fixture(scope="module")
+def clusters(source, target_box):
     """The source (3 segments) and a target with 2, each with the two tables, equal."""
-    target_box = Sandbox(f"vt-{uuid.uuid4().hex[:4]}", work_dir).up(segments=2)
     target = target_box.cluster()
     rng = random.Random(4)
     rows = [{"id": i, "select": rng.choice(["", None, "x", "it's", 'say "hi"', "ünï"]),
@@ -51,7 +60,6 @@ def clusters(source, work_dir):
             session.ddl('DROP TABLE IF EXISTS "Order Items"')
             session.ddl('DROP TABLE IF EXISTS "keyless log"')
             session.ddl(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(*PLACED)).as_string(None))
-        target_box.down(remove=True)
 
 
 @contextmanager
@@ -637,3 +645,44 @@ def test_a_table_the_target_lacks_is_named_with_the_way_to_get_it(clusters, tmp_
     finally:
         with Session(source) as session:
             session.ddl(f"DROP TABLE {table}")
+
+
+def test_a_target_server_lost_during_the_comparison_fails_the_run_and_the_next_run_verifies(clusters, target_box,
+                                                                                            tmp_path):
+    """A target segment's server crashes and comes back while a validation waits on it:
+    the run ends with an error that names what was lost (never a verdict), and the
+    next run finds the tables equal."""
+    from gpcdc_toolkit.config import load_config
+    from gpcdc_toolkit.errors import GpcdcError
+    from gpcdc_toolkit.validate import validate
+
+    from .test_validate_expectations import waiting_for
+
+    source, target = clusters
+    config = load_config({"work_dir": str(tmp_path)}, environ={})
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(validate(config, tables=[TABLE], syncpoint=False, source=source, target=target))
+        except Exception as e:  # the test looks at what it was
+            outcome.append(e)
+
+    with closing(target.connect_node(target.segments[0])) as locker, \
+            closing(target.connect_node(target.segments[0])) as watcher:
+        locker.execute("BEGIN")
+        locker.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(*TABLE)))
+        (locker_pid,) = locker.execute("SELECT pg_backend_pid()").fetchone()
+        validating = threading.Thread(target=run)
+        validating.start()
+        try:
+            assert waiting_for(watcher, locker_pid, seconds=60), "the validation never read the locked table"
+        finally:
+            target_box.restart(0, "immediate")  # as a crash: every session there ends, the lock with them
+            validating.join(120)
+    assert not validating.is_alive(), "the validation still waits on a server that came back"
+    (error,) = outcome
+    assert isinstance(error, GpcdcError) and str(error).startswith(
+        f"the comparison lost its connection to the target's {target.segments[0]} and gives no verdict ("), error
+    again = validate(config, tables=[TABLE], syncpoint=False, source=source, target=target)
+    assert again.verified, again.lines()

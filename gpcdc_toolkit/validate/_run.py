@@ -14,11 +14,13 @@ import dataclasses
 import datetime as dt
 import json
 import time
-from collections.abc import Sequence
-from contextlib import ExitStack
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psycopg
 
 from .._expect import Outcome, load_suites
 from ..audit._findings import SEVERITIES
@@ -171,15 +173,16 @@ def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpo
         running = None
         if suites is not None:  # run while the tables are compared, in the same snapshots
             running = stack.enter_context(suites.start(sides[1], target_infos))
-        if settings.mode == "spark":
-            from ._spark import compare_spark
+        with _naming_lost_servers(sides):
+            if settings.mode == "spark":
+                from ._spark import compare_spark
 
-            results = tuple(compare_spark(spark, sides[0], sides[1], info, target_info,
-                                          placement=settings.check_placement)
-                            for info, target_info in zip(infos, target_infos, strict=True))
-        else:
-            results = tuple(compare_checksums(sides[0], sides[1], info.parts, fetch_rows=settings.fetch_rows,
-                                              placement=settings.check_placement) for info in infos)
+                results = tuple(compare_spark(spark, sides[0], sides[1], info, target_info,
+                                              placement=settings.check_placement)
+                                for info, target_info in zip(infos, target_infos, strict=True))
+            else:
+                results = tuple(compare_checksums(sides[0], sides[1], info.parts, fetch_rows=settings.fetch_rows,
+                                                  placement=settings.check_placement) for info in infos)
         outcomes: list[Outcome] = []
         if running is not None:
             outcomes = running.outcomes([(result.diff.expected, result.diff.actual) for result in results])
@@ -188,6 +191,21 @@ def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpo
                      settings.fail_on, _causes(config, target, results), _not_run(suites, source, infos, tables is None))
     _write(run, target)
     return run
+
+
+@contextmanager
+def _naming_lost_servers(sides: tuple[Snapshots, Snapshots]) -> Iterator[None]:
+    """A comparison that lost a server's connection ends naming it, with no verdict."""
+    try:
+        yield
+    except psycopg.Error as e:
+        lost = [f"the {side}'s {node}" for side, snapshots in zip(("source", "target"), sides, strict=True)
+                for node in snapshots.lost()]
+        if not lost:
+            raise
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValidationError(f"the comparison lost its connection to {' and '.join(lost)} and gives no verdict "
+                              f"({reason})", fix="make sure the servers are up, then validate again") from None
 
 
 def _not_run(suites: TargetSuites | None, source: Cluster, infos: Sequence[Table], every_table: bool) -> tuple[str, ...]:

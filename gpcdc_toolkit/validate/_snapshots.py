@@ -88,6 +88,11 @@ class Snapshots:
         """The segments' connections, in segment order (not necessarily pinned)."""
         return [self._connections[node.content] for node in self.cluster.segments]
 
+    def lost(self) -> list[Node]:
+        """The segments whose connection broke (their server went away, or the network)."""
+        return [node for node in self.cluster.segments
+                if (conn := self._connections.get(node.content)) is not None and conn.broken]
+
     def segments(self) -> Iterator[tuple[Node, psycopg.Connection[Any]]]:
         """Each segment with its connection, pinned on first use when not yet."""
         if not self.names:
