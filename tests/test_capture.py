@@ -13,6 +13,7 @@ import pytest
 from gpcdc_toolkit import BrokerError, GpcdcError
 from gpcdc_toolkit.bootstrap import BootstrapError, InitialSnapshot, Pipeline, bootstrap, create_slots_naively, drop_slots
 from gpcdc_toolkit.capture import CaptureGroup, capture_status, wait_until_acknowledged
+from gpcdc_toolkit.capture._processes import last_words
 from gpcdc_toolkit.cluster import Session, segment_for
 from gpcdc_toolkit.config import load_config
 from gpcdc_toolkit.protocol import _markers as markers
@@ -503,3 +504,4 @@ def test_a_workers_log_says_why_it_ended_a_stop_or_a_crash(source, config):
         assert time.monotonic() < deadline, f"the crash left no stack in the log: {text[-600:]!r}"
         threading.Event().wait(0.05)  # polling the log the dying worker writes
     assert "capture/_worker.py" in text.split("Fatal Python error")[-1]
+    assert last_words(text) == "Fatal Python error: Segmentation fault"  # what a start that saw it exit says

@@ -663,9 +663,9 @@ def test_a_unique_index_only_the_target_has_is_told_from_a_row_it_gained(source,
 def test_a_target_that_went_away_is_told_from_one_that_refused_a_statement(error, lost):
     """The first asks for the target back (the replay goes on from its checkpoint); the
     second, for the target's tables to be made to match the source's."""
-    from gpcdc_toolkit.replay._apply import _connection_lost
+    from gpcdc_toolkit.cluster import connection_lost
 
-    assert _connection_lost(error) is lost
+    assert connection_lost(error) is lost
 
 
 @pytest.mark.parametrize("replay_target", ["greenplum"], indirect=True)
@@ -774,44 +774,60 @@ def money_printed_in_german(german_locale, monkeypatch):
     monkeypatch.setenv("LOCPATH", str(german_locale))
 
 
+# A target server's settings under which it reads the stream's text otherwise than capture
+# printed it: money as 1.234,56 €, an array's NULL element as the text NULL, XML
+# fragments refused.
+READS_OTHERWISE = {"lc_monetary": "de_DE.UTF-8", "array_nulls": "off", "xmloption": "document"}
+
+
 @pytest.mark.parametrize("replay_target", TARGETS, indirect=True)
-def test_money_reaches_a_target_that_prints_it_otherwise_as_the_same_amounts(money_printed_in_german, source,
-                                                                               replay_target):
-    """Capture writes money as the C locale prints it ($1,234.56); a target whose money is
-    1.234,56 € reads it as the same amount, in the initial load and in the stream, and
-    validation finds the tables equal."""
+def test_values_reach_a_target_whose_settings_read_text_otherwise_as_the_same_values(money_printed_in_german, source,
+                                                                                       replay_target):
+    """Capture prints money as the C locale does ($1,234.56), an array's NULL element as
+    NULL, XML as it is; a target that would read them otherwise (its server's settings)
+    gets the same values, in the initial load, in the stream and in a column's default,
+    and validation finds the tables equal."""
     from gpcdc_toolkit.validate import validate
 
     target, config, pipeline, group = replay_target
     target_cluster = target.cluster()
     for node in target_cluster.nodes:
         with target_cluster.connect_node(node) as conn:
-            conn.execute("ALTER SYSTEM SET lc_monetary = 'de_DE.UTF-8'")
+            for name, value in READS_OTHERWISE.items():
+                conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
             conn.execute("SELECT pg_reload_conf()")
         deadline = time.monotonic() + 30
-        while True:  # until the server's new sessions start with it (the reload is the postmaster's to make)
+        while True:  # until the server's new sessions start with them (the reload is the postmaster's to make)
             with target_cluster.connect_node(node) as conn:
-                if conn.execute("SHOW lc_monetary").fetchone()[0] == "de_DE.UTF-8":
+                if all(conn.execute(f"SHOW {name}").fetchone()[0] == value for name, value in READS_OTHERWISE.items()):
                     break
-            assert time.monotonic() < deadline, f"{node} did not take lc_monetary within 30 s"
+            assert time.monotonic() < deadline, f"{node} did not take {READS_OTHERWISE} within 30 s"
     table = f'"Money {uuid.uuid4().hex[:6]}"'
     amounts = ["1234567.89", "-0.01", "0", "92233720368547758.07", "-92233720368547758.08", "1000", "0.5"]
+
+    def rows(first):
+        return [{"id": first + i, "m": amount, "tags": ["a", None, "NULL"], "doc": f"fragment <b>{i}</b>"}
+                for i, amount in enumerate(amounts)]
+
     with Session(source) as session:
-        session.ddl(f"CREATE TABLE {table} (id int PRIMARY KEY, m money) DISTRIBUTED BY (id)")
+        session.ddl(f"CREATE TABLE {table} (id int PRIMARY KEY, m money, tags text[], doc xml, "
+                    "fee money DEFAULT '5.25') DISTRIBUTED BY (id)")
         with session.transaction() as tx:
-            tx.insert(table, [{"id": i, "m": amount} for i, amount in enumerate(amounts)])
+            tx.insert(table, rows(0))
     try:
         bootstrap(source, pipeline, "snapshot")
         group.start()
         with Session(source) as session, session.transaction() as tx:
-            tx.insert(table, [{"id": 100 + i, "m": amount} for i, amount in enumerate(amounts)])
+            tx.insert(table, rows(100))
             tx.update(table, {"id": 0}, {"m": "-7654321.98"})
         wait_until_acknowledged(source, pipeline.slot)
         with Replayer(config) as replayer:
             replayer.run()
-        amounts_of = f"SELECT id, m::numeric FROM {table}"
-        assert sorted(target_cluster.fetch_all(amounts_of)) == sorted(source.fetch_all(amounts_of))
-        assert target_cluster.fetch_all(f"SELECT m::text FROM {table} WHERE id = 0") == [("-7.654.321,98 €",)]
+        values_of = f"SELECT id, m::numeric, tags, doc::text, fee::numeric FROM {table}"
+        assert sorted(target_cluster.fetch_all(values_of)) == sorted(source.fetch_all(values_of))
+        assert target_cluster.fetch_all(f"SELECT m::text, tags[2] IS NULL FROM {table} WHERE id = 0") \
+            == [("-7.654.321,98 €", True)]
+        assert target_cluster.table(table).defaults == source.table(table).defaults
         run = validate(config.with_settings({"validate.expectations": False}), tables=[table], syncpoint=False)
         assert run.verified, run.lines()
     finally:

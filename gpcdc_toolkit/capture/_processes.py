@@ -112,17 +112,20 @@ class CaptureGroup:
             raise GpcdcError(f"the pipeline's slot on node {content} is held by another client ({name!r})",
                              fix="stop that client (pg_stat_activity shows it on the node, by the slot's active_pid), then start capture")
         started: dict[int, int] = {}
+        logged: dict[int, int] = {}  # where each worker's log was when it started: what follows is its own
         try:
             for content in (c for c in wanted if c not in holders):
                 self.status_file(content).unlink(missing_ok=True)
-                started[content] = self.start_node(content, self.log_file(content))
-            self._wait_streaming(started, timeout)
+                log = self.log_file(content)
+                logged[content] = log.stat().st_size if log.exists() else 0
+                started[content] = self.start_node(content, log)
+            self._wait_streaming(started, logged, timeout)
         except BaseException:  # a failure, a timeout, an interrupt: nothing of this start keeps running
             self.stop(nodes=list(started))
             raise
         return Started(started, holders)
 
-    def _wait_streaming(self, started: dict[int, int], timeout: float) -> None:
+    def _wait_streaming(self, started: dict[int, int], logged: dict[int, int], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         waiting = set(started)
         while waiting:
@@ -130,8 +133,10 @@ class CaptureGroup:
                 if (self.status(content) or {}).get("state") == "streaming":
                     waiting.discard(content)
                 elif not pid_alive(started[content]):
-                    lines = self.log_file(content).read_text().strip().splitlines() or ["(no output)"]
-                    raise GpcdcError(f"the capture worker of node {content} exited: {lines[-1]}",
+                    with self.log_file(content).open("rb") as log:
+                        log.seek(logged[content])
+                        said = log.read().decode(errors="replace")
+                    raise GpcdcError(f"the capture worker of node {content} exited: {last_words(said)}",
                                      fix=f"see {self.log_file(content)}")
             if waiting and time.monotonic() > deadline:
                 raise GpcdcError(f"capture workers of nodes {sorted(waiting)} did not start streaming within {timeout:g} s; "
@@ -206,6 +211,13 @@ class CaptureGroup:
         return sorted(int(p.name[4:-4]) for p in self.pipeline.directory.glob("node*.pid"))
 
 
+def last_words(log: str) -> str:
+    """What a worker's log says it ended on: the line naming a native crash, which the
+    crash's stack and the list of loaded modules follow, or else its last line."""
+    lines = log.strip().splitlines() or ["(no output)"]
+    return next((line for line in reversed(lines) if line.startswith("Fatal Python error: ")), lines[-1])
+
+
 def other_worker(application_name: str | None) -> tuple[str, int] | None:
     """(host, pid) of the capture worker ``application_name`` names, unless it is one of
     this host's that has died (its walsender not gone yet)."""
@@ -257,4 +269,4 @@ def run_worker(config: Config, content: int) -> None:
     finally:
         if group.pid(content) in (None, os.getpid()):
             group.pid_file(content).unlink(missing_ok=True)
-    log.info("%s: capture worker %d stopped on %s", worker.node, os.getpid(), " then ".join(stopped_by) or "request")
+    log.info("%s: capture worker %d stopped on %s", worker.node, os.getpid(), " then ".join(stopped_by) or "no signal")

@@ -19,7 +19,7 @@ from psycopg import conninfo, sql
 
 from .._sql import Name
 from ..errors import ClusterError, UnreachableError
-from ..protocol import COORDINATOR, READING_SETTINGS, DistributedSnapshot, TransactionAssembler
+from ..protocol import COORDINATOR, DECODING_SETTINGS, READING_SETTINGS, DistributedSnapshot, TransactionAssembler
 from ._routing import output_text, segment_for
 
 if TYPE_CHECKING:
@@ -85,12 +85,22 @@ def unique_key_index(conn: psycopg.Connection[Any], relation: str, key: Sequence
     return None if row is None else str(row[0])
 
 
-def reading_settings(*, local: bool) -> str:
-    """The statement by which a session (``local``: its transaction) writing the stream's
-    values reads their text as capture wrote it (:data:`READING_SETTINGS`): a target
-    whose money is printed as ``1.234,56 €`` reads ``$1,234.56`` too."""
+def settings_statement(settings: Mapping[str, str], *, local: bool = False) -> str:
+    """The statements that set ``settings`` in a session (``local``: in its transaction)."""
     scope = "SET LOCAL" if local else "SET"
-    return "; ".join(f"{scope} {name} = '{value}'" for name, value in READING_SETTINGS.items())
+    return "; ".join(f"{scope} {name} = '{value}'" for name, value in settings.items())
+
+
+# What a session writing the stream's values to a target runs, so that it reads their
+# text as capture printed it: a target whose money is 1.234,56 € reads $1,234.56 too.
+READ_AS_PRINTED = settings_statement(READING_SETTINGS)
+
+
+def connection_lost(error: psycopg.Error) -> bool:
+    """A connection that failed or that the server ended (shut down, crashed, dropped
+    the database), rather than a statement the server refused."""
+    return isinstance(error, psycopg.OperationalError) and (error.sqlstate is None
+                                                            or error.sqlstate.startswith(("08", "57P")))
 
 
 def connect_dsn(dsn: str, what: str, **kwargs: Any) -> psycopg.Connection[Any]:
@@ -246,6 +256,8 @@ class Cluster:
     def table(self, name: TableRef) -> Table:
         """A table's columns and keys, from the catalog of the coordinator (or front door)."""
         with self.coordinator_connection() as conn:
+            # Defaults printed as the toolkit's values are, which a target reads back alike.
+            conn.execute(settings_statement(DECODING_SETTINGS))
             if isinstance(name, tuple):
                 found = conn.execute(
                     "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "

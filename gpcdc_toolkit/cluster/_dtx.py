@@ -28,7 +28,7 @@ from psycopg import sql
 from ..errors import ClusterError, DistributedTransactionError, GpcdcError, SyncPointError, UnreachableError
 from ..protocol import COORDINATOR, DdlError, parse_create_table, parse_lsn
 from ..protocol import _markers as markers
-from ._cluster import Cluster, Node, Table, TableRef, reading_settings
+from ._cluster import READ_AS_PRINTED, Cluster, Node, Table, TableRef
 from ._routing import segment_for
 from ._writes import Statement, Writes
 
@@ -93,7 +93,7 @@ class Session:
         if conn is None or conn.closed:
             node = self.cluster.coordinator if content == COORDINATOR else self.cluster.segments[content]
             conn = self._connections[content] = self.cluster.connect_node(node)
-            conn.execute(reading_settings(local=False))
+            conn.execute(READ_AS_PRINTED)
         return conn
 
     def table(self, name: TableRef) -> Table:

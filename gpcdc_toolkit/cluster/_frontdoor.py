@@ -28,9 +28,9 @@ from psycopg import conninfo, sql
 from .._sql import Name, Quoted
 from ..citus import COORDINATOR_GROUP, DECISIONS, CitusGidError, CitusStream, gxid_of_gid, syncpoint_gxid
 from ..errors import ClusterError, DistributedTransactionError, GpcdcError, SyncPointError
-from ..protocol import COORDINATOR, DdlError, DistributedSnapshot, TransactionAssembler, parse_create_table, parse_lsn
+from ..protocol import COORDINATOR, READING_SETTINGS, DdlError, DistributedSnapshot, TransactionAssembler, parse_create_table, parse_lsn
 from ..protocol import _markers as markers
-from ._cluster import Cluster, Node, Table, TableRef, _where, connect_dsn, reading_settings, unique_key_index
+from ._cluster import Cluster, Node, Table, TableRef, _where, connect_dsn, settings_statement, unique_key_index
 from ._writes import Writes
 
 
@@ -520,8 +520,11 @@ class LocalTransaction(Writes):
     def __init__(self, session: FrontDoorSession) -> None:
         self.session = session
         self._conn = session.connection()
-        # One round trip: the values' text read as capture wrote it, on Citus's workers too.
-        self._conn.execute("; ".join(["BEGIN", *session.cluster.settings_reach_workers, reading_settings(local=True)]))
+        self._conn.execute("BEGIN")
+        # The values' text read as capture printed it, on Citus's workers too. Apart from
+        # BEGIN: Citus sends the whole statement that sets them on to its workers.
+        self._conn.execute("; ".join([*session.cluster.settings_reach_workers,
+                                      settings_statement(READING_SETTINGS, local=True)]))
         self.state = "active"  # active, committed, aborted, or in_doubt (the COMMIT's answer was lost)
 
     def _segment(self, segment: int) -> psycopg.Connection[Any]:

@@ -287,10 +287,12 @@ def _float(text: str) -> float | str:
 DECODING_SETTINGS = {"TimeZone": "UTC", "DateStyle": "ISO, MDY", "IntervalStyle": "postgres",
                      "extra_float_digits": "1", "bytea_output": "hex", "lc_monetary": "C"}
 
-# Those of them by which a server reads such text back, set in each session that writes
-# it to a target. Only money's notation depends on a setting: the ISO dates, the times
-# with their offset and the intervals with every sign written read the same under any.
-READING_SETTINGS = {"lc_monetary": DECODING_SETTINGS["lc_monetary"]}
+# The settings by which a server reads such text back, set in each session that writes
+# it to a target: money in the notation it was printed in, an array's NULL elements as
+# NULL (with array_nulls off, the text NULL), XML fragments taken (with xmloption
+# document, refused). The ISO dates, the times with their offset and the intervals
+# with every sign written read the same under any setting.
+READING_SETTINGS = {"lc_monetary": DECODING_SETTINGS["lc_monetary"], "array_nulls": "on", "xmloption": "content"}
 
 
 # The JSON form of a type's values (the others stay PostgreSQL's text): "b" a boolean,

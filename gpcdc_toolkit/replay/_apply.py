@@ -22,7 +22,7 @@ import psycopg
 from psycopg import sql
 
 from .._sql import Name
-from ..cluster import Cluster, Table, Writes, assignments, quoted
+from ..cluster import Cluster, Table, Writes, assignments, connection_lost, quoted
 from ..errors import ClusterError, GpcdcError, StreamError
 from ..protocol import UNCHANGED, Topics
 from ._compact import TableChanges, compact, table_of
@@ -245,7 +245,7 @@ class Applier:
             raise ApplyError(f"{_what(batch)} is recorded as applied already: another replayer of pipeline "
                              f"{self.pipeline!r} writes to this target", fix="run one replayer per pipeline and target") from None
         except psycopg.Error as e:
-            if _connection_lost(e):  # nothing for the user to repair: the checkpoint commits with the rows, or not
+            if connection_lost(e):  # nothing for the user to repair: the checkpoint commits with the rows, or not
                 raise ApplyError(f"the target's connection was lost while applying {_what(batch)}: {_first_line(e)}",
                                  fix="make sure the target is up and reachable, then replay again: it goes on from "
                                      "what the target committed") from None
@@ -539,13 +539,6 @@ def _what(batch: Sequence[Whole]) -> str:
     if len(batch) == 1:
         return f"gxid {gxids[0]}" if gxids else "a legacy part"
     return f"a batch of {len(batch)} transactions" + (f" (gxids {min(gxids)}..{max(gxids)})" if gxids else "")
-
-
-def _connection_lost(error: psycopg.Error) -> bool:
-    """A connection that failed or that the server ended (shut down, crashed, dropped
-    the database), rather than a statement the target refused."""
-    return isinstance(error, psycopg.OperationalError) and (error.sqlstate is None
-                                                            or error.sqlstate.startswith(("08", "57P")))
 
 
 def _first_line(error: BaseException) -> str:

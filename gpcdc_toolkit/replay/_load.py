@@ -16,8 +16,8 @@ from psycopg import sql
 
 from .._sql import Name, Quoted
 from ..bootstrap import InitialSnapshot
-from ..cluster import Writes, WriteSession
-from ._apply import REPLAYERS_TABLES, ApplyError, _connection_lost, _first_line
+from ..cluster import Writes, WriteSession, connection_lost
+from ._apply import REPLAYERS_TABLES, ApplyError, _first_line
 from ._ddl_policy import DdlRefused, check_ddl
 
 _LOAD_BATCH = 5000  # rows per INSERT round
@@ -106,26 +106,34 @@ def _sequences(snapshot: InitialSnapshot, table: str) -> list[str]:
     return sorted(set(names))
 
 
-def load_rows(tx: Writes, snapshot: InitialSnapshot) -> int:
-    """Insert every row of the snapshot in ``tx``; returns how many. A row the target
-    refuses ends the load naming its table (``tx`` then writes nothing)."""
+def load_initial(tx: Writes, snapshot: InitialSnapshot) -> int:
+    """The initial load: every row of the snapshot in ``tx``; returns how many. A
+    statement the target fails ends the load naming its table (``tx`` then writes
+    nothing)."""
     count = 0
     for table in snapshot.tables:
         try:
             count += _load_table(tx, snapshot, table)
         except psycopg.Error as e:
-            if _connection_lost(e):
+            if connection_lost(e):
                 raise ApplyError(f"the target's connection was lost during the initial load of {table}: "
                                  f"{_first_line(e)}", fix="make sure the target is up and reachable, then replay "
                                                           "again: the load is written whole or not at all") from None
-            raise ApplyError(f"the target refused a row of {table} in the initial load, and nothing of the load was "
-                             f"written: {_first_line(e)}",
-                             fix="make the target's table take the source's rows (its constraints, its types), then "
-                                 "replay again") from None
+            # Classes 22 and 23: a value the column's type or a constraint does not take.
+            what = "refused a row of" if (e.sqlstate or "").startswith(("22", "23")) else "failed the load of"
+            raise ApplyError(f"the target {what} {table} in the initial load, and nothing of the load was written: "
+                             f"{_first_line(e)}", fix="make the target's table take the source's rows (its "
+                                                      "constraints, its types), then replay again") from None
     return count
 
 
+def load_rows(tx: Writes, snapshot: InitialSnapshot) -> int:
+    """Insert every row of the snapshot (or a repair's copy) in ``tx``; returns how many."""
+    return sum(_load_table(tx, snapshot, table) for table in snapshot.tables)
+
+
 def _load_table(tx: Writes, snapshot: InitialSnapshot, table: str) -> int:
+    """Insert the snapshot's rows of ``table`` in ``tx``; returns how many."""
     columns = snapshot.columns(table)
     count = 0
     batch: list[dict[str, object]] = []

@@ -31,7 +31,7 @@ from ..protocol import COORDINATOR, Topics, is_pipeline_marker
 from ._apply import Applier, Checkpoint, DdlRefusedError, commit_ts_ms
 from ._feed import ArchiveFeed, Delivery, Feed, KafkaFeed
 from ._legacy import SegmentOrder
-from ._load import load_rows, prepare_target
+from ._load import load_initial, prepare_target
 from ._order import Missing, Part, Reassembler, Record, Whole, resume_point
 from ._source import Framer, MalformedMessageError, Watermark
 from ._spill import SpillDirectory, SqliteSpill
@@ -274,7 +274,7 @@ class Replayer:
         loaded = InitialSnapshot(snapshot)
         prepare_target(self.applier.session, loaded)
         counted: list[int] = []
-        self.applier.start(lambda tx: counted.append(load_rows(tx, loaded)), loaded_tables=len(loaded.tables),
+        self.applier.start(lambda tx: counted.append(load_initial(tx, loaded)), loaded_tables=len(loaded.tables),
                            start_point=start_point)
         self.initial_load = (sum(counted), len(loaded.tables))
         return Checkpoint()

@@ -20,9 +20,10 @@ import psycopg
 from psycopg import sql
 
 from .._sql import Name
-from ..cluster import COORDINATOR, Cluster, Node
+from ..cluster import COORDINATOR, Cluster, Node, settings_statement
 from ..cluster._dtx import Session
 from ..errors import SandboxError
+from ..protocol import DECODING_SETTINGS
 
 
 @dataclass
@@ -119,6 +120,7 @@ def _redistribute(session: Session, cluster: Cluster, table: str) -> tuple[int, 
     leaving: dict[int, list[tuple[Any, ...]]] = {}
     for node in cluster.segments:
         with cluster.connect_node(node, autocommit=False) as conn:  # its keys are read by a cursor
+            conn.execute(settings_statement(DECODING_SETTINGS, local=True))  # the text the session reads back alike
             rows = [row for _, row in cluster.misplaced_rows(node, conn, info, select)]
             conn.rollback()
         if rows:

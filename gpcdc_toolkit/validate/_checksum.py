@@ -634,7 +634,8 @@ def finish(info: Table, target: Snapshots, target_info: Table, diff: TableDiff, 
     session = [*target.cluster.settings_reach_workers, *_FIX_SESSION]
     rendered = {node: [*session, *said] for node, said in _rendered(target, [(f.node, f.statement) for f in fixes]).items()}
     for node, said in _rendered(target, [(COORDINATOR, statement) for statement in alter]).items():
-        rendered.setdefault(node, []).extend(said)  # DDL: the coordinator sends it to the segments
+        # DDL: the coordinator sends it to the segments; a default's value read as printed.
+        rendered.setdefault(node, list(session)).extend(said)
     return ChecksumResult(info.name, diff, rounds, chunks, fetched, time.monotonic() - started, rendered,
                           tuple(schema), parts=info.parts, columns=info.columns, key_columns=info.primary_key or info.columns)
 

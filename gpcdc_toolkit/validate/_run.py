@@ -25,7 +25,7 @@ import psycopg
 from .._expect import Outcome, load_suites
 from ..audit._findings import SEVERITIES
 from ..bootstrap import Pipeline, distributed_tables
-from ..cluster import Cluster, Table, TableRef
+from ..cluster import Cluster, Table, TableRef, connection_lost
 from ..config import Config
 from ..connect import open_cluster
 from ..errors import GpcdcError
@@ -201,7 +201,7 @@ def _naming_lost_servers(sides: tuple[Snapshots, Snapshots]) -> Iterator[None]:
     except psycopg.Error as e:
         lost = [f"the {side}'s {node}" for side, snapshots in zip(("source", "target"), sides, strict=True)
                 for node in snapshots.lost()]
-        if not lost:
+        if not lost or not connection_lost(e):
             raise
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValidationError(f"the comparison lost its connection to {' and '.join(lost)} and gives no verdict "

@@ -15,13 +15,13 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..cluster import Cluster, Node, Table
+from ..cluster import Cluster, Node, Table, settings_statement
 from ..errors import GpcdcError
-from ..protocol import DECODING_SETTINGS, parse_lsn
+from ..protocol import DECODING_SETTINGS, READING_SETTINGS, parse_lsn
 
 # Values are compared by their text: print them as the stream does, whatever each
-# server's defaults.
-SESSION = "; ".join(f"SET {name} = '{value}'" for name, value in DECODING_SETTINGS.items())
+# server's defaults, and read the fix's values back as printed.
+SESSION = settings_statement({**DECODING_SETTINGS, **READING_SETTINGS})
 
 
 class Snapshots:
