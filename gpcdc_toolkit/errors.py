@@ -11,6 +11,13 @@ from ``ValueError`` too, as the bad values they are.
 from __future__ import annotations
 
 
+def first_line(error: BaseException) -> str:
+    """An error's first line: a client library's cause ("... failed: Connection refused"),
+    not the hint or context on the lines after it; the error's kind when it says nothing."""
+    text = str(error).strip()
+    return text.splitlines()[0].strip() if text else type(error).__name__
+
+
 class GpcdcError(Exception):
     """Base of every error the toolkit raises on purpose."""
 

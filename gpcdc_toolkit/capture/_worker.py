@@ -43,7 +43,7 @@ from .._runtime import StateWriter, read_json
 from ..cluster import Cluster, Node
 from ..config import CaptureSettings
 from ..connect import METADATA_REFRESH, kafka_logger
-from ..errors import BrokerError, ClusterChangedError, ConfigError, GpcdcError, StreamError, UnreachableError
+from ..errors import BrokerError, ClusterChangedError, ConfigError, GpcdcError, StreamError, UnreachableError, first_line
 from ..ingest import UNNUMBERED, end_offsets, first_message, json_value, last_message, last_numbering, located
 from ..protocol import (
     COORDINATOR,
@@ -232,7 +232,7 @@ class CaptureWorker:
                 self._set_state(f"failed: {e}")
                 raise  # starting over would meet it again
             except Exception as e:  # servers, Kafka, and the Kafka client's own failures
-                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                reason = first_line(e)
                 if isinstance(e, GpcdcError) and not _retryable(e):
                     self.stats.last_error = reason
                     self._set_state(f"failed: {reason}")

@@ -18,7 +18,7 @@ import psycopg
 from psycopg import conninfo, sql
 
 from .._sql import Name
-from ..errors import ClusterError, UnreachableError
+from ..errors import ClusterError, UnreachableError, first_line
 from ..protocol import COORDINATOR, DECODING_SETTINGS, READING_SETTINGS, DistributedSnapshot, TransactionAssembler
 from ._routing import output_text, segment_for
 
@@ -108,7 +108,7 @@ def connect_dsn(dsn: str, what: str, **kwargs: Any) -> psycopg.Connection[Any]:
     try:
         return psycopg.connect(dsn, connect_timeout=10, **kwargs)
     except psycopg.OperationalError as e:
-        reason = _first_line(e)
+        reason = first_line(e)
         raise UnreachableError(f"cannot reach {what}: {reason}", fix=_refusal_fix(reason)) from None
 
 
@@ -510,12 +510,6 @@ def quoted(schema: str, name: str) -> str:
     return sql.Identifier(schema, name).as_string(None)
 
 
-def _first_line(error: Exception) -> str:
-    """libpq's cause ("... failed: Connection refused"), not its hint on the next line."""
-    text = str(error).strip()
-    return text.splitlines()[0].strip() if text else type(error).__name__
-
-
 _SECRETS = (re.compile(r"(password\s*=?\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE),
             re.compile(r"(://[^:/@\s]*:)([^@\s]*)(@)"))
 
@@ -541,6 +535,6 @@ def _where(dsn: str) -> str:
     try:
         params = conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as e:
-        raise ClusterError(f"malformed DSN {masked(dsn)!r} ({masked(_first_line(e), dsn)})",
+        raise ClusterError(f"malformed DSN {masked(dsn)!r} ({masked(first_line(e), dsn)})",
                            fix="use 'host=... port=... dbname=...' or a postgresql:// URL") from None
     return f"{params.get('host', 'localhost')}:{params.get('port', '5432')}"

@@ -23,7 +23,7 @@ from psycopg import sql
 
 from .._sql import Name
 from ..cluster import Cluster, Table, Writes, assignments, connection_lost, quoted
-from ..errors import ClusterError, GpcdcError, StreamError
+from ..errors import ClusterError, GpcdcError, StreamError, first_line
 from ..protocol import UNCHANGED, Topics
 from ._compact import TableChanges, compact, table_of
 from ._ddl_policy import SYSTEM_SCHEMAS, DdlRefused, check_ddl, check_default
@@ -238,7 +238,7 @@ class Applier:
                 self.stats.reconciled += copies
         except psycopg.errors.UniqueViolation as e:
             if e.diag.table_name != APPLIED:
-                raise ApplyError(f"{_what(batch)} failed on the target: {_first_line(e)}",
+                raise ApplyError(f"{_what(batch)} failed on the target: {first_line(e)}",
                                  fix="the target's table has a unique constraint the source's lacks: drop it, or "
                                      "replay with --replay-batch-transactions 1 (on its primary key: the target holds "
                                      "a row the source lacks)") from None
@@ -246,13 +246,13 @@ class Applier:
                              f"{self.pipeline!r} writes to this target", fix="run one replayer per pipeline and target") from None
         except psycopg.Error as e:
             if connection_lost(e):  # nothing for the user to repair: the checkpoint commits with the rows, or not
-                raise ApplyError(f"the target's connection was lost while applying {_what(batch)}: {_first_line(e)}",
+                raise ApplyError(f"the target's connection was lost while applying {_what(batch)}: {first_line(e)}",
                                  fix="make sure the target is up and reachable, then replay again: it goes on from "
                                      "what the target committed") from None
             # Raised by a statement, so the transaction was rolled back.
             fix = (f"give the target the same change by hand (its way), then replay again with --skip-ddl "
                    f"{batch[0].gxid}" if ddl else "make the target's tables match the source's, then replay again")
-            raise ApplyError(f"{_what(batch)} failed on the target, and nothing of it was applied: {_first_line(e)}",
+            raise ApplyError(f"{_what(batch)} failed on the target, and nothing of it was applied: {first_line(e)}",
                              fix=fix) from None
         transactions = [w for w in batch if w.reconcile is None]
         self.stats.transactions += len(transactions)
@@ -539,10 +539,6 @@ def _what(batch: Sequence[Whole]) -> str:
     if len(batch) == 1:
         return f"gxid {gxids[0]}" if gxids else "a legacy part"
     return f"a batch of {len(batch)} transactions" + (f" (gxids {min(gxids)}..{max(gxids)})" if gxids else "")
-
-
-def _first_line(error: BaseException) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def _runs(batch: Sequence[Whole]) -> Iterable[tuple[Sequence[Whole], RepairMark | None]]:

@@ -17,7 +17,8 @@ from psycopg import sql
 from .._sql import Name, Quoted
 from ..bootstrap import InitialSnapshot
 from ..cluster import Writes, WriteSession, connection_lost
-from ._apply import REPLAYERS_TABLES, ApplyError, _first_line
+from ..errors import first_line
+from ._apply import REPLAYERS_TABLES, ApplyError
 from ._ddl_policy import DdlRefused, check_ddl
 
 _LOAD_BATCH = 5000  # rows per INSERT round
@@ -76,7 +77,7 @@ def prepare_target(session: WriteSession, snapshot: InitialSnapshot) -> None:
                     session.ddl(statement)
                 except _LACKING as e:
                     raise ApplyError(f"the initial snapshot's table {table} cannot be created on the target as the source "
-                                     f"has it: {_first_line(e)}",
+                                     f"has it: {first_line(e)}",
                                      fix="create what it names on the target (a function, a type, an extension, a "
                                          "schema), then replay again") from None
                 continue
@@ -117,12 +118,12 @@ def load_initial(tx: Writes, snapshot: InitialSnapshot) -> int:
         except psycopg.Error as e:
             if connection_lost(e):
                 raise ApplyError(f"the target's connection was lost during the initial load of {table}: "
-                                 f"{_first_line(e)}", fix="make sure the target is up and reachable, then replay "
+                                 f"{first_line(e)}", fix="make sure the target is up and reachable, then replay "
                                                           "again: the load is written whole or not at all") from None
             # Classes 22 and 23: a value the column's type or a constraint does not take.
             what = "refused a row of" if (e.sqlstate or "").startswith(("22", "23")) else "failed the load of"
             raise ApplyError(f"the target {what} {table} in the initial load, and nothing of the load was written: "
-                             f"{_first_line(e)}", fix="make the target's table take the source's rows (its "
+                             f"{first_line(e)}", fix="make the target's table take the source's rows (its "
                                                       "constraints, its types), then replay again") from None
     return count
 

@@ -28,7 +28,7 @@ from ..bootstrap import Pipeline, distributed_tables
 from ..cluster import Cluster, Table, TableRef, connection_lost
 from ..config import Config
 from ..connect import open_cluster
-from ..errors import GpcdcError
+from ..errors import GpcdcError, first_line
 from ._causes import cause_of, events_of
 from ._checksum import ChecksumResult, ValidationError, compare_checksums, target_table
 from ._evidence import gather_evidence
@@ -203,9 +203,8 @@ def _naming_lost_servers(sides: tuple[Snapshots, Snapshots]) -> Iterator[None]:
                 for node in snapshots.lost()]
         if not lost or not connection_lost(e):
             raise
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValidationError(f"the comparison lost its connection to {' and '.join(lost)} and gives no verdict "
-                              f"({reason})", fix="make sure the servers are up, then validate again") from None
+                              f"({first_line(e)})", fix="make sure the servers are up, then validate again") from None
 
 
 def _not_run(suites: TargetSuites | None, source: Cluster, infos: Sequence[Table], every_table: bool) -> tuple[str, ...]:
