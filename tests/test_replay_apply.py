@@ -258,6 +258,20 @@ def test_a_source_table_named_as_the_replayers_own_is_refused_before_anything_is
             session.ddl(f"DROP SCHEMA {schema} CASCADE")
 
 
+def made_on_the_source(source, table, values):
+    """``table`` (id, "V" text) made on the source, a row for each of ``values``."""
+    with Session(source) as session:
+        session.ddl(f'CREATE TABLE {table} (id int PRIMARY KEY, "V" text) DISTRIBUTED BY (id)')
+        with session.transaction() as tx:
+            tx.insert(table, [{"id": i, "V": v} for i, v in enumerate(values)])
+
+
+def door_flags(target, config):
+    """The command line's settings for the shared source and ``target`` at its front door."""
+    return ["--source-sandbox", "source", "--target-sandbox", target.name, "--target-kind", "postgres",
+            "--kafka-bootstrap-servers", config.kafka.bootstrap_servers, "--kafka-topic-prefix", config.kafka.topic_prefix]
+
+
 @pytest.mark.parametrize("replay_target", TARGETS[1:], indirect=True)
 def test_a_front_door_table_of_another_shape_is_refused_in_one_line_before_anything_is_written(
         source, replay_target, work_dir):
@@ -265,17 +279,12 @@ def test_a_front_door_table_of_another_shape_is_refused_in_one_line_before_anyth
 
     target, config, pipeline, group = replay_target
     table = f"shape_{uuid.uuid4().hex[:6]}"
-    with Session(source) as session:
-        session.ddl(f'CREATE TABLE {table} (id int PRIMARY KEY, "V" text) DISTRIBUTED BY (id)')
-        with session.transaction() as tx:
-            tx.insert(table, [{"id": 1, "V": "a"}])
+    made_on_the_source(source, table, ["a"])
     bootstrap(source, pipeline, "snapshot")
     group.start()  # the topics
     with target.cluster().session() as door:
         door.ddl(f'CREATE TABLE {table} (id int PRIMARY KEY, "V" int) DISTRIBUTED BY (id)')
-    flags = ["--source-sandbox", "source", "--target-sandbox", target.name, "--target-kind", "postgres",
-             "--kafka-bootstrap-servers", config.kafka.bootstrap_servers,
-             "--kafka-topic-prefix", config.kafka.topic_prefix, "replay", "--once"]
+    flags = [*door_flags(target, config), "replay", "--once"]
     line = one_line_error(gpcdc(work_dir, *flags))
     assert f"target table public.{table} has columns [('id', 'integer'), ('V', 'integer')] where the source has " \
            "[('id', 'integer'), ('V', 'text')]" in line and "then replay again" in line, line
@@ -295,20 +304,14 @@ def test_a_row_the_target_refuses_in_the_initial_load_is_one_line_naming_its_tab
 
     target, config, pipeline, group = replay_target
     table = f'"Checked {uuid.uuid4().hex[:6]}"'
-    with Session(source) as session:
-        session.ddl(f'CREATE TABLE {table} (id int PRIMARY KEY, "V" text) DISTRIBUTED BY (id)')
-        with session.transaction() as tx:
-            tx.insert(table, [{"id": i, "V": "refused" if i == 7 else "fine"} for i in range(10)])
+    made_on_the_source(source, table, ["refused" if i == 7 else "fine" for i in range(10)])
     try:
         bootstrap(source, pipeline, "snapshot")
         group.start()  # the topics
         with target.cluster().coordinator_connection() as conn:
             conn.execute(f"""CREATE TABLE {table} (id int PRIMARY KEY, "V" text CHECK ("V" <> 'refused'))""")
             conn.commit()
-        line = one_line_error(gpcdc(work_dir, "--source-sandbox", "source", "--target-sandbox", target.name,
-                                    "--target-kind", "postgres", "--kafka-bootstrap-servers",
-                                    config.kafka.bootstrap_servers, "--kafka-topic-prefix", config.kafka.topic_prefix,
-                                    "replay", "--once"))
+        line = one_line_error(gpcdc(work_dir, *door_flags(target, config), "replay", "--once"))
         assert f"the target refused a row of public.{table} in the initial load, and nothing of the load was " \
                "written: new row for relation" in line and line.endswith("then replay again"), line
         with target.cluster().coordinator_connection() as conn:
