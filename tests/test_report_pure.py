@@ -522,3 +522,14 @@ def test_every_cause_says_what_to_do():
     from gpcdc_toolkit.validate._causes import CAUSES, REMEDIES
 
     assert set(REMEDIES) == {*CAUSES, None} and all(len(text) > 40 for text in REMEDIES.values())
+
+
+def test_only_an_ipython_kernel_is_told_to_freeze_its_objects_at_exit():
+    from gpcdc_toolkit.report._runner import exit_arguments
+
+    for argv in (["/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                 ["python", "/opt/venv/lib/python3.11/site-packages/ipykernel_launcher.py", "-f", "{connection_file}"]):
+        (argument,) = exit_arguments(argv)
+        assert argument.startswith("--IPKernelApp.exec_lines=") and "register(_g.freeze)" in argument
+    assert exit_arguments(["R", "--slave", "-e", "IRkernel::main()", "--args", "{connection_file}"]) == []
+    assert exit_arguments(["xpython", "-f", "{connection_file}"]) == []
