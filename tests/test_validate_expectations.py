@@ -90,6 +90,39 @@ def test_a_key_every_segment_enforces_is_reported_so_and_one_a_segment_lost_is_c
     assert found["expect_table_row_count_to_equal()"].evidence == "observed 201"
 
 
+CHECKED_ALONE = """
+import sys
+from gpcdc_toolkit._expect import Suite
+from gpcdc_toolkit.sandbox import Sandbox
+from gpcdc_toolkit.validate._expectations import TargetSuites
+from gpcdc_toolkit.validate._snapshots import Snapshots
+
+cluster = Sandbox("source", sys.argv[1]).cluster()
+info = cluster.table(tuple(sys.argv[2:4]))
+own = [Suite("v", "target", False, {"name": "v", "expectations": [
+    {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "v"}}]}, info.name)] if sys.argv[4:] else []
+with Snapshots(cluster) as side:
+    side.pin()
+    outcomes = TargetSuites(cluster, [info], own, placement_checked=True).check(side, [(info, 200, 200)])
+assert len(outcomes) == 4 + len(own) and all(o.success for o in outcomes), outcomes
+print("great_expectations" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("own_suite", [False, True])
+def test_great_expectations_is_imported_only_for_what_it_computes(source_sandbox, keyed, own_suite):
+    """Importing it takes seconds of a command's time: a table whose derived suite is
+    known from the counts and the stores' unique indexes, with no suite of its own,
+    does without it."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", CHECKED_ALONE, str(source_sandbox.work_dir), *KEYED,
+                           *(["own suite"] if own_suite else [])], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(own_suite)]
+
+
 def test_a_table_others_inherit_from_has_its_key_counted_with_their_rows(source, keyed):
     home = source.segments[segment_for([7], source.segment_count)]
     child = sql.Identifier("public", f"{KEYED[1]} child")

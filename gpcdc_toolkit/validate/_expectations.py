@@ -17,7 +17,7 @@ enforced. great-expectations counts duplicates and nulls only of a key kept othe
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from functools import partial
@@ -90,7 +90,7 @@ class TargetSuites:
     def __init__(self, target: Cluster, tables: Sequence[Table], suites: Sequence[Suite], *,
                  placement_checked: bool) -> None:
         """``tables`` as the source's catalog has them: the target's may not be there yet."""
-        self._expectations = Expectations()
+        self._context: Expectations | None = None  # made when a suite is to be computed (see _expectations)
         self._stores = len(target.segments)
         self._placement_checked = placement_checked
         self._suites = {info.name: [(s.name, s.body) for s in suites if s.frame == "target" and s.table == info.name]
@@ -98,8 +98,19 @@ class TargetSuites:
         # (suite, table) of the target suites that name none of ``tables``: not run, and said so.
         self.unmatched = tuple((s.name, s.table or "") for s in suites if s.frame == "target" and s.table not in self._suites)
         for info in tables:  # the derived suite's kinds do not depend on the row count
-            for name, body in [_derived(info, 0), *self._suites[info.name]]:
+            self._kinds(info, *_derived(info, 0), derived=True)
+            for name, body in self._suites[info.name]:
                 self._kinds(info, name, body)
+
+    @property
+    def _expectations(self) -> Expectations:
+        """great-expectations' context, made on first use: importing it takes some 2.5 s
+        of a command's time, which a validation whose derived suites are known from the
+        comparison's counts and the target's unique indexes, and that has no suite of
+        its own, does not pay."""
+        if self._context is None:
+            self._context = Expectations()
+        return self._context
 
     def check(self, target: Snapshots, tables: Sequence[tuple[Table, int, int]]) -> list[Outcome]:
         """Every table's derived suite and its suites from ``expectations/``, given (the
@@ -116,7 +127,7 @@ class TargetSuites:
         derived: list[Callable[[int, int], list[Outcome]]] = []  # per table, its outcomes known from the counts
         computed: list[tuple[int, _TableSuites]] = []  # what the stores compute, with its table's place
         for info in tables:
-            self._kinds(info, *_derived(info, 0))  # refused on the target's catalog too: its key
+            self._kinds(info, *_derived(info, 0), derived=True)  # refused on the target's catalog too: its key
             # An index keeps a key unique in its own relation; across a store's or the
             # stores' relations only where every row is where its key routes it.
             proofs = [target.cluster.key_index(node, conn, info) if self._placement_checked else None
@@ -134,7 +145,7 @@ class TargetSuites:
             stores.append((node.content, target.cluster.dsn(node),
                            ["SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY", snapshot.as_string(conn)],
                            [query(m.info) for _, m in computed]))
-        return Running(self._expectations, derived, computed, stores)
+        return Running(lambda: self._expectations, derived, computed, stores)
 
     def _table_suites(self, info: Table, suites: list[tuple[str, dict[str, Any]]]) -> _TableSuites:
         """The table's suites as one, on its columns as c0, c1, ...: one validation per
@@ -151,15 +162,18 @@ class TargetSuites:
         return _TableSuites(info, together, kinds, {alias: column for column, alias in aliases.items()},
                         dict(zip(identities([e for _, e in owners]), (name for name, _ in owners))))
 
-    def _kinds(self, info: Table, name: str, body: dict[str, Any]) -> dict[str, str]:
+    def _kinds(self, info: Table, name: str, body: dict[str, Any], *, derived: bool = False) -> dict[str, str]:
         """Each expectation type of the suite by kind (``_stores.kind_of``). Raises
-        ConfigError for one the stores cannot compute apart (``_stores.refusal``)."""
+        ConfigError for one the stores cannot compute apart (``_stores.refusal``). A
+        suite of ``expectations/`` is read as great-expectations loads it; the
+        ``derived`` suite, which the toolkit writes itself, as it is written."""
+        declared = ([(e["type"], e["kwargs"]) for e in body["expectations"]] if derived else
+                    [(e.expectation_type, e.configuration.kwargs) for e in self._expectations.suite(name, body).expectations])
         kinds = {}
-        for e in self._expectations.suite(name, body).expectations:
-            kind = kinds[e.expectation_type] = kind_of(e.expectation_type)
-            kwargs = e.configuration.kwargs
+        for expectation_type, kwargs in declared:
+            kind = kinds[expectation_type] = kind_of(expectation_type)
             columns = [kwargs["column"]] if "column" in kwargs else list(kwargs.get("column_list") or [])
-            if why := refusal(name, e.expectation_type, columns, kind, table=info.name,
+            if why := refusal(name, expectation_type, columns, kind, table=info.name,
                               distribution_key=info.distribution_key, stores=self._stores,
                               placement_checked=self._placement_checked):
                 raise ConfigError(why, fix="remove the expectation from its suite, or validate a target that "
@@ -170,26 +184,31 @@ class TargetSuites:
 class Running:
     """Target suites being computed in a thread of their own (:meth:`TargetSuites.start`)."""
 
-    def __init__(self, expectations: Expectations, derived: Sequence[Callable[[int, int], list[Outcome]]],
+    def __init__(self, context: Callable[[], Expectations], derived: Sequence[Callable[[int, int], list[Outcome]]],
                  computed: Sequence[tuple[int, _TableSuites]], stores: Sequence[_Store]) -> None:
-        self._expectations = expectations
+        """``context`` gives the great-expectations context that computes ``computed``,
+        asked for only when there is something to compute."""
         self._derived = derived
         self._computed = computed
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="target suites")
-        self._future = self._pool.submit(self._compute, stores) if computed else None
+        self._future: Future[list[list[Outcome]]] | None = None
+        self._stop: Callable[[], None] = lambda: None
+        if computed:
+            expectations = context()
+            self._stop = expectations.stop
+            self._future = self._pool.submit(self._compute, expectations, stores)
 
-    def _compute(self, stores: Sequence[_Store]) -> list[list[Outcome]]:
+    def _compute(self, expectations: Expectations, stores: Sequence[_Store]) -> list[list[Outcome]]:
         """Per table computed, its suites' outcomes on every store together."""
         with ExitStack() as stack:
             sources = []
             for content, dsn, on_begin, queries in stores:
-                source = self._expectations.store(f"target store {content}", _connector(dsn), queries,
-                                                  on_begin=on_begin)
-                stack.callback(self._expectations.release, source)
+                source = expectations.store(f"target store {content}", _connector(dsn), queries, on_begin=on_begin)
+                stack.callback(expectations.release, source)
                 sources.append((source, queries))
             found = []
             for i, (_, m) in enumerate(self._computed):
-                per_store = [self._expectations.measure_query(f"target {m.info.name}", m.together, source, queries[i])
+                per_store = [expectations.measure_query(f"target {m.info.name}", m.together, source, queries[i])
                              for source, queries in sources]
                 found.append([m.outcome(identity, results) for identity, results in aligned(per_store)])
             return found
@@ -212,7 +231,7 @@ class Running:
         # runs on the stores is stopped rather than waited for.
         try:
             while self._future is not None and not self._future.done():
-                self._expectations.stop()  # again while it runs: a statement may be sent as the last was cancelled
+                self._stop()  # again while it runs: a statement may be sent as the last was cancelled
                 wait([self._future], timeout=0.5)
         except BaseException:  # interrupted while it stops: its statements are refused, it ends on its own
             self._pool.shutdown(wait=False)
