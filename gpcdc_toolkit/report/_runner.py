@@ -215,7 +215,7 @@ def _kernel_manager(config: Config, log: Path) -> type:
         # if it has not ended within half of this. ipykernel sometimes never ends on its
         # own: its control thread, having replied, waits 10 s for an output thread already
         # stopped (ipykernel 7.4). A kernel ends in about 0.1 s otherwise (its objects frozen).
-        shutdown_wait_time = 2.0
+        shutdown_wait_time = 1.0
 
         async def start_kernel(self, **kw: Any) -> None:  # type: ignore[override]  # async, as AsyncKernelManager's
             arguments = [*(kw.pop("extra_arguments", None) or []),
