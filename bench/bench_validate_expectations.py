@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import statistics
@@ -83,7 +84,8 @@ def _command(work: Path, tables: list[str], expectations: bool) -> int:
     done = subprocess.run([sys.executable, "-m", "gpcdc_toolkit", "--work-dir", str(work), "--source-sandbox", "source",
                            "--target-sandbox", "target", "--validate-expectations-dir", str(work / "suites"), flag,
                            "validate", "--no-syncpoint", "--tables", *tables], capture_output=True, text=True,
-                          cwd=work, check=False)  # not the checkout's directory: PYTHONPATH says which toolkit
+                          cwd=work, check=False,  # not the checkout's directory: PYTHONPATH says which toolkit
+                          env={k: v for k, v in os.environ.items() if not k.startswith("GPCDC_")})  # as load_config's
     assert done.returncode == 0, done.stdout + done.stderr
     said = [line for line in done.stdout.splitlines() if line.startswith("great-expectations:")]
     return int(said[0].split()[1]) if said else 0

@@ -524,12 +524,36 @@ def test_every_cause_says_what_to_do():
     assert set(REMEDIES) == {*CAUSES, None} and all(len(text) > 40 for text in REMEDIES.values())
 
 
-def test_only_an_ipython_kernel_is_told_to_freeze_its_objects_at_exit():
-    from gpcdc_toolkit.report._runner import exit_arguments
+def test_only_an_ipython_kernel_loads_the_toolkits_extension():
+    from gpcdc_toolkit.report._runner import kernel_arguments
 
     for argv in (["/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
                  ["python", "/opt/venv/lib/python3.11/site-packages/ipykernel_launcher.py", "-f", "{connection_file}"]):
-        (argument,) = exit_arguments(argv)
-        assert argument.startswith("--IPKernelApp.exec_lines=") and "register(_g.freeze)" in argument
-    assert exit_arguments(["R", "--slave", "-e", "IRkernel::main()", "--args", "{connection_file}"]) == []
-    assert exit_arguments(["xpython", "-f", "{connection_file}"]) == []
+        assert kernel_arguments(argv) == ["--IPKernelApp.extra_extensions=gpcdc_toolkit._kernel"]
+    assert kernel_arguments(["R", "--slave", "-e", "IRkernel::main()", "--args", "{connection_file}"]) == []
+    assert kernel_arguments(["xpython", "-f", "{connection_file}"]) == []
+
+
+EXITING_KERNEL = """
+import atexit, gc
+from gpcdc_toolkit import _kernel
+
+class Shell:
+    def atexit_operations(self):
+        print("ipython", gc.get_freeze_count(), flush=True)
+
+shell = Shell()
+atexit.register(lambda: print("before ipython", gc.get_freeze_count(), flush=True))
+atexit.register(shell.atexit_operations)  # as IPython does, before any extension loads
+_kernel.load_ipython_extension(shell)
+atexit.register(lambda: print("notebook", gc.get_freeze_count(), flush=True))
+"""
+
+
+def test_the_kernel_extension_freezes_after_the_notebooks_exit_handlers():
+    """Exit handlers run last registered first: the notebook's own, then the freeze,
+    then those registered as the kernel started (IPython's, ipykernel's)."""
+    done = subprocess.run([sys.executable, "-c", EXITING_KERNEL], capture_output=True, text=True, check=True)
+    lines = [line.rsplit(" ", 1) for line in done.stdout.splitlines()]
+    assert [who for who, _ in lines] == ["notebook", "ipython", "before ipython"], done.stdout
+    assert [int(frozen) > 0 for _, frozen in lines] == [False, True, True], done.stdout

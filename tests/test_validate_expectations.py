@@ -97,30 +97,51 @@ from gpcdc_toolkit.sandbox import Sandbox
 from gpcdc_toolkit.validate._expectations import TargetSuites
 from gpcdc_toolkit.validate._snapshots import Snapshots
 
-cluster = Sandbox("source", sys.argv[1]).cluster()
+cluster = Sandbox(sys.argv[6], sys.argv[1]).cluster()
 info = cluster.table(tuple(sys.argv[2:4]))
 own = [Suite("v", "target", False, {"name": "v", "expectations": [
-    {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "v"}}]}, info.name)] if sys.argv[4:] else []
+    {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "v"}}]}, info.name)] if sys.argv[4] == "own" else []
+suites = TargetSuites(cluster, [info], own, placement_checked=sys.argv[5] == "checked")
+imported_before_any_read = "great_expectations" in sys.modules
 with Snapshots(cluster) as side:
     side.pin()
-    outcomes = TargetSuites(cluster, [info], own, placement_checked=True).check(side, [(info, 200, 200)])
+    outcomes = suites.check(side, [(info, 200, 200)])
 assert len(outcomes) == 4 + len(own) and all(o.success for o in outcomes), outcomes
-print("great_expectations" in sys.modules)
+print(imported_before_any_read, "great_expectations" in sys.modules)
 """
 
 
-@pytest.mark.parametrize("own_suite", [False, True])
-def test_great_expectations_is_imported_only_for_what_it_computes(source_sandbox, keyed, own_suite):
+@pytest.fixture(scope="module")
+def one_store(work_dir):
+    """A sandbox of one segment holding the keyed table: a target where a key is
+    computed when placement is not checked (with several stores it is refused)."""
+    sandbox = Sandbox(f"one-{uuid.uuid4().hex[:4]}", work_dir).up(segments=1)
+    try:
+        with Session(sandbox.cluster()) as session:
+            session.ddl(sql.SQL("CREATE TABLE {} ").format(sql.Identifier(*KEYED)).as_string(None) + COLUMNS)
+            with session.transaction() as tx:
+                tx.insert(KEYED, [{"Id": i, 'k"2': f"{i % 3}", "v": "x"} for i in range(200)])
+        yield sandbox
+    finally:
+        sandbox.down(remove=True)
+
+
+@pytest.mark.parametrize(("own_suite", "placement"), [("none", "checked"), ("own", "checked"), ("none", "unchecked")])
+def test_great_expectations_is_imported_only_for_what_it_computes_and_before_any_read(source_sandbox, keyed, one_store,
+                                                                                       own_suite, placement):
     """Importing it takes seconds of a command's time: a table whose derived suite is
     known from the counts and the stores' unique indexes, with no suite of its own,
-    does without it."""
+    does without it. Where it is needed (a suite of the table's own, a key not proven
+    by the indexes as placement is not checked), it is imported before any cut."""
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", CHECKED_ALONE, str(source_sandbox.work_dir), *KEYED,
-                           *(["own suite"] if own_suite else [])], capture_output=True, text=True, check=False)
+    sandbox = source_sandbox if placement == "checked" else one_store
+    done = subprocess.run([sys.executable, "-c", CHECKED_ALONE, str(sandbox.work_dir), *KEYED, own_suite, placement,
+                           sandbox.name], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == [str(own_suite)]
+    needed = str(own_suite == "own" or placement == "unchecked")
+    assert done.stdout.split() == [needed, needed]
 
 
 def test_a_table_others_inherit_from_has_its_key_counted_with_their_rows(source, keyed):

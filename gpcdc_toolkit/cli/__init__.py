@@ -75,7 +75,8 @@ def run() -> NoReturn:
     # What the command opened is closed by now. Left to itself, the interpreter's last
     # collection would walk every object still alive before the process ends: some
     # 0.9 s once great-expectations is imported (300 MB of them), longer than many a
-    # command. Frozen, they are left to the process's end; atexit handlers still run.
+    # command. Frozen, they are left to the process's end: exit handlers still run,
+    # and objects in reference cycles are not finalized (Python does not promise it).
     gc.freeze()
     sys.exit(status)
 

@@ -188,16 +188,13 @@ def _new_directory(reports: Path, name: str) -> Path:
     raise ConfigError(f"{reports} holds 1000 runs named {name}", fix="remove old runs")
 
 
-def exit_arguments(kernel_argv: list[str]) -> list[str]:
-    """What the command line of a kernel started by ``kernel_argv`` (its kernel spec's)
-    gains: an IPython kernel's last step is to freeze its objects, so that the
-    interpreter does not collect them one by one as the process ends (about 1 s once
-    Spark's, pandas' and great-expectations' modules are loaded, waited for by every
-    run). Registered first, that exit handler runs last: the notebook's own, and its
-    libraries', run before it. Other kernels are started as their spec says."""
+def kernel_arguments(kernel_argv: list[str]) -> list[str]:
+    """What the command line of a kernel its spec starts with ``kernel_argv`` gains: an
+    IPython kernel loads the toolkit's extension (``gpcdc_toolkit._kernel``), added to
+    the extensions its configuration names. Other kernels are started as their spec says."""
     if not any(Path(a).name in ("ipykernel_launcher", "ipykernel_launcher.py") for a in kernel_argv):
         return []
-    return ["--IPKernelApp.exec_lines=import atexit as _a, gc as _g; _a.register(_g.freeze); del _a, _g"]
+    return ["--IPKernelApp.extra_extensions=gpcdc_toolkit._kernel"]
 
 
 def _kernel_manager(config: Config, log: Path) -> type:
@@ -205,21 +202,26 @@ def _kernel_manager(config: Config, log: Path) -> type:
     ``GPCDC_*`` variables replaced by the configuration's (this process's own environment
     left alone: other threads may be reading it), their output going to ``log``."""
     from jupyter_client.manager import AsyncKernelManager
+    from traitlets import default
 
     from ..capture import child_environment
 
     environment = child_environment(config)
 
     class Manager(AsyncKernelManager):
-        # After a run the kernel is asked to shut down, and jupyter_client sends SIGTERM
-        # if it has not ended within half of this. ipykernel sometimes never ends on its
-        # own: its control thread, having replied, waits 10 s for an output thread already
-        # stopped (ipykernel 7.4). A kernel ends in about 0.1 s otherwise (its objects frozen).
-        shutdown_wait_time = 1.0
+        @default("shutdown_wait_time")
+        def _shutdown_wait_time(self) -> float:
+            # After a run the kernel is asked to shut down; jupyter_client sends it
+            # SIGTERM if it has not ended after half of this, SIGKILL after all of it.
+            # ipykernel sometimes never ends on its own: its control thread, having
+            # replied, waits 10 s for an output thread already stopped (ipykernel 7.4).
+            # A kernel ends in about 0.1 s otherwise (its objects frozen, _kernel.py);
+            # one that stops a local Spark JVM at its end has 1.5 s before SIGTERM.
+            return 3.0
 
         async def start_kernel(self, **kw: Any) -> None:  # type: ignore[override]  # async, as AsyncKernelManager's
             arguments = [*(kw.pop("extra_arguments", None) or []),
-                         *exit_arguments(self.kernel_spec.argv if self.kernel_spec else [])]
+                         *kernel_arguments(self.kernel_spec.argv if self.kernel_spec else [])]
             with log.open("ab") as output:  # the kernel keeps its own descriptor
                 await super().start_kernel(**{**kw, "env": environment, "stdout": output, "stderr": output,
                                               "extra_arguments": arguments})

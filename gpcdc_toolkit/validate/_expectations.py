@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from functools import partial
+from importlib.util import find_spec
 from typing import Any
 
 import psycopg
@@ -101,13 +102,19 @@ class TargetSuites:
             self._kinds(info, *_derived(info, 0), derived=True)
             for name, body in self._suites[info.name]:
                 self._kinds(info, name, body)
+        # Made now, before any cut, where it will be needed (a key is proven by the
+        # stores' indexes only where placement is checked), or where it cannot be made:
+        # then it says so here rather than after the snapshots are pinned.
+        if (not placement_checked and any(info.primary_key for info in tables)) or find_spec("great_expectations") is None:
+            self._expectations  # noqa: B018 (made for its errors)
 
     @property
     def _expectations(self) -> Expectations:
         """great-expectations' context, made on first use: importing it takes some 2.5 s
         of a command's time, which a validation whose derived suites are known from the
         comparison's counts and the target's unique indexes, and that has no suite of
-        its own, does not pay."""
+        its own, does not pay. Only a store found without its key's unique index once
+        the snapshots are pinned makes it later than :meth:`__init__`."""
         if self._context is None:
             self._context = Expectations()
         return self._context
@@ -145,7 +152,7 @@ class TargetSuites:
             stores.append((node.content, target.cluster.dsn(node),
                            ["SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY", snapshot.as_string(conn)],
                            [query(m.info) for _, m in computed]))
-        return Running(lambda: self._expectations, derived, computed, stores)
+        return Running(self._expectations if computed else None, derived, computed, stores)
 
     def _table_suites(self, info: Table, suites: list[tuple[str, dict[str, Any]]]) -> _TableSuites:
         """The table's suites as one, on its columns as c0, c1, ...: one validation per
@@ -184,17 +191,17 @@ class TargetSuites:
 class Running:
     """Target suites being computed in a thread of their own (:meth:`TargetSuites.start`)."""
 
-    def __init__(self, context: Callable[[], Expectations], derived: Sequence[Callable[[int, int], list[Outcome]]],
+    def __init__(self, expectations: Expectations | None, derived: Sequence[Callable[[int, int], list[Outcome]]],
                  computed: Sequence[tuple[int, _TableSuites]], stores: Sequence[_Store]) -> None:
-        """``context`` gives the great-expectations context that computes ``computed``,
-        asked for only when there is something to compute."""
+        """``expectations`` computes ``computed``: None only when there is nothing to compute."""
+        if computed and expectations is None:
+            raise ValueError(f"{len(computed)} tables' suites to compute, and no great-expectations context")
         self._derived = derived
         self._computed = computed
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="target suites")
         self._future: Future[list[list[Outcome]]] | None = None
         self._stop: Callable[[], None] = lambda: None
-        if computed:
-            expectations = context()
+        if computed and expectations is not None:
             self._stop = expectations.stop
             self._future = self._pool.submit(self._compute, expectations, stores)
 

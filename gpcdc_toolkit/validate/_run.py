@@ -145,7 +145,8 @@ def validate(config: Config, *, tables: Sequence[TableRef] | None = None, syncpo
     if not infos:
         raise ValidationError("there is no table to validate: the source has no distributed table",
                               fix="create tables through the toolkit (DISTRIBUTED BY), or name them with --tables")
-    # An expectation the target cannot compute also fails here, before any cut.
+    # An expectation the target cannot compute, a suite great-expectations cannot load,
+    # or great-expectations missing where it will be needed also fail here, before any cut.
     suites = TargetSuites(target, infos,
                           load_suites(Path(settings.expectations_dir) if settings.expectations_dir else None),
                           placement_checked=settings.check_placement) if settings.expectations else None
