@@ -105,8 +105,9 @@ class TargetSuites:
         # Made now, before any cut, where it will be needed (a key is proven by the
         # stores' indexes only where placement is checked), or where it cannot be made:
         # then it says so here rather than after the snapshots are pinned.
-        if (not placement_checked and any(info.primary_key for info in tables)) or find_spec("great_expectations") is None:
-            self._expectations  # noqa: B018 (made for its errors)
+        needed = not placement_checked and any(info.primary_key for info in tables)
+        if self._context is None and (needed or find_spec("great_expectations") is None):
+            self._context = Expectations()
 
     @property
     def _expectations(self) -> Expectations:
