@@ -195,14 +195,14 @@ class Running:
     def __init__(self, expectations: Expectations | None, derived: Sequence[Callable[[int, int], list[Outcome]]],
                  computed: Sequence[tuple[int, _TableSuites]], stores: Sequence[_Store]) -> None:
         """``expectations`` computes ``computed``: None only when there is nothing to compute."""
-        if computed and expectations is None:
-            raise ValueError(f"{len(computed)} tables' suites to compute, and no great-expectations context")
         self._derived = derived
         self._computed = computed
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="target suites")
         self._future: Future[list[list[Outcome]]] | None = None
         self._stop: Callable[[], None] = lambda: None
-        if computed and expectations is not None:
+        if computed:
+            if expectations is None:
+                raise ValueError(f"{len(computed)} tables' suites to compute, and no great-expectations context")
             self._stop = expectations.stop
             self._future = self._pool.submit(self._compute, expectations, stores)
 
