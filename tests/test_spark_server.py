@@ -116,6 +116,21 @@ def test_a_taken_port_and_a_dead_server_are_told_apart(tmp_path):
         server.down()
 
 
+def test_a_killed_servers_temporary_files_stay_in_its_work_directory_until_the_next_start_or_stop(tmp_path):
+    server = SparkServer(tmp_path / 'a "work" dir')  # spaces and quotes, through Spark's launcher
+    try:
+        kill_pid(server.up("local[1]").pid)  # as a crash would: none of the JVM's shutdown hooks runs
+        left = {p.name for p in server.scratch.iterdir()}
+        assert {name.split("-")[0] for name in left} >= {"blockmgr", "spark"}, left
+        pid = server.up("local[1]").pid
+        assert f"-Djava.io.tmpdir={server.scratch}" in Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+        assert server.scratch.is_dir() and not left & {p.name for p in server.scratch.iterdir()}
+        kill_pid(pid)
+        assert server.down() is False and not server.scratch.exists()
+    finally:
+        server.down()
+
+
 def test_a_process_that_connected_is_refused_a_local_session_once_the_server_is_gone(tmp_path):
     # As PySpark leaves a process that made a Connect session: it cannot start a local JVM.
     probe = ("import os\n"

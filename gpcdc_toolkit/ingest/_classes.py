@@ -68,7 +68,7 @@ def class_archive_options() -> str:
     archive = class_archive()
     if archive is None:
         return ""
-    ours = f"{_quoted(f'-XX:SharedArchiveFile={archive}')} -Xshare:auto {_QUIET}"
+    ours = f"{launcher_quoted(f'-XX:SharedArchiveFile={archive}')} -Xshare:auto {_QUIET}"
     from pyspark.find_spark_home import _find_spark_home
 
     try:
@@ -318,7 +318,7 @@ def _java() -> Path | None:
     return Path(found).resolve() if found and Path(found).exists() else None
 
 
-def _quoted(option: str) -> str:
+def launcher_quoted(option: str) -> str:
     """One option as Spark's launcher splits ``extraJavaOptions``: whole, in double quotes."""
     return '"' + option.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -385,7 +385,7 @@ def _main(step: str, archive: str) -> None:
     options = [f"-XX:ArchiveClassesAtExit={archive}"] if step == "record" else [
         f"-XX:SharedArchiveFile={archive}", "-Xshare:on", "-XX:-CreateCoredumpOnCrash"]
     spark = (SparkSession.builder.master("local[2]").appName(f"gpcdc-classes-{step}").config(map=SESSION_SETTINGS)
-             .config("spark.driver.extraJavaOptions", " ".join(map(_quoted, options))).getOrCreate())
+             .config("spark.driver.extraJavaOptions", " ".join(map(launcher_quoted, options))).getOrCreate())
     if step == "record":
         _exercise(spark)
     else:

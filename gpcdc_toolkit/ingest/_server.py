@@ -6,13 +6,17 @@ configuration, Spark's Kafka connector on its classpath, its Python workers on t
 Python), ``gpcdc spark down`` stops it. While it runs, :func:`spark_session` and
 :func:`command_session` (``ingest/_spark.py``) connect to it (``sc://``); otherwise
 they start a session of their own, as before. ``spark/spark.json`` keeps its port,
-``spark/spark.pid`` which process runs it now.
+``spark/spark.pid`` which process runs it now, ``spark/tmp/`` its temporary files
+(Spark's local directories, the JVM's temporary directory): a server killed, or
+stopped as it starts, leaves them there rather than in ``/tmp``, and the next start or
+stop, with no server running, removes them.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,7 +26,7 @@ from pathlib import Path
 
 from .._runtime import free_port, port_in_use, read_json, running_pid, stop_group, write_atomic, write_json
 from ..errors import GpcdcError
-from ._classes import class_archive_options
+from ._classes import class_archive_options, launcher_quoted
 from ._settings import SESSION_SETTINGS
 
 MAIN = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -60,6 +64,7 @@ class SparkServer:
         self._state_file = self.path / "spark.json"
         self._pid_file = self.path / "spark.pid"
         self.log_file = self.path / "logs" / "server.log"
+        self.scratch = self.path / "tmp"
 
     @property
     def pid(self) -> int | None:
@@ -114,6 +119,8 @@ class SparkServer:
         logging = self.path / "log4j2.properties"
         logging.write_text(_LOG4J)
         submit = Path(_find_spark_home()) / "bin" / "spark-submit"
+        shutil.rmtree(self.scratch, ignore_errors=True)  # a server killed before this one left them
+        self.scratch.mkdir()
         settings = {
             "spark.connect.grpc.binding.address": "127.0.0.1",
             "spark.connect.grpc.binding.port": str(port),
@@ -124,10 +131,12 @@ class SparkServer:
             # one more set on the server at each audit.
             "spark.connect.session.manager.defaultSessionTimeout": "24h",
             "spark.gpcdc.server": str(self.path),  # so that its command line names this work directory
+            "spark.local.dir": str(self.scratch),
             **({"spark.driver.defaultJavaOptions": java_options} if java_options else {}),
         }
         command = [str(submit), "--master", master, "--class", MAIN, "--name", "gpcdc-spark-server",
-                   "--driver-java-options", f"-Dlog4j2.configurationFile=file:{logging}",
+                   "--driver-java-options", " ".join(map(launcher_quoted, [f"-Dlog4j2.configurationFile=file:{logging}",
+                                                                           f"-Djava.io.tmpdir={self.scratch}"])),
                    "--jars", ",".join(str(jar) for jar in connector_jars()),
                    *[a for name, value in settings.items() for a in ("--conf", f"{name}={value}")], "spark-internal"]
         # Its Python workers (mapInArrow, the gpcdc data source) run this Python, as a local session's do.
@@ -171,6 +180,7 @@ class SparkServer:
             if pid is not None:
                 stop_group(pid, timeout=timeout)  # the JVM, then its Python workers
             self._pid_file.unlink(missing_ok=True)
+            shutil.rmtree(self.scratch, ignore_errors=True)
         return pid is not None
 
     def _last_words(self) -> str:
