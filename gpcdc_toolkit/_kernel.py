@@ -12,7 +12,7 @@ Before the freeze, a kernel ending on a shutdown request waits for the thread th
 handles it to finish. ipykernel (7.4) stops the main thread's loop while that thread
 still has output to flush and a last status to publish; the main thread's exit then
 stops the output thread under it, and the flush waits 10 s on an output thread that
-no longer runs its loop, until the kernel is terminated (about 1 shutdown in 6).
+no longer runs its loop, until the kernel is terminated (about 1 shutdown in 5).
 """
 
 from __future__ import annotations

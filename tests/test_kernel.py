@@ -8,34 +8,41 @@ import sys
 from gpcdc_toolkit.report._runner import kernel_arguments
 
 # ipykernel 7.4 leaves to chance whether the thread handling a shutdown request flushes
-# its output before or while the main thread's exit stops the output thread; this
-# extension makes it "while", whenever the main thread does not wait for that thread:
-# the output thread, ending, waits for that flush, which itself waits for the output
-# thread (its timeout shortened from 10 s to 1 s so that a failure comes soon).
+# its output before or while the main thread's exit stops the output thread. This
+# extension holds that last flush until the main thread either joins the control thread
+# (as the toolkit's extension makes it do first) or begins stopping the output thread
+# (ipykernel's own exit handler, which joins the control thread only after that); the
+# output thread, stopping, waits for the flush, which itself waits for the output thread
+# (its timeout shortened from 10 s to 1 s so that a failure comes soon).
 INTERLEAVING = '''
 import sys, threading
 
 def load_ipython_extension(ipython):
     kernel = ipython.kernel
-    output = kernel.iopub_thread
-    ending, flushed = threading.Event(), threading.Event()
-    stream, close = sys.stdout, output.io_loop.close
+    control, output = kernel.control_thread, kernel.iopub_thread
+    go, flushed = threading.Event(), threading.Event()
+    stream, close, join = sys.stdout, output.io_loop.close, control.join
     stream.flush_timeout = 1
 
     def close_after_the_flush(*args, **kwargs):
-        ending.set()
-        flushed.wait(5)
+        go.set()
+        flushed.wait(30)
         close(*args, **kwargs)
 
+    def joined(*args, **kwargs):
+        go.set()
+        join(*args, **kwargs)
+
     def flush():
-        last = threading.current_thread() is kernel.control_thread and kernel._shutdown_message is not None
+        last = threading.current_thread() is control and kernel._shutdown_message is not None
         if last:
-            ending.wait(2)  # the main thread, unless it waits, stops the output thread meanwhile
+            go.wait(60)
         type(stream).flush(stream)
         if last:
             flushed.set()
 
     output.io_loop.close = close_after_the_flush
+    control.join = joined
     stream.flush = flush
 '''
 

@@ -131,6 +131,18 @@ def test_a_killed_servers_temporary_files_stay_in_its_work_directory_until_the_n
         server.down()
 
 
+def test_a_server_whose_work_directory_has_a_comma_keeps_sparks_local_directories_whole(tmp_path):
+    # Spark reads its local directories as a list split at commas.
+    server = SparkServer(tmp_path / "a,b")
+    try:
+        pid = server.up("local[1]").pid
+        assert server.status().answers and {p.name.split("-")[0] for p in server.scratch.iterdir()} >= {"spark"}
+        assert not (Path.cwd() / "b").exists() and not (tmp_path / "a").exists()  # neither half used
+        assert server.down() is True and not server.scratch.exists() and not pid_alive(pid)
+    finally:
+        server.down()
+
+
 def test_a_process_that_connected_is_refused_a_local_session_once_the_server_is_gone(tmp_path):
     # As PySpark leaves a process that made a Connect session: it cannot start a local JVM.
     probe = ("import os\n"

@@ -7,9 +7,9 @@ Python), ``gpcdc spark down`` stops it. While it runs, :func:`spark_session` and
 :func:`command_session` (``ingest/_spark.py``) connect to it (``sc://``); otherwise
 they start a session of their own, as before. ``spark/spark.json`` keeps its port,
 ``spark/spark.pid`` which process runs it now, ``spark/tmp/`` its temporary files
-(Spark's local directories, the JVM's temporary directory): a server killed, or
-stopped as it starts, leaves them there rather than in ``/tmp``, and the next start or
-stop, with no server running, removes them.
+(the JVM's temporary directory, and so Spark's local directories unless
+``SPARK_LOCAL_DIRS`` names others): a server killed, or stopped as it starts, leaves
+them there rather than in ``/tmp``, and the next start or stop removes them.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,7 +121,7 @@ class SparkServer:
         logging.write_text(_LOG4J)
         submit = Path(_find_spark_home()) / "bin" / "spark-submit"
         shutil.rmtree(self.scratch, ignore_errors=True)  # a server killed before this one left them
-        self.scratch.mkdir()
+        self.scratch.mkdir(exist_ok=True)
         settings = {
             "spark.connect.grpc.binding.address": "127.0.0.1",
             "spark.connect.grpc.binding.port": str(port),
@@ -131,7 +132,9 @@ class SparkServer:
             # one more set on the server at each audit.
             "spark.connect.session.manager.defaultSessionTimeout": "24h",
             "spark.gpcdc.server": str(self.path),  # so that its command line names this work directory
-            "spark.local.dir": str(self.scratch),
+            # Spark's local directories are the JVM's temporary directory, read as a list
+            # split at commas: with a comma in its path, they stay in the system's.
+            **({"spark.local.dir": tempfile.gettempdir()} if "," in str(self.scratch) else {}),
             **({"spark.driver.defaultJavaOptions": java_options} if java_options else {}),
         }
         command = [str(submit), "--master", master, "--class", MAIN, "--name", "gpcdc-spark-server",
